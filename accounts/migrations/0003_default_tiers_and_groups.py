@@ -1,0 +1,55 @@
+"""The four tiers with sensible defaults, prices for the default deployment, and the staff groups.
+
+Everything here is a starting point that admins edit; nothing in code depends on these numbers.
+"""
+
+from django.contrib.auth.management import create_permissions
+from django.db import migrations
+
+from accounts.defaults import DEFAULT_TIER_NAME, create_default_tiers
+from inference.defaults import DEFAULT_DEPLOYMENT_NAME
+
+DEPLOYMENT_MANAGER_PERMISSIONS = [
+    ("inference", "view_modeldeployment"),
+    ("inference", "add_modeldeployment"),
+    ("inference", "change_modeldeployment"),
+    ("inference", "view_generation"),
+]
+
+
+def create_tiers(apps, schema_editor):
+    Tier = apps.get_model("accounts", "Tier")
+    TierModelPrice = apps.get_model("accounts", "TierModelPrice")
+    ModelDeployment = apps.get_model("inference", "ModelDeployment")
+    User = apps.get_model("accounts", "User")
+    deployment = ModelDeployment.objects.filter(name=DEFAULT_DEPLOYMENT_NAME).first()
+    create_default_tiers(tier_model=Tier, price_model=TierModelPrice, deployment=deployment)
+    User.objects.filter(tier=None).update(tier=Tier.objects.get(name=DEFAULT_TIER_NAME))
+
+
+def create_groups(apps, schema_editor):
+    # Permissions are normally created after all migrations; make sure the ones we grant exist now.
+    for app_config in apps.get_app_configs():
+        app_config.models_module = True
+        create_permissions(app_config, apps=apps, verbosity=0)
+        app_config.models_module = None
+    Group = apps.get_model("auth", "Group")
+    Permission = apps.get_model("auth", "Permission")
+    moderators, _ = Group.objects.get_or_create(name="Moderators")
+    moderators.permissions.add(Permission.objects.get(content_type__app_label="accounts", codename="review_moderation"))
+    managers, _ = Group.objects.get_or_create(name="Deployment managers")
+    for app_label, codename in DEPLOYMENT_MANAGER_PERMISSIONS:
+        managers.permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("accounts", "0002_tiers_api_keys_usage"),
+        ("inference", "0003_modeldeployment_max_queued"),
+        ("auth", "0012_alter_user_first_name_max_length"),
+        ("contenttypes", "0002_remove_content_type_name"),
+    ]
+    operations = [
+        migrations.RunPython(create_tiers, migrations.RunPython.noop),
+        migrations.RunPython(create_groups, migrations.RunPython.noop),
+    ]

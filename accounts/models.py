@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractUser
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class Tier(models.Model):
+    """What a plan unlocks: models, rate limits, token quotas, window and output size, queue priority.
+
+    Rows, not constants: an admin edits them. An empty limit means "no limit".
+    """
+
+    name = models.SlugField(max_length=32, unique=True)
+    display_name = models.CharField(max_length=64, blank=True)
+    is_default = models.BooleanField(default=False, help_text="New users get this tier (exactly one tier has it).")
+    all_deployments = models.BooleanField(
+        default=False, help_text="May use every enabled deployment, including ones added later."
+    )
+    deployments = models.ManyToManyField(
+        "inference.ModelDeployment", blank=True, related_name="tiers", help_text="Deployments this tier may use."
+    )
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    tokens_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Prompt plus requested output tokens, charged when a request is admitted.",
+    )
+    tokens_per_day = models.PositiveBigIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    tokens_per_month = models.PositiveBigIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    max_context = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(128)],
+        help_text="Caps the model's window (prompt + answer).",
+    )
+    max_output_tokens = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    priority = models.SmallIntegerField(
+        default=0, help_text="Queue priority: lower is served first (vLLM's convention)."
+    )
+
+    class Meta:
+        ordering = ["priority", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["is_default"], condition=Q(is_default=True), name="one_default_tier")
+        ]
+
+    def __str__(self) -> str:
+        return self.display_name or self.name
+
+
+class TierModelPrice(models.Model):
+    """What a tier pays per 1,000 tokens on one deployment. No row means that deployment is free for the tier."""
+
+    tier = models.ForeignKey(Tier, on_delete=models.CASCADE, related_name="prices")
+    deployment = models.ForeignKey("inference.ModelDeployment", on_delete=models.CASCADE, related_name="prices")
+    prompt_price_per_1k = models.DecimalField(
+        max_digits=12, decimal_places=6, default=Decimal("0"), validators=[MinValueValidator(Decimal("0"))]
+    )
+    completion_price_per_1k = models.DecimalField(
+        max_digits=12, decimal_places=6, default=Decimal("0"), validators=[MinValueValidator(Decimal("0"))]
+    )
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tier", "deployment"], name="one_price_per_tier_and_deployment")]
+
+    def __str__(self) -> str:
+        return f"{self.tier} on {self.deployment}"
+
+
+class User(AbstractUser):
+    """The service's user. Custom from the first migration so tiers and billing can hang off it."""
+
+    tier = models.ForeignKey(
+        Tier,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="users",
+        help_text="Empty means the default tier.",
+    )
+
+    class Meta(AbstractUser.Meta):
+        swappable = "AUTH_USER_MODEL"
+        permissions = [("review_moderation", "Can review moderation flags")]
+
+
+class ApiKey(models.Model):
+    """A key for the API: `cs_<prefix>_<secret>`. Only a hash of the secret is stored."""
+
+    class Scope(models.TextChoices):
+        CHAT = "chat", "Chat completions"
+        CONVERSATIONS_READ = "conversations:read", "Read conversations"
+        CONVERSATIONS_WRITE = "conversations:write", "Write conversations"
+        MODELS_READ = "models:read", "List models"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True, help_text="Shown to the user to tell keys apart.")
+    secret_hash = models.CharField(max_length=64, editable=False)
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} (cs_{self.prefix}_…)"
+
+    @property
+    def display_key(self) -> str:
+        return f"cs_{self.prefix}_…"
+
+    def is_active_at(self, when) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > when)
+
+    @property
+    def is_active(self) -> bool:
+        return self.is_active_at(timezone.now())
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in (self.scopes or [])
+
+
+class UsageRecord(models.Model):
+    """The ledger: one row per finished generation, priced with the tier's prices at that moment.
+
+    The one-to-one on the generation is what makes charging idempotent: a retried task or a second
+    signal cannot add a second row.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="usage_records")
+    # SET_NULL: clearing old generations away must not erase what was billed for them.
+    generation = models.OneToOneField(
+        "inference.Generation", null=True, on_delete=models.SET_NULL, related_name="usage_record"
+    )
+    deployment = models.ForeignKey("inference.ModelDeployment", on_delete=models.PROTECT, related_name="usage_records")
+    tier = models.ForeignKey(
+        Tier, null=True, on_delete=models.PROTECT, related_name="usage_records", help_text="Empty: no tier existed."
+    )
+    status = models.CharField(max_length=16)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    prompt_price_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    completion_price_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    cost = models.DecimalField(max_digits=16, decimal_places=6, default=Decimal("0"))
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["user", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} {self.deployment_id} {self.total_tokens} tokens {self.cost}"
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens

@@ -1,0 +1,171 @@
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import Count, QuerySet, Sum
+from django.db.models.functions import TruncDate
+
+from accounts.models import ApiKey, Tier, TierModelPrice, UsageRecord
+from chatsite.errors import ClientError
+
+ZERO = Decimal("0")
+MONEY_PLACES = Decimal("0.000001")
+
+
+def _money(value: Decimal | None) -> Decimal:
+    # SQLite sums decimals as floats-with-noise; present money at the ledger's own precision.
+    return Decimal(value or 0).quantize(MONEY_PLACES)
+
+
+def tier_default() -> Tier:
+    tier = Tier.objects.filter(is_default=True).first()
+    if tier is None:
+        raise ClientError("The service has no default plan configured.", code="no_tier", status=503)
+    return tier
+
+
+def tier_for_user(*, user: Any) -> Tier:
+    """The user's current tier, read fresh (a long-lived socket must see an admin's change at once)."""
+    return tier_for_user_or_none(user=user) or tier_default()
+
+
+def tier_for_user_or_none(*, user: Any) -> Tier | None:
+    return Tier.objects.filter(users__id=user.id).first() or Tier.objects.filter(is_default=True).first()
+
+
+def tier_allows_deployment(*, tier: Tier, deployment: Any) -> bool:
+    return tier.all_deployments or tier.deployments.filter(id=deployment.id).exists()
+
+
+def deployments_allowed_for_user(*, user: Any, deployments: list[Any]) -> list[Any]:
+    """Those of `deployments` the user's tier may use (for model pickers), in one query."""
+    tier = tier_for_user_or_none(user=user)
+    if tier is None:
+        return []
+    if tier.all_deployments:
+        return list(deployments)
+    allowed = set(tier.deployments.values_list("id", flat=True))
+    return [d for d in deployments if d.id in allowed]
+
+
+def tier_prices_for(*, tier: Tier | None, deployment: Any) -> tuple[Decimal, Decimal]:
+    """(prompt, completion) price per 1,000 tokens; a deployment with no price row is free for the tier."""
+    if tier is None:
+        return ZERO, ZERO
+    price = TierModelPrice.objects.filter(tier=tier, deployment=deployment).first()
+    if price is None:
+        return ZERO, ZERO
+    return price.prompt_price_per_1k, price.completion_price_per_1k
+
+
+def usage_billable(*, user: Any) -> QuerySet[UsageRecord]:
+    """Ledger rows that count towards quotas: failed generations are neither charged nor counted."""
+    return UsageRecord.objects.filter(user_id=user.id).exclude(status="failed")
+
+
+def usage_tokens_since(*, user: Any, since: dt.datetime) -> int:
+    totals = (
+        usage_billable(user=user)
+        .filter(created_at__gte=since)
+        .aggregate(prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
+    )
+    return (totals["prompt"] or 0) + (totals["completion"] or 0)
+
+
+def month_bounds(month: dt.date) -> tuple[dt.datetime, dt.datetime]:
+    """[first instant of the month, first instant of the next) in UTC."""
+    start = dt.datetime(month.year, month.month, 1, tzinfo=dt.UTC)
+    end = dt.datetime(month.year + (month.month == 12), month.month % 12 + 1, 1, tzinfo=dt.UTC)
+    return start, end
+
+
+def day_start(now: dt.datetime) -> dt.datetime:
+    return now.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+@dataclass(frozen=True)
+class UsageSummary:
+    start: dt.datetime
+    end: dt.datetime
+    prompt_tokens: int
+    completion_tokens: int
+    cost: Decimal
+    requests: int
+    per_model: list[dict[str, Any]]
+    per_day: list[dict[str, Any]]
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+_TOTALS = {
+    "prompt_tokens": Sum("prompt_tokens"),
+    "completion_tokens": Sum("completion_tokens"),
+    "cost": Sum("cost"),
+    "requests": Count("id"),
+}
+
+
+def usage_summary(*, user: Any, month: dt.date) -> UsageSummary:
+    """Tokens and cost for one calendar month: in total, per model and per day (every day, zeros included)."""
+    start, end = month_bounds(month)
+    rows = UsageRecord.objects.filter(user_id=user.id, created_at__gte=start, created_at__lt=end)
+    totals = rows.aggregate(**_TOTALS)
+    per_model = [
+        {**row, "cost": _money(row["cost"])}
+        for row in rows.values("deployment__name").annotate(**_TOTALS).order_by("deployment__name")
+    ]
+    by_day = {
+        row["day"]: row
+        for row in rows.annotate(day=TruncDate("created_at", tzinfo=dt.UTC)).values("day").annotate(**_TOTALS)
+    }
+    per_day = []
+    day = start.date()
+    while day < end.date():
+        row = by_day.get(day, {})
+        tokens = (row.get("prompt_tokens") or 0) + (row.get("completion_tokens") or 0)
+        per_day.append(
+            {"day": day, "tokens": tokens, "cost": _money(row.get("cost")), "requests": row.get("requests", 0)}
+        )
+        day += dt.timedelta(days=1)
+    return UsageSummary(
+        start=start,
+        end=end,
+        prompt_tokens=totals["prompt_tokens"] or 0,
+        completion_tokens=totals["completion_tokens"] or 0,
+        cost=_money(totals["cost"]),
+        requests=totals["requests"],
+        per_model=per_model,
+        per_day=per_day,
+    )
+
+
+def usage_statement_rows(*, user: Any, month: dt.date) -> QuerySet[UsageRecord]:
+    start, end = month_bounds(month)
+    return (
+        UsageRecord.objects.filter(user_id=user.id, created_at__gte=start, created_at__lt=end)
+        .select_related("deployment", "tier")
+        .order_by("created_at", "id")
+    )
+
+
+def usage_by_user(*, start: dt.datetime, end: dt.datetime) -> QuerySet[UsageRecord]:
+    """One row per user with usage in [start, end): tokens, requests and cost (the admin's overview)."""
+    return (
+        UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
+        .values("user_id", "user__username", "user__tier__name")
+        .annotate(**_TOTALS)
+        .order_by("-cost", "user__username")
+    )
+
+
+def api_key_list_for_user(*, user: Any) -> QuerySet[ApiKey]:
+    return ApiKey.objects.filter(user_id=user.id)
+
+
+def api_key_get_by_prefix(*, prefix: str) -> ApiKey | None:
+    return ApiKey.objects.select_related("user").filter(prefix=prefix).first()

@@ -1,0 +1,295 @@
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from accounts.models import ApiKey, Tier, UsageRecord, User
+from accounts.ratelimit import bucket_consume, bucket_refund
+from accounts.selectors import (
+    api_key_get_by_prefix,
+    day_start,
+    month_bounds,
+    tier_allows_deployment,
+    tier_for_user,
+    tier_for_user_or_none,
+    tier_prices_for,
+    usage_tokens_since,
+)
+from chatsite.errors import ClientError
+
+KEY_PREFIX_BYTES = 4  # 8 hex characters: enough to tell a user's keys apart, never enough to guess one
+KEY_SECRET_BYTES = 32
+KEY_TOUCH_INTERVAL = dt.timedelta(minutes=1)
+MAX_KEY_NAME = 100
+MINUTE_S = 60
+COST_PLACES = Decimal("0.000001")
+
+
+@transaction.atomic
+def user_create(*, username: str, password: str, email: str = "") -> User:
+    user = User(username=username, email=email, tier=Tier.objects.filter(is_default=True).first())
+    user.set_password(password)
+    user.full_clean(exclude=["password"])
+    user.save()
+    return user
+
+
+def user_set_tier(*, user: User, tier: Tier) -> User:
+    user.tier = tier
+    user.save(update_fields=["tier"])
+    return user
+
+
+# --- API keys ------------------------------------------------------------------------------------
+
+
+def _hash_secret(secret: str) -> str:
+    # The secret is 256 random bits: a plain SHA-256 cannot be brute-forced, and a fast hash keeps
+    # authenticating a request cheap. (Passwords need a slow hash; these keys do not.)
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CreatedApiKey:
+    api_key: ApiKey
+    key: str  # the full key: shown once, never stored
+
+
+def api_key_create(*, user: Any, name: str, scopes: list[str], expires_at: dt.datetime | None = None) -> CreatedApiKey:
+    name = (name or "").strip() if isinstance(name, str) else ""
+    if not name or len(name) > MAX_KEY_NAME:
+        raise ClientError(f"A key needs a name of 1 to {MAX_KEY_NAME} characters.", code="invalid_name", param="name")
+    valid = set(ApiKey.Scope.values)
+    if not isinstance(scopes, list | tuple) or not scopes or not all(isinstance(s, str) and s in valid for s in scopes):
+        raise ClientError(
+            f"Choose at least one scope from: {', '.join(sorted(valid))}.", code="invalid_scopes", param="scopes"
+        )
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ClientError("The expiry must be in the future.", code="invalid_expiry", param="expires_at")
+    secret = secrets.token_urlsafe(KEY_SECRET_BYTES)
+    while True:
+        prefix = secrets.token_hex(KEY_PREFIX_BYTES)
+        if not ApiKey.objects.filter(prefix=prefix).exists():
+            break
+    api_key = ApiKey.objects.create(
+        user=user,
+        name=name,
+        prefix=prefix,
+        secret_hash=_hash_secret(secret),
+        scopes=sorted(set(scopes)),
+        expires_at=expires_at,
+    )
+    return CreatedApiKey(api_key=api_key, key=f"cs_{prefix}_{secret}")
+
+
+def api_key_revoke(*, user: Any, api_key_id: Any) -> ApiKey:
+    """Revoke one of the user's own keys; it stops working on the next request. Idempotent."""
+    try:
+        api_key = ApiKey.objects.get(id=int(api_key_id), user_id=user.id)
+    except (ApiKey.DoesNotExist, TypeError, ValueError, OverflowError):
+        raise ClientError("That key does not exist.", code="not_found", status=404) from None
+    if api_key.revoked_at is None:
+        api_key.revoked_at = timezone.now()
+        api_key.save(update_fields=["revoked_at"])
+    return api_key
+
+
+def api_key_authenticate(*, key: str) -> ApiKey | None:
+    """The active key a client presented, or None. Records when it was last used (once a minute at most)."""
+    if not isinstance(key, str) or not key.startswith("cs_"):
+        return None
+    parts = key.split("_", 2)
+    if len(parts) != 3 or not parts[1] or not parts[2]:
+        return None
+    api_key = api_key_get_by_prefix(prefix=parts[1])
+    if api_key is None or not hmac.compare_digest(api_key.secret_hash, _hash_secret(parts[2])):
+        return None
+    now = timezone.now()
+    if not api_key.is_active_at(now) or not api_key.user.is_active:
+        return None
+    touched = (
+        ApiKey.objects.filter(id=api_key.id)
+        .filter(Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - KEY_TOUCH_INTERVAL))
+        .update(last_used_at=now)
+    )
+    if touched:
+        api_key.last_used_at = now
+    return api_key
+
+
+# --- enforcement ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    tier: Tier
+    max_context: int
+    max_output: int
+    priority: int
+
+
+@dataclass(frozen=True)
+class Admission:
+    tier: Tier
+    max_tokens: int
+    priority: int
+
+
+def request_limits(*, user: Any, deployment: Any, api_key: ApiKey | None = None) -> RequestLimits:
+    """What this user may ask of this deployment: refuses a model the tier does not include.
+
+    Called before the prompt is assembled, so the window and the answer's budget are the tier's.
+    """
+    if api_key is not None and not api_key.has_scope(ApiKey.Scope.CHAT):
+        raise ClientError("This API key does not have the 'chat' scope.", code="insufficient_scope", status=403)
+    tier = tier_for_user(user=user)
+    if not tier_allows_deployment(tier=tier, deployment=deployment):
+        raise ClientError(
+            f"Your plan ({tier}) does not include the model '{deployment.name}'.",
+            code="model_not_allowed",
+            status=403,
+            param="model",
+        )
+    max_context = min(deployment.max_context, tier.max_context or deployment.max_context)
+    max_output = min(deployment.default_max_tokens, tier.max_output_tokens or deployment.default_max_tokens)
+    return RequestLimits(tier=tier, max_context=max_context, max_output=max_output, priority=tier.priority)
+
+
+def request_admit(
+    *,
+    user: Any,
+    deployment: Any,
+    prompt_tokens: int,
+    max_tokens: int,
+    api_key: ApiKey | None = None,
+    limits: RequestLimits | None = None,
+) -> Admission:
+    """The one gate every request passes before its generation is created (socket and API alike).
+
+    In order: the tier includes the model (403 model_not_allowed); the day's and month's token
+    quotas, counted from the ledger plus what the user's unfinished generations may still use
+    (429 quota_exceeded, retry when the period resets); requests per minute, then tokens per minute
+    (prompt + max_tokens), from token buckets keyed on the API key or else the user (429
+    rate_limited). Returns the answer's max_tokens, capped to what the tier and the quota leave,
+    and the queue priority. `limits` is request_limits' answer when the caller already has it.
+    """
+    from inference.selectors import generation_tokens_reserved_for_user
+
+    if limits is None:
+        limits = request_limits(user=user, deployment=deployment, api_key=api_key)
+    tier = limits.tier
+    max_tokens = max(1, min(max_tokens, limits.max_output))
+    if prompt_tokens + max_tokens > limits.max_context:
+        max_tokens = limits.max_context - prompt_tokens
+        if max_tokens < 1:
+            raise ClientError(
+                "This message is too long for your plan's context window.", code="context_length_exceeded"
+            )
+
+    now = timezone.now()
+    if tier.tokens_per_day or tier.tokens_per_month:
+        reserved = generation_tokens_reserved_for_user(user=user)
+        for quota, since, resets_at, period in _quota_periods(tier, now):
+            left = quota - usage_tokens_since(user=user, since=since) - reserved
+            if left < prompt_tokens + 1:
+                raise ClientError(
+                    f"You have used {period} {quota:,} tokens on your plan ({tier}). "
+                    f"It resets at {resets_at:%Y-%m-%d %H:%M} UTC.",
+                    code="quota_exceeded",
+                    status=429,
+                    retry_after=max(1, int((resets_at - now).total_seconds()) + 1),
+                )
+            max_tokens = min(max_tokens, left - prompt_tokens)
+
+    subject = f"key:{api_key.id}" if api_key is not None else f"user:{user.id}"
+    if tier.requests_per_minute:
+        decision = bucket_consume(key=f"{subject}:requests", capacity=tier.requests_per_minute, period_s=MINUTE_S)
+        if not decision.allowed:
+            raise _rate_limited(f"{tier.requests_per_minute} requests a minute", decision.retry_after)
+    if tier.tokens_per_minute:
+        if prompt_tokens + max_tokens > tier.tokens_per_minute:
+            max_tokens = max(1, tier.tokens_per_minute - prompt_tokens)
+        decision = bucket_consume(
+            key=f"{subject}:tokens",
+            capacity=tier.tokens_per_minute,
+            period_s=MINUTE_S,
+            amount=prompt_tokens + max_tokens,
+        )
+        if not decision.allowed:
+            if tier.requests_per_minute:
+                bucket_refund(key=f"{subject}:requests", capacity=tier.requests_per_minute, period_s=MINUTE_S, amount=1)
+            raise _rate_limited(f"{tier.tokens_per_minute:,} tokens a minute", decision.retry_after)
+    return Admission(tier=tier, max_tokens=max_tokens, priority=limits.priority)
+
+
+def _quota_periods(tier: Tier, now: dt.datetime):
+    if tier.tokens_per_day:
+        start = day_start(now)
+        yield tier.tokens_per_day, start, start + dt.timedelta(days=1), "today's"
+    if tier.tokens_per_month:
+        start, end = month_bounds(now.astimezone(dt.UTC).date())
+        yield tier.tokens_per_month, start, end, "this month's"
+
+
+def _rate_limited(limit: str, retry_after: int) -> ClientError:
+    return ClientError(
+        f"You have reached your plan's limit of {limit}. Try again in {retry_after} seconds.",
+        code="rate_limited",
+        status=429,
+        retry_after=retry_after,
+    )
+
+
+# --- the ledger ----------------------------------------------------------------------------------
+
+
+def usage_record(*, generation: Any) -> UsageRecord:
+    """Charge a finished generation exactly once, at its user's tier's prices for its deployment.
+
+    Tokens are the engine's counts. A generation that never reached an engine (stopped while queued)
+    used none; a failed one is recorded for the books but not charged. A second call for the same
+    generation (a retried task, a duplicate signal) returns the existing row and charges nothing.
+    """
+    if not generation.is_finished:
+        raise ValueError("only a finished generation can be charged")
+    existing = UsageRecord.objects.filter(generation_id=generation.id).first()
+    if existing is not None:
+        return existing
+    # Never raise here: this runs inside generation_finish, and a missing tier must not undo a finish.
+    tier = tier_for_user_or_none(user=generation.user)
+    prompt_price, completion_price = tier_prices_for(tier=tier, deployment=generation.deployment)
+    ran = generation.started_at is not None
+    prompt_tokens = generation.prompt_tokens if ran else 0
+    completion_tokens = generation.completion_tokens if ran else 0
+    cost = Decimal("0")
+    if generation.status != "failed":
+        cost = (
+            Decimal(prompt_tokens) * prompt_price / 1000 + Decimal(completion_tokens) * completion_price / 1000
+        ).quantize(COST_PLACES, rounding=ROUND_HALF_UP)
+    # get_or_create runs in a savepoint and falls back to a read on IntegrityError: the one-to-one
+    # is what guarantees a single row even when two finishes race.
+    record, _ = UsageRecord.objects.get_or_create(
+        generation_id=generation.id,
+        defaults={
+            "user_id": generation.user_id,
+            "deployment_id": generation.deployment_id,
+            "tier": tier,
+            "status": generation.status,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "prompt_price_per_1k": prompt_price,
+            "completion_price_per_1k": completion_price,
+            "cost": cost,
+            "created_at": generation.finished_at or timezone.now(),
+        },
+    )
+    return record

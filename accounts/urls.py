@@ -1,0 +1,20 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from accounts import views
+
+app_name = "accounts"
+
+urlpatterns = [
+    path("signup/", views.signup, name="signup"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(template_name="accounts/login.html", redirect_authenticated_user=True),
+        name="login",
+    ),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("keys/", views.api_keys, name="api_keys"),
+    path("keys/<int:api_key_id>/revoke/", views.api_key_revoke_view, name="api_key_revoke"),
+    path("usage/", views.usage, name="usage"),
+    path("usage/statement.csv", views.usage_statement, name="usage_statement"),
+]

@@ -1,0 +1,176 @@
+from __future__ import annotations
+
+import csv
+import datetime as dt
+from decimal import Decimal
+
+from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_ratelimit.decorators import ratelimit
+
+from accounts.forms import ApiKeyCreateForm, SignupForm, parse_month
+from accounts.selectors import api_key_list_for_user, tier_for_user, usage_statement_rows, usage_summary
+from accounts.services import api_key_create, api_key_revoke, user_create
+from chatsite.errors import ClientError
+
+CHART_HEIGHT = 120
+
+
+@require_http_methods(["GET", "POST"])
+def signup(request: HttpRequest) -> HttpResponse:
+    if request.user.is_authenticated:
+        return redirect("conversations:chat")
+    form = SignupForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        user = user_create(
+            username=form.cleaned_data["username"],
+            email=form.cleaned_data.get("email", ""),
+            password=form.cleaned_data["password1"],
+        )
+        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+        return redirect("conversations:chat")
+    return render(request, "accounts/signup.html", {"form": form})
+
+
+@never_cache
+@login_required
+@require_http_methods(["GET", "POST"])
+@ratelimit(key="user", rate="20/h", method="POST", block=False)
+def api_keys(request: HttpRequest) -> HttpResponse:
+    """List the user's keys and create one. A new key's full value is on this one response only."""
+    form = ApiKeyCreateForm(request.POST or None)
+    created = None
+    status = 200
+    if request.method == "POST":
+        if getattr(request, "limited", False):
+            form.add_error(None, "You have created many keys in the last hour. Try again later.")
+            status = 429
+        elif form.is_valid():
+            try:
+                created = api_key_create(
+                    user=request.user,
+                    name=form.cleaned_data["name"],
+                    scopes=form.cleaned_data["scopes"],
+                    expires_at=form.expires_at(),
+                )
+            except ClientError as exc:
+                form.add_error(None, exc.message)
+            else:
+                form = ApiKeyCreateForm()
+        if not created and status == 200:
+            status = 400
+    response = render(
+        request,
+        "accounts/api_keys.html",
+        {"form": form, "created": created, "keys": api_key_list_for_user(user=request.user), "now": timezone.now()},
+        status=status,
+    )
+    if status == 429:
+        response["Retry-After"] = "3600"
+    return response
+
+
+@login_required
+@require_POST
+def api_key_revoke_view(request: HttpRequest, api_key_id: int) -> HttpResponse:
+    try:
+        api_key = api_key_revoke(user=request.user, api_key_id=api_key_id)
+    except ClientError as exc:
+        return HttpResponse(exc.message, status=exc.status, content_type="text/plain")
+    messages.success(request, f"Revoked “{api_key.name}”. It no longer works.")
+    return redirect("accounts:api_keys")
+
+
+@login_required
+@require_GET
+def usage(request: HttpRequest) -> HttpResponse:
+    today = timezone.now().date()
+    try:
+        month = parse_month(request.GET.get("month"), today=today)
+    except ValueError:
+        return HttpResponseBadRequest("The month must look like 2026-11.", content_type="text/plain")
+    summary = usage_summary(user=request.user, month=month)
+    peak = max((day["tokens"] for day in summary.per_day), default=0) or 1
+    width = 100 / len(summary.per_day)
+    bars = [
+        {
+            **day,
+            "x": f"{i * width:.3f}",
+            "width": f"{width * 0.8:.3f}",
+            "height": round(day["tokens"] / peak * CHART_HEIGHT, 1),
+            "y": round(CHART_HEIGHT - day["tokens"] / peak * CHART_HEIGHT, 1),
+        }
+        for i, day in enumerate(summary.per_day)
+    ]
+    previous = (month.replace(day=1) - dt.timedelta(days=1)).replace(day=1)
+    following = (month.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
+    return render(
+        request,
+        "accounts/usage.html",
+        {
+            "summary": summary,
+            "month": month,
+            "month_param": f"{month:%Y-%m}",
+            "previous": f"{previous:%Y-%m}",
+            "following": f"{following:%Y-%m}" if following <= today else None,
+            "bars": bars,
+            "last_day": summary.per_day[-1]["day"],
+            "chart_height": CHART_HEIGHT,
+            "tier": tier_for_user(user=request.user),
+        },
+    )
+
+
+@login_required
+@require_GET
+def usage_statement(request: HttpRequest) -> HttpResponse:
+    """The month's ledger as CSV: one line per generation, then the total."""
+    try:
+        month = parse_month(request.GET.get("month"), today=timezone.now().date())
+    except ValueError:
+        return HttpResponseBadRequest("The month must look like 2026-11.", content_type="text/plain")
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="statement-{month:%Y-%m}.csv"'
+    writer = csv.writer(response)
+    writer.writerow(
+        [
+            "time (UTC)",
+            "generation",
+            "model",
+            "tier",
+            "status",
+            "prompt tokens",
+            "completion tokens",
+            "prompt price per 1k",
+            "completion price per 1k",
+            "cost",
+        ]
+    )
+    total = Decimal("0")
+    tokens = [0, 0]
+    for row in usage_statement_rows(user=request.user, month=month):
+        writer.writerow(
+            [
+                row.created_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S"),
+                row.generation_id or "",
+                row.deployment.name,
+                row.tier.name if row.tier else "",
+                row.status,
+                row.prompt_tokens,
+                row.completion_tokens,
+                row.prompt_price_per_1k,
+                row.completion_price_per_1k,
+                row.cost,
+            ]
+        )
+        total += row.cost
+        tokens[0] += row.prompt_tokens
+        tokens[1] += row.completion_tokens
+    writer.writerow(["total", "", "", "", "", tokens[0], tokens[1], "", "", total])
+    return response

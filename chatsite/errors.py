@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+from typing import Any
+
+
+class ClientError(Exception):
+    """An error a client can act on: a stable `code`, an HTTP-style `status`, optionally a retry hint.
+
+    Services raise it; the API's exception handler and the WebSocket consumer turn it into their own
+    wire shapes, so the same refusal reads the same everywhere.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        status: int = 400,
+        retry_after: int | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.status = status
+        self.retry_after = retry_after
+        self.param = param
+
+
+# OpenAI's error `type` for each status, so every API error reads like OpenAI's.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "server_error",
+}
+
+
+def error_body(*, message: str, status: int, code: str | None, param: str | None = None) -> dict[str, Any]:
+    """`{"error": {"message", "type", "param", "code"}}`: OpenAI's error shape."""
+    return {
+        "error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "param": param, "code": code}
+    }
+
+
+def api_exception_handler(exc: Exception, context: dict) -> Any:
+    """Every REST error in OpenAI's shape: ClientError with its status and Retry-After, and DRF's own
+    errors (validation, authentication, permission, not found, throttling) translated."""
+    from rest_framework import exceptions
+    from rest_framework.response import Response
+    from rest_framework.views import exception_handler
+
+    if isinstance(exc, ClientError):
+        response = Response(
+            error_body(message=exc.message, status=exc.status, code=exc.code, param=exc.param), status=exc.status
+        )
+        if exc.retry_after is not None:
+            response["Retry-After"] = str(exc.retry_after)
+        return response
+    response = exception_handler(exc, context)
+    if response is None or not isinstance(exc, exceptions.APIException):
+        return response
+    param, message = None, exc.detail
+    if isinstance(exc, exceptions.ValidationError) and isinstance(exc.detail, dict) and exc.detail:
+        param, problems = next(iter(exc.detail.items()))
+        message = problems[0] if isinstance(problems, list) and problems else problems
+        message = f"Invalid '{param}': {message}"
+    elif isinstance(exc.detail, list) and exc.detail:
+        message = exc.detail[0]
+    codes = exc.get_codes()
+    code = codes if isinstance(codes, str) else getattr(exc, "default_code", None)
+    response.data = error_body(message=str(message), status=response.status_code, code=code, param=param)
+    return response
+
+
+def validated_json_body(body: bytes, serializer_class: Any) -> dict[str, Any]:
+    """A JSON object body validated by a DRF serializer, for the async views outside DRF's dispatch.
+
+    Anything wrong (not JSON, not UTF-8, not an object, a field that fails) is a 400 ClientError
+    naming the first offending field.
+    """
+    import json
+
+    try:
+        payload = json.loads(body)
+    except ValueError:  # includes invalid UTF-8
+        raise ClientError("The request body is not valid JSON.", code="invalid_json") from None
+    if not isinstance(payload, dict):
+        raise ClientError("The request body must be a JSON object.", code="invalid_request")
+    serializer = serializer_class(data=payload)
+    if not serializer.is_valid():
+        field, problems = next(iter(serializer.errors.items()))
+        detail = problems[0] if isinstance(problems, list) else problems
+        if isinstance(detail, dict):  # nested (e.g. a list item)
+            detail = next(iter(detail.values()))
+            detail = detail[0] if isinstance(detail, list) else detail
+        raise ClientError(f"Invalid '{field}': {detail}", code="invalid_value", param=field)
+    return serializer.validated_data

@@ -1,0 +1,242 @@
+"""Settings, all from the environment.
+
+With no variable set this is the embedded default: SQLite and an in-memory channel layer in a
+local data folder, generation inside the web process. DATABASE_URL switches to PostgreSQL;
+REDIS_URL switches the channel layer, cache and Celery broker to Redis and moves generation
+to Celery GPU workers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from chatsite.env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_path,
+    env_str,
+    env_url,
+    secret_key_from_env_or_file,
+)
+from inference.defaults import DEFAULT_DEPLOYMENT_NAME
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = env_path("CHATSITE_DATA_DIR", BASE_DIR / "var")
+
+DATABASE_URL = env_url("DATABASE_URL", ("postgres", "postgresql", "sqlite"))
+REDIS_URL = env_url("REDIS_URL", ("redis", "rediss", "unix"))
+EMBEDDED = not DATABASE_URL and not REDIS_URL
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = secret_key_from_env_or_file(
+    "DJANGO_SECRET_KEY", DATA_DIR / "secret_key", allow_file=EMBEDDED or env_bool("CHATSITE_LOCAL_SECRET", False)
+)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "channels",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "accounts",
+    "conversations",
+    "inference",
+    "moderation",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "chatsite.urls"
+ASGI_APPLICATION = "chatsite.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+if DATABASE_URL:
+    try:
+        DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # Long-lived async workers hold connections across event-loop turns; recycle them.
+        DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "db.sqlite3",
+            # A file, not shared-cache memory: the engine's threads write while tests read, and
+            # shared-cache SQLite fails such writers at once instead of waiting.
+            "TEST": {"NAME": DATA_DIR / "test-db.sqlite3"},
+            # Streams finish while other requests read: wait for the lock instead of failing.
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
+        }
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_USER_MODEL = "accounts.User"
+LOGIN_URL = "accounts:login"
+LOGIN_REDIRECT_URL = "conversations:chat"
+LOGOUT_REDIRECT_URL = "accounts:login"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "staticfiles"
+WHITENOISE_USE_FINDERS = True  # serve straight from static/ without a collectstatic step
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+if TRUSTED_PROXY := env_bool("DJANGO_BEHIND_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # redis-py 8 reads with a 5 s socket timeout by default, exactly as long as channels_redis
+            # blocks waiting for a message: an idle socket's consumer would die. Give reads room.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000, "expiry": 60},
+        }
+    }
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+else:
+    # The embedded default only: one process, so an in-memory layer is enough. Streams are coalesced,
+    # but a slow reader must still not make publishing fail.
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 1000}}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+# --- inference -----------------------------------------------------------------------------------
+# "local": generation runs in the web process (the embedded default). "celery": GPU workers do it.
+INFERENCE_BACKEND = env_str("INFERENCE_BACKEND", "celery" if REDIS_URL else "local")
+if INFERENCE_BACKEND not in {"local", "celery"}:
+    raise ImproperlyConfigured(f"INFERENCE_BACKEND must be 'local' or 'celery', got {INFERENCE_BACKEND!r}")
+if INFERENCE_BACKEND == "celery" and not REDIS_URL:
+    raise ImproperlyConfigured("INFERENCE_BACKEND=celery needs REDIS_URL (broker and channel layer)")
+INFERENCE_MODELS_DIR = env_path("INFERENCE_MODELS_DIR", DATA_DIR / "models")
+INFERENCE_DEFAULT_DEPLOYMENT = env_str("INFERENCE_DEFAULT_DEPLOYMENT", DEFAULT_DEPLOYMENT_NAME)
+# Deployments this process hosts an engine for (local backend, or a worker when not given --queues).
+INFERENCE_LOCAL_DEPLOYMENTS = env_list("INFERENCE_LOCAL_DEPLOYMENTS", [INFERENCE_DEFAULT_DEPLOYMENT])
+# CUDA graphs / torch.compile make start-up minutes long on the CPU; eager is the right default there.
+INFERENCE_ENFORCE_EAGER = env_bool("INFERENCE_ENFORCE_EAGER", True)
+INFERENCE_STREAM_COALESCE_MS = env_int("INFERENCE_STREAM_COALESCE_MS", 40, minimum=0, maximum=1000)
+INFERENCE_STREAM_COALESCE_CHARS = env_int("INFERENCE_STREAM_COALESCE_CHARS", 96, minimum=1)
+INFERENCE_REPLAY_TTL_S = env_int("INFERENCE_REPLAY_TTL_S", 900, minimum=10)
+INFERENCE_MIN_OUTPUT_TOKENS = env_int("INFERENCE_MIN_OUTPUT_TOKENS", 32, minimum=1)
+INFERENCE_ENGINE_START_TIMEOUT_S = env_float("INFERENCE_ENGINE_START_TIMEOUT_S", 600, minimum=1)
+# Admission control and queue order (see inference/scheduling.py).
+INFERENCE_AT_CAPACITY_RETRY_S = env_int("INFERENCE_AT_CAPACITY_RETRY_S", 10, minimum=1)
+INFERENCE_PRIORITY_AGING_S = env_float("INFERENCE_PRIORITY_AGING_S", 15, minimum=0)
+CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 32_000, minimum=1)
+
+# --- celery --------------------------------------------------------------------------------------
+# Deliberate choices, explained in docs/production.md:
+# - acks late + reject on worker lost: a task whose worker dies is delivered again, so a queued
+#   message is never lost; the claim (a conditional UPDATE) makes a second delivery a no-op once
+#   one worker has started it, so nothing is generated twice in parallel;
+# - prefetch 1: a worker takes only what it runs, so queued work stays in the broker, where
+#   priorities and other workers can still reach it;
+# - visibility timeout: how long an unacknowledged task waits before redelivery after a crash.
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT_S", 120, minimum=10),
+    # Redis has no native priorities: kombu keeps one list per step and reads the lowest first.
+    "priority_steps": list(range(10)),
+    "sep": ":",
+    "queue_order_strategy": "priority",
+}
+INFERENCE_GENERATION_TIMEOUT_S = env_int("INFERENCE_GENERATION_TIMEOUT_S", 600, minimum=10)
+# A worker refreshes its heartbeat every second; one silent this long is taken for dead and its
+# running generations are ended with an error the user can act on (regenerate).
+INFERENCE_WORKER_HEARTBEAT_TTL_S = env_int("INFERENCE_WORKER_HEARTBEAT_TTL_S", 6, minimum=2)
+
+# --- REST framework ------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "accounts.authentication.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "EXCEPTION_HANDLER": "chatsite.errors.api_exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "chatsite API",
+    "DESCRIPTION": "OpenAI-compatible chat completions and models, and the conversations API. "
+    "Authenticate with an API key: `Authorization: Bearer cs_...`.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI from this server, not a CDN: the docs page works offline.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+API_MAX_PROMPT_CHARS = env_int("API_MAX_PROMPT_CHARS", 200_000, minimum=1000)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

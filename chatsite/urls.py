@@ -1,0 +1,28 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from conversations.apis import (
+    ConversationDetailApi,
+    ConversationListCreateApi,
+    conversation_start_stream,
+    message_send_stream,
+)
+from inference.apis import ModelListApi, chat_completions
+from moderation.apis import ModerationCreateApi
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("accounts/", include("accounts.urls")),
+    # OpenAI-compatible: point the openai client's base_url at http://<host>/v1
+    path("v1/chat/completions", chat_completions, name="chat-completions"),
+    path("v1/models", ModelListApi.as_view(), name="models"),
+    path("v1/moderations", ModerationCreateApi.as_view(), name="moderations"),
+    path("api/conversations/", ConversationListCreateApi.as_view(), name="api-conversations"),
+    path("api/conversations/messages/", conversation_start_stream, name="api-conversations-send-new"),
+    path("api/conversations/<int:conversation_id>/", ConversationDetailApi.as_view(), name="api-conversation"),
+    path("api/conversations/<int:conversation_id>/messages/", message_send_stream, name="api-conversation-send"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("", include("conversations.urls")),
+]

@@ -1,0 +1,425 @@
+"""The conversations REST API under /api/conversations/.
+
+Owners only: another user's conversation answers 404 exactly like a missing one, never 403. API keys
+need `conversations:read` to read, `conversations:write` to create, rename and delete, and `chat` to
+send a message; session users pass every scope check.
+
+Sending a message streams its answer as Server-Sent Events, so that view is a plain async view (the
+wait for the engine belongs on the event loop, as for /v1/chat/completions). It authenticates by API
+key or by session; a session request must carry a CSRF token, which DRF's SessionAuthentication checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import exceptions, serializers, status
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.pagination import CursorPagination
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.authentication import ApiKeyAuthentication, HasScope
+from accounts.models import ApiKey
+from chatsite.errors import ClientError, error_body, validated_json_body
+from conversations.models import Conversation
+from conversations.selectors import conversation_get_for_user, conversation_list_for_user, message_list
+from conversations.services import conversation_delete, conversation_rename, conversation_start, message_send
+
+READ, WRITE, CHAT = ApiKey.Scope.CONVERSATIONS_READ, ApiKey.Scope.CONVERSATIONS_WRITE, ApiKey.Scope.CHAT
+
+
+class StrictCharField(serializers.CharField):
+    """A CharField that refuses numbers and booleans instead of turning them into text."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class ConversationPagination(CursorPagination):
+    """Most recently active first; `?limit=` is clamped to 1..100, and a tampered cursor is a 400."""
+
+    page_size = 20
+    max_page_size = 100
+    page_size_query_param = "limit"
+    ordering = ("-updated_at", "-id")
+
+    def decode_cursor(self, request):
+        try:
+            return super().decode_cursor(request)
+        except exceptions.NotFound:
+            raise exceptions.ValidationError({"cursor": ["The cursor is invalid."]}) from None
+
+
+def _get_or_404(request: Request, conversation_id: int) -> Conversation:
+    conversation = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
+    if conversation is None:
+        raise ClientError("That conversation does not exist.", code="not_found", status=404)
+    return conversation
+
+
+class ConversationOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    title = serializers.CharField()
+    model = serializers.CharField(source="deployment.name")
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+class MessageOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    role = serializers.CharField()
+    content = serializers.CharField()
+    status = serializers.CharField()
+    finish_reason = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class ScopedApi(APIView):
+    """API key or session; the scope an API key needs depends on the HTTP method."""
+
+    permission_classes = [IsAuthenticated, HasScope]
+    method_scopes: dict[str, str] = {}
+
+    @property
+    def required_scope(self) -> str | None:
+        return self.method_scopes.get(self.request.method)
+
+
+class ConversationListCreateApi(ScopedApi):
+    """GET lists the caller's conversations (cursor-paginated); POST creates an empty one."""
+
+    method_scopes = {"GET": READ, "HEAD": READ, "OPTIONS": READ, "POST": WRITE}
+    pagination_class = ConversationPagination
+
+    class InputSerializer(serializers.Serializer):
+        title = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
+        model = StrictCharField(max_length=100, required=False, allow_null=True, default=None)
+
+    OutputSerializer = ConversationOutputSerializer
+
+    @extend_schema(
+        operation_id="conversations_list",
+        summary="List your conversations, most recently active first",
+        parameters=[
+            OpenApiParameter("cursor", OpenApiTypes.STR, description="The `next` or `previous` cursor of a page."),
+            OpenApiParameter("limit", OpenApiTypes.INT, description="Page size, 1 to 100 (default 20)."),
+        ],
+        responses=inline_serializer(
+            "ConversationPage",
+            {
+                "next": serializers.URLField(allow_null=True),
+                "previous": serializers.URLField(allow_null=True),
+                "results": ConversationOutputSerializer(many=True),
+            },
+        ),
+    )
+    def get(self, request: Request) -> Response:
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(conversation_list_for_user(user=request.user), request, view=self)
+        return paginator.get_paginated_response(self.OutputSerializer(page, many=True).data)
+
+    @extend_schema(
+        operation_id="conversations_create",
+        summary="Start an empty conversation",
+        request=InputSerializer,
+        responses={201: ConversationOutputSerializer},
+    )
+    def post(self, request: Request) -> Response:
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        conversation = conversation_start(user=request.user, **serializer.validated_data)
+        return Response(self.OutputSerializer(conversation).data, status=status.HTTP_201_CREATED)
+
+
+class ConversationDetailApi(ScopedApi):
+    """GET one conversation with its messages; PATCH renames it; DELETE removes it (stopping its answer)."""
+
+    method_scopes = {"GET": READ, "HEAD": READ, "OPTIONS": READ, "PATCH": WRITE, "DELETE": WRITE}
+
+    class InputSerializer(serializers.Serializer):
+        title = StrictCharField(max_length=200)
+
+    class OutputSerializer(ConversationOutputSerializer):
+        messages = MessageOutputSerializer(many=True)
+
+        class Meta:
+            ref_name = "ConversationWithMessages"
+
+    @extend_schema(
+        operation_id="conversations_retrieve",
+        summary="A conversation with its messages",
+        responses={200: OutputSerializer, 404: OpenApiResponse(description="No such conversation of yours.")},
+    )
+    def get(self, request: Request, conversation_id: int) -> Response:
+        conversation = _get_or_404(request, conversation_id)
+        messages = MessageOutputSerializer(message_list(conversation=conversation), many=True).data
+        return Response({**ConversationOutputSerializer(conversation).data, "messages": messages})
+
+    @extend_schema(
+        operation_id="conversations_rename",
+        summary="Rename a conversation",
+        request=InputSerializer,
+        responses={200: ConversationOutputSerializer, 404: OpenApiResponse(description="No such conversation.")},
+    )
+    def patch(self, request: Request, conversation_id: int) -> Response:
+        conversation = _get_or_404(request, conversation_id)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        conversation = conversation_rename(conversation=conversation, title=serializer.validated_data["title"])
+        return Response(ConversationOutputSerializer(conversation).data)
+
+    @extend_schema(
+        operation_id="conversations_delete",
+        summary="Delete a conversation and its messages",
+        responses={204: None, 404: OpenApiResponse(description="No such conversation.")},
+    )
+    def delete(self, request: Request, conversation_id: int) -> Response:
+        conversation_delete(conversation=_get_or_404(request, conversation_id))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- Sending a message: streamed over SSE ---------------------------------------------------------
+
+
+class MessageSendInputSerializer(serializers.Serializer):
+    content = StrictCharField(trim_whitespace=False, allow_blank=True)
+    model = StrictCharField(max_length=100, required=False, allow_null=True, default=None)
+
+
+def _json_error(exc: ClientError) -> JsonResponse:
+    response = JsonResponse(
+        error_body(message=exc.message, status=exc.status, code=exc.code, param=exc.param), status=exc.status
+    )
+    if exc.retry_after is not None:
+        response["Retry-After"] = str(exc.retry_after)
+    return response
+
+
+def _authenticate(request: HttpRequest) -> tuple[Any, ApiKey | None]:
+    """The caller and their key (None for a session), or a 401/403 ClientError."""
+    drf_request = Request(request)
+    try:
+        result = ApiKeyAuthentication().authenticate(drf_request) or _session(request)
+    except exceptions.AuthenticationFailed as exc:
+        raise ClientError(str(exc.detail), code="invalid_api_key", status=401) from None
+    except exceptions.PermissionDenied as exc:
+        raise ClientError(str(exc.detail), code="csrf_failed", status=403) from None
+    if result is None:
+        raise ClientError(
+            "Authenticate with 'Authorization: Bearer <key>' or a session.", code="not_authenticated", status=401
+        )
+    user, auth = result
+    api_key = auth if isinstance(auth, ApiKey) else None
+    if not user.is_active:
+        raise ClientError("This account is disabled.", code="account_disabled", status=403)
+    if api_key is not None and not api_key.has_scope(CHAT):
+        raise ClientError("This API key does not have the 'chat' scope.", code="insufficient_scope", status=403)
+    return user, api_key
+
+
+def _session(request: HttpRequest) -> tuple[Any, None] | None:
+    """The logged-in user, once the CSRF token checks out. DRF's check runs on the plain request: on
+    a DRF Request it would parse the JSON body to look for a form token, and fail on it."""
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated or not user.is_active:
+        return None
+    SessionAuthentication().enforce_csrf(request)
+    return user, None
+
+
+def _send(request: HttpRequest, conversation_id: int | None):
+    user, api_key = _authenticate(request)
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        raise ClientError("The request body is too large.", code="request_too_large", status=413) from None
+    data = validated_json_body(body, MessageSendInputSerializer)
+    model = data["model"] if conversation_id is None else None
+    return message_send(
+        user=user, content=data["content"], conversation_id=conversation_id, model=model, api_key=api_key
+    )
+
+
+def sse(event: str, data: dict[str, Any]) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+@csrf_exempt  # API keys carry no cookie; a session request is CSRF-checked in _authenticate
+async def message_send_stream(request: HttpRequest, conversation_id: int | None = None) -> HttpResponse:
+    """POST a message into a conversation (or, without an id, into a new one) and stream the answer."""
+    if request.method != "POST":
+        return _json_error(ClientError("Use POST.", code="method_not_allowed", status=405))
+    try:
+        # Django's request cycle already manages this thread's connection (unlike a consumer's).
+        sent = await sync_to_async(_send)(request, conversation_id)
+    except ClientError as exc:
+        return _json_error(exc)
+    response = StreamingHttpResponse(
+        _blocked(sent) if sent.blocked else _stream(sent), content_type="text/event-stream"
+    )
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+@csrf_exempt
+async def conversation_start_stream(request: HttpRequest) -> HttpResponse:
+    """POST a first message: a new conversation, its answer streamed."""
+    return await message_send_stream(request, None)
+
+
+async def _blocked(sent):
+    """Moderation held the message back: it is saved (flagged) and no answer is coming."""
+    yield sse(
+        "message.blocked",
+        {
+            "conversation": sent.conversation.id,
+            "conversation_created": sent.conversation_created,
+            "user_message": sent.user_message.id,
+            "message": sent.blocked_reason,
+        },
+    )
+
+
+async def _stream(sent):
+    generation_id = str(sent.generation.id)
+    yield sse(
+        "message.accepted",
+        {
+            "conversation": sent.conversation.id,
+            "conversation_created": sent.conversation_created,
+            "user_message": sent.user_message.id,
+            "assistant_message": sent.assistant_message.id,
+            "generation": generation_id,
+            "warning": sent.warning,
+        },
+    )
+    from inference.streaming import follow_streams
+
+    try:
+        async for event in follow_streams([generation_id], idle_timeout=settings.INFERENCE_GENERATION_TIMEOUT_S + 60):
+            if event["type"] == "generation.delta":
+                yield sse("delta", {"seq": event["seq"], "text": event["text"]})
+            elif event["type"] == "generation.done":
+                yield sse(
+                    "done",
+                    {
+                        "seq": event["seq"],
+                        "message": sent.assistant_message.id,
+                        "status": event.get("status"),
+                        "finish_reason": event.get("finish_reason"),
+                        "usage": event.get("usage") or {},
+                        # Set when output moderation cut the answer: the text to keep instead.
+                        **({"text": event["text"]} if "text" in event else {}),
+                    },
+                )
+            else:
+                yield sse(
+                    "error",
+                    {
+                        "seq": event["seq"],
+                        "code": event.get("code"),
+                        "message": event.get("message") or "The answer failed.",
+                    },
+                )
+    except TimeoutError:
+        yield sse("error", {"code": "timeout", "message": "The answer took too long."})
+    except asyncio.CancelledError:
+        # The client went away: stop the answer rather than spend the engine on nobody.
+        await asyncio.shield(sync_to_async(_stop)(sent.generation.id))
+        raise
+
+
+def _stop(generation_id: Any) -> None:
+    from inference.models import Generation
+    from inference.services import generation_request_stop
+
+    generation = Generation.objects.filter(id=generation_id).first()
+    if generation is not None:
+        generation_request_stop(generation=generation)
+
+
+SEND_DESCRIPTION = (
+    "Sends `content` into the conversation in the path, or, on /api/conversations/messages/, into a new "
+    "conversation (optionally on `model`). The answer streams as `text/event-stream`: `message.accepted` "
+    "{conversation, conversation_created, user_message, assistant_message, generation}, then `delta` {seq, text} "
+    "events, then one `done` {seq, message, status, finish_reason, usage} or `error` {code, message}. Refusals "
+    "(400, 401, 403, 404, 409, 429 with Retry-After, 503) are JSON errors in OpenAI's shape before any event."
+)
+SEND_RESPONSES = {
+    (200, "text/event-stream"): OpenApiResponse(
+        response=OpenApiTypes.STR,
+        description="The answer's events.",
+        examples=[
+            OpenApiExample(
+                "stream",
+                value='event: message.accepted\ndata: {"conversation":1,...}\n\n'
+                'event: delta\ndata: {"seq":1,"text":"Hello"}\n\n'
+                'event: done\ndata: {"seq":2,"finish_reason":"stop",...}\n\n',
+            )
+        ],
+    ),
+    400: OpenApiResponse(description="Invalid body, empty or too long message."),
+    404: OpenApiResponse(description="No such conversation or model."),
+    409: OpenApiResponse(description="An answer is still being written in this conversation."),
+    429: OpenApiResponse(description="Rate limit or quota reached; see Retry-After."),
+    503: OpenApiResponse(description="The model is at capacity."),
+}
+
+
+class MessageSendApi(APIView):
+    """Documentation only: the schema of `message_send_stream`, which serves the requests.
+
+    drf-spectacular documents DRF views; the streaming view is a plain async view, so it borrows this
+    class's schema through the `cls` attribute the schema generator looks for.
+    """
+
+    permission_classes = [IsAuthenticated, HasScope]
+    required_scope = CHAT
+
+    @extend_schema(
+        operation_id="conversations_messages_send",
+        summary="Send a message and stream the answer (Server-Sent Events)",
+        description=SEND_DESCRIPTION,
+        request=MessageSendInputSerializer,
+        responses=SEND_RESPONSES,
+    )
+    def post(self, request: Request, conversation_id: int) -> Response:  # pragma: no cover
+        raise exceptions.MethodNotAllowed("POST")
+
+
+class ConversationStartApi(APIView):
+    """Documentation only: the schema of `conversation_start_stream`."""
+
+    permission_classes = [IsAuthenticated, HasScope]
+    required_scope = CHAT
+
+    @extend_schema(
+        operation_id="conversations_start",
+        summary="Start a conversation with a message and stream the answer (Server-Sent Events)",
+        description=SEND_DESCRIPTION,
+        request=MessageSendInputSerializer,
+        responses=SEND_RESPONSES,
+    )
+    def post(self, request: Request) -> Response:  # pragma: no cover
+        raise exceptions.MethodNotAllowed("POST")
+
+
+message_send_stream.cls = MessageSendApi
+message_send_stream.initkwargs = {}
+conversation_start_stream.cls = ConversationStartApi
+conversation_start_stream.initkwargs = {}

@@ -1,0 +1,247 @@
+"""The chat socket.
+
+Client → server: `message.send` {content, conversation?, model?}, `generation.stop` {generation},
+`generation.resume` {generation, after_seq}, `message.regenerate` {message}.
+Server → client: `conversation.created`, `message.accepted`, `message.regenerating`, `generation.delta` {seq, text},
+`generation.done` {seq, status, finish_reason, usage}, `generation.error` {seq, code, message},
+`engine.status` {deployment, state}, `message.blocked` {conversation, user_message, message} when
+moderation holds a message back (it is saved, flagged, and never reaches the model), and `error`
+{code, message} for a refused request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+
+from chatsite.errors import ClientError
+from conversations.services import message_regenerate, message_send
+from inference.dispatch import engine_state, local_backend
+from inference.models import Generation
+from inference.selectors import generation_get_for_user
+from inference.services import generation_request_stop
+from inference.streaming import ENGINE_STATUS_GROUP, StreamPublisher, generation_group, replay_buffer
+from moderation.services import classifiers_prepare
+
+logger = logging.getLogger(__name__)
+
+MAX_FRAME_BYTES = 256 * 1024
+
+
+class ChatConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        self.user = self.scope.get("user")
+        if self.user is None or not self.user.is_authenticated:
+            await self.close(code=4401)
+            return
+        # generation id -> the last seq this socket has passed on
+        self.following: dict[str, int] = {}
+        await self.accept()
+        await self.channel_layer.group_add(ENGINE_STATUS_GROUP, self.channel_name)
+        if settings.INFERENCE_BACKEND == "local":
+            await local_backend.start()
+        # Input moderation needs its embedding model; load it now, off the loop, not on the first send.
+        classifiers_prepare()
+        deployment = settings.INFERENCE_DEFAULT_DEPLOYMENT
+        state = await database_sync_to_async(engine_state)(deployment)
+        await self.send_json({"type": "engine.status", "deployment": deployment, "state": state})
+
+    async def disconnect(self, code: int) -> None:
+        if not hasattr(self, "following"):
+            return
+        await self.channel_layer.group_discard(ENGINE_STATUS_GROUP, self.channel_name)
+        for generation_id in list(self.following):
+            await self.channel_layer.group_discard(generation_group(generation_id), self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        if text_data is None or len(text_data) > MAX_FRAME_BYTES:
+            await self._error("invalid_request", f"Send JSON text frames of at most {MAX_FRAME_BYTES // 1024} KB.")
+            return
+        try:
+            content = json.loads(text_data)
+        except ValueError:
+            await self._error("invalid_request", "That was not valid JSON.")
+            return
+        if not isinstance(content, dict):
+            await self._error("invalid_request", "Send a JSON object with a 'type'.")
+            return
+        await self.receive_json(content)
+
+    async def receive_json(self, content: dict[str, Any], **kwargs: Any) -> None:
+        handler = {
+            "message.send": self._message_send,
+            "generation.stop": self._generation_stop,
+            "generation.resume": self._generation_resume,
+            "message.regenerate": self._message_regenerate,
+        }.get(content.get("type"))
+        if handler is None:
+            await self._error("invalid_request", f"Unknown message type {content.get('type')!r}.")
+            return
+        try:
+            await handler(content)
+        except ClientError as exc:
+            await self._error(exc.code, exc.message, retry_after=exc.retry_after)
+
+    # --- client requests ------------------------------------------------------------------------
+
+    async def _message_send(self, content: dict[str, Any]) -> None:
+        conversation_id = content.get("conversation")
+        if conversation_id is not None and not isinstance(conversation_id, int):
+            raise ClientError("'conversation' must be a conversation id.", code="invalid_request")
+        model = content.get("model")
+        if model is not None and not isinstance(model, str):
+            raise ClientError("'model' must be a model name.", code="invalid_request")
+        sent = await database_sync_to_async(message_send)(
+            user=self.user, content=content.get("content"), conversation_id=conversation_id, model=model
+        )
+        if sent.conversation_created:
+            await self.send_json(
+                {
+                    "type": "conversation.created",
+                    "conversation": {"id": sent.conversation.id, "title": sent.conversation.display_title},
+                }
+            )
+        user_message = {"id": sent.user_message.id, "content": sent.user_message.content}
+        if sent.blocked:
+            await self.send_json(
+                {
+                    "type": "message.blocked",
+                    "conversation": sent.conversation.id,
+                    "user_message": user_message,
+                    "message": sent.blocked_reason,
+                    "client_id": content.get("client_id"),
+                }
+            )
+            return
+        accepted = {
+            "type": "message.accepted",
+            "conversation": sent.conversation.id,
+            "user_message": user_message,
+            "assistant_message": {"id": sent.assistant_message.id},
+            "generation": str(sent.generation.id),
+            "client_id": content.get("client_id"),
+        }
+        if sent.warning:
+            accepted["warning"] = sent.warning
+        await self.send_json(accepted)
+        await self._follow(sent.generation, after_seq=0)
+
+    async def _message_regenerate(self, content: dict[str, Any]) -> None:
+        answer, generation = await database_sync_to_async(message_regenerate)(
+            user=self.user, message_id=content.get("message")
+        )
+        await self.send_json(
+            {"type": "message.regenerating", "assistant_message": {"id": answer.id}, "generation": str(generation.id)}
+        )
+        await self._follow(generation, after_seq=0)
+
+    async def _generation_stop(self, content: dict[str, Any]) -> None:
+        generation = await self._own_generation(content.get("generation"))
+        ended = await database_sync_to_async(generation_request_stop)(generation=generation)
+        if ended is not None:
+            # No engine had it yet, so no runner will announce the end: announce it to every tab.
+            publisher = await StreamPublisher.continuing(ended.id)
+            await publisher.finish(status=ended.status, finish_reason=ended.finish_reason, usage=_usage(ended))
+
+    async def _generation_resume(self, content: dict[str, Any]) -> None:
+        after_seq = content.get("after_seq", 0)
+        if not isinstance(after_seq, int) or after_seq < 0:
+            raise ClientError("'after_seq' must be a non-negative integer.", code="invalid_request")
+        generation = await self._own_generation(content.get("generation"))
+        await self._follow(generation, after_seq=after_seq)
+
+    # --- following a stream ---------------------------------------------------------------------
+
+    async def _follow(self, generation: Generation, *, after_seq: int) -> None:
+        """Join the stream, then replay what was missed; _forward drops what arrives twice."""
+        key = str(generation.id)
+        self.following[key] = max(after_seq, self.following.get(key, 0))
+        await self.channel_layer.group_add(generation_group(key), self.channel_name)
+        buffered = await replay_buffer().read(key, 0)
+        for event in buffered:
+            await self._forward(event)
+        if key in self.following and not buffered:
+            generation = await self._own_generation(key)
+            if generation.is_finished:
+                # Finished with nothing buffered: the buffer has expired, so the row answers. (While
+                # anything is buffered, the runner's own final events are still to come.)
+                await self._send_final_from_row(generation)
+
+    async def _send_final_from_row(self, generation: Generation) -> None:
+        key = str(generation.id)
+        seq = self.following.get(key, 0) + 1
+        if generation.status == Generation.Status.FAILED:
+            event = {"type": "generation.error", "code": generation.error_code, "message": generation.error_message}
+        else:
+            event = {
+                "type": "generation.done",
+                "status": generation.status,
+                "finish_reason": generation.finish_reason,
+                "usage": _usage(generation),
+            }
+        await self._forward({**event, "generation": key, "seq": seq, "text": generation.text})
+
+    async def _forward(self, event: dict[str, Any]) -> None:
+        key = event.get("generation")
+        last = self.following.get(key)
+        if last is None or event["seq"] <= last:
+            return
+        self.following[key] = event["seq"]
+        await self.send_json(event)
+        if event["type"] in ("generation.done", "generation.error"):
+            self.following.pop(key, None)
+            await self.channel_layer.group_discard(generation_group(key), self.channel_name)
+
+    # --- channel-layer events -------------------------------------------------------------------
+
+    async def generation_delta(self, event: dict[str, Any]) -> None:
+        await self._forward(event)
+
+    async def generation_done(self, event: dict[str, Any]) -> None:
+        await self._forward(event)
+
+    async def generation_error(self, event: dict[str, Any]) -> None:
+        await self._forward(event)
+
+    async def engine_status(self, event: dict[str, Any]) -> None:
+        await self.send_json(event)
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    async def _own_generation(self, generation_id: Any) -> Generation:
+        generation = None
+        if isinstance(generation_id, str) and _is_uuid(generation_id):
+            generation = await database_sync_to_async(generation_get_for_user)(
+                generation_id=generation_id, user=self.user
+            )
+        if generation is None:
+            raise ClientError("That answer does not exist.", code="not_found", status=404)
+        return generation
+
+    async def _error(self, code: str, message: str, *, retry_after: int | None = None) -> None:
+        payload: dict[str, Any] = {"type": "error", "code": code, "message": message}
+        if retry_after is not None:
+            payload["retry_after"] = retry_after
+        await self.send_json(payload)
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _usage(generation: Generation) -> dict[str, int]:
+    return {
+        "prompt_tokens": generation.prompt_tokens,
+        "completion_tokens": generation.completion_tokens,
+        "total_tokens": generation.prompt_tokens + generation.completion_tokens,
+    }

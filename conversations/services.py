@@ -1,0 +1,285 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from accounts.services import request_admit, request_limits
+from chatsite.errors import ClientError
+from conversations.models import Conversation, Message
+from conversations.prompts import Turn, assemble_prompt
+from conversations.selectors import conversation_get_for_user, conversation_has_message_in_progress
+from inference.models import Generation, ModelDeployment
+from inference.selectors import deployment_get
+from inference.services import generation_admit, generation_create
+from inference.tokenizers import count_tokens, render_chat, tokenizer_for
+from moderation.services import CONTENT_FILTER, Verdict, flag_create, input_moderate
+
+TITLE_LENGTH = 60
+
+
+@dataclass(frozen=True)
+class SentMessage:
+    """What message_send did. A message held back by moderation has no answer and no generation."""
+
+    conversation: Conversation
+    conversation_created: bool
+    user_message: Message
+    assistant_message: Message | None
+    generation: Generation | None
+    blocked_reason: str = ""
+    warning: str = ""
+
+    @property
+    def blocked(self) -> bool:
+        return self.generation is None
+
+
+def conversation_create(*, user: Any, deployment: ModelDeployment | None = None, title: str = "") -> Conversation:
+    return Conversation.objects.create(user=user, deployment=deployment or deployment_get(), title=title[:200])
+
+
+def conversation_start(*, user: Any, title: str = "", model: str | None = None) -> Conversation:
+    """An empty conversation on `model` (or the default), refused if the user's plan excludes the model."""
+    deployment = deployment_get(name=model)
+    request_limits(user=user, deployment=deployment)  # the plan's gate: refuses a model it excludes
+    return conversation_create(user=user, deployment=deployment, title=title.strip())
+
+
+def conversation_rename(*, conversation: Conversation, title: str) -> Conversation:
+    title = title.strip()
+    if not title or len(title) > 200:
+        raise ClientError("A title must be 1 to 200 characters long.", code="invalid_title", param="title")
+    conversation.title = title
+    conversation.save(update_fields=["title", "updated_at"])
+    return conversation
+
+
+def conversation_delete(*, conversation: Conversation) -> None:
+    from inference.services import generation_request_stop
+
+    for message in conversation.messages.filter(status__in=Message.IN_PROGRESS).select_related("generation"):
+        if message.generation is not None:
+            generation_request_stop(generation=message.generation)
+    conversation.delete()
+
+
+def _clean_content(content: Any) -> str:
+    if not isinstance(content, str):
+        raise ClientError("A message must be text.", code="invalid_message", param="content")
+    if "\x00" in content:
+        raise ClientError("A message cannot contain NUL characters.", code="invalid_message", param="content")
+    content = content.strip()
+    if not content:
+        raise ClientError("A message cannot be empty.", code="invalid_message", param="content")
+    if len(content) > settings.CHAT_MAX_MESSAGE_CHARS:
+        raise ClientError(
+            f"A message can be at most {settings.CHAT_MAX_MESSAGE_CHARS} characters long.",
+            code="message_too_long",
+            param="content",
+        )
+    return content
+
+
+def message_send(
+    *, user: Any, content: Any, conversation_id: Any = None, model: str | None = None, api_key: Any = None
+) -> SentMessage:
+    """Save the user's message and a pending answer, and queue the answer's generation.
+
+    All or nothing: a refused message (too long for the window, a conversation already answering,
+    a model the plan does not include, a rate limit or quota reached, a full queue) leaves no rows
+    behind. The generation is dispatched only after the transaction commits. A message input
+    moderation blocks is saved as flagged, with its flag, and gets no answer.
+    """
+    content = _clean_content(content)
+    # Classified before the transaction opens, so no lock is held while the classifier runs.
+    verdict = input_moderate(user=user, text=content)
+    return _message_save(
+        user=user, content=content, conversation_id=conversation_id, model=model, verdict=verdict, api_key=api_key
+    )
+
+
+@transaction.atomic
+def _message_save(
+    *, user: Any, content: str, conversation_id: Any, model: str | None, verdict: Verdict, api_key: Any
+) -> SentMessage:
+    created = conversation_id is None
+    if created:
+        deployment = deployment_get(name=model)
+        conversation = conversation_create(user=user, deployment=deployment, title=_title_from(content))
+    else:
+        conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
+        if conversation is None:
+            raise ClientError("That conversation does not exist.", code="not_found", status=404, param="conversation")
+        # Serialise sends into one conversation (PostgreSQL row lock; SQLite locks the database).
+        Conversation.objects.select_for_update().filter(id=conversation.id).first()
+        deployment = conversation.deployment
+        if conversation_has_message_in_progress(conversation=conversation):
+            raise ClientError(
+                "An answer is still being written in this conversation. Wait for it or stop it first.",
+                code="generation_in_progress",
+                status=409,
+            )
+
+    # The plan first: a model it does not include is refused before anything is loaded for it.
+    limits = request_limits(user=user, deployment=deployment, api_key=api_key)
+    # Before any tokenizing or GPU time: a blocked message is kept (flagged) and goes no further.
+    if verdict.blocks:
+        user_message = Message.objects.create(
+            conversation=conversation, role=Message.Role.USER, content=content, status=Message.Status.FLAGGED
+        )
+        flag_create(user=user, message=user_message, source="input", text=content, verdict=verdict)
+        Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now())
+        return SentMessage(conversation, created, user_message, None, None, blocked_reason=verdict.explanation())
+
+    tokenizer = tokenizer_for(deployment.model_path)
+    user_message = Message.objects.create(
+        conversation=conversation, role=Message.Role.USER, content=content, token_count=count_tokens(tokenizer, content)
+    )
+    warning = ""
+    if verdict.action == "warn":
+        flag_create(user=user, message=user_message, source="input", text=content, verdict=verdict)
+        warning = verdict.warning()
+    assistant_message = Message(conversation=conversation, role=Message.Role.ASSISTANT, parent=user_message)
+    generation = _answer_queue(
+        user=user,
+        conversation=conversation,
+        deployment=deployment,
+        answer=assistant_message,
+        api_key=api_key,
+        limits=limits,
+    )
+    return SentMessage(conversation, created, user_message, assistant_message, generation, warning=warning)
+
+
+@transaction.atomic
+def message_regenerate(*, user: Any, message_id: Any) -> tuple[Message, Generation]:
+    """Answer the newest user message again, into the same assistant message, with a new generation.
+
+    For an answer that failed (a worker died), was stopped, or that the user did not like. The old
+    generation stays on record (and in the ledger); the message shows the new one.
+    """
+    answer = (
+        Message.objects.select_related("conversation__deployment")
+        .filter(
+            id=message_id if isinstance(message_id, int) else None, role=Message.Role.ASSISTANT, conversation__user=user
+        )
+        .first()
+    )
+    if answer is None:
+        raise ClientError("That answer does not exist.", code="not_found", status=404, param="message")
+    conversation = answer.conversation
+    Conversation.objects.select_for_update().filter(id=conversation.id).first()
+    if conversation_has_message_in_progress(conversation=conversation):
+        raise ClientError(
+            "An answer is still being written in this conversation.", code="generation_in_progress", status=409
+        )
+    if conversation.messages.filter(id__gt=answer.id).exists():
+        raise ClientError("Only the newest answer can be regenerated.", code="not_latest", status=409)
+    generation = _answer_queue(user=user, conversation=conversation, deployment=conversation.deployment, answer=answer)
+    return answer, generation
+
+
+def _answer_queue(
+    *,
+    user: Any,
+    conversation: Conversation,
+    deployment: ModelDeployment,
+    answer: Message,
+    api_key: Any = None,
+    limits: Any = None,
+) -> Generation:
+    """Assemble the prompt from the history before `answer`, pass the plan's gate, queue the answer's
+    generation, and save `answer` pending. The window and the answer's budget are the plan's;
+    flagged messages never go into a prompt."""
+    limits = limits or request_limits(user=user, deployment=deployment, api_key=api_key)
+    tokenizer = tokenizer_for(deployment.model_path)
+    earlier = conversation.messages.filter(role__in=[Message.Role.USER, Message.Role.ASSISTANT])
+    if answer.pk is not None:
+        earlier = earlier.filter(id__lt=answer.id)
+    history = [
+        Turn(role=m.role, content=m.content, token_count=m.token_count)
+        for m in earlier.exclude(role=Message.Role.ASSISTANT, content="")
+        .exclude(status=Message.Status.FLAGGED)
+        .order_by("created_at", "id")
+    ]
+    prompt = assemble_prompt(
+        system_prompt=deployment.system_prompt,
+        turns=history,
+        render=lambda messages: render_chat(tokenizer, messages),
+        max_context=limits.max_context,
+        max_output=limits.max_output,
+        min_output=settings.INFERENCE_MIN_OUTPUT_TOKENS,
+    )
+    # Refuse before anything is queued: a full queue first (so it costs no rate-limit budget), then
+    # the plan's quotas and rate limits.
+    generation_admit(deployment=deployment)
+    admission = request_admit(
+        user=user,
+        api_key=api_key,
+        deployment=deployment,
+        prompt_tokens=len(prompt.token_ids),
+        max_tokens=prompt.max_tokens,
+        limits=limits,
+    )
+    generation = generation_create(
+        user=user,
+        deployment=deployment,
+        prompt_token_ids=prompt.token_ids,
+        sampling={
+            "temperature": deployment.temperature,
+            "top_p": deployment.top_p,
+            "repetition_penalty": deployment.repetition_penalty,
+            "max_tokens": admission.max_tokens,
+        },
+        priority=admission.priority,
+    )
+    answer.generation = generation
+    answer.status = Message.Status.PENDING
+    answer.content = ""
+    answer.token_count = 0
+    answer.finish_reason = ""
+    answer.error_code = ""
+    answer.save()
+    Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now())
+    return generation
+
+
+def _title_from(content: str) -> str:
+    line = " ".join(content.split())
+    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
+
+
+_STATUS_FROM_GENERATION = {
+    Generation.Status.COMPLETE: Message.Status.COMPLETE,
+    Generation.Status.STOPPED: Message.Status.STOPPED,
+    Generation.Status.FAILED: Message.Status.FAILED,
+}
+
+
+def message_mark_streaming(*, generation: Generation) -> None:
+    Message.objects.filter(generation=generation, status=Message.Status.PENDING).update(
+        status=Message.Status.STREAMING, updated_at=timezone.now()
+    )
+
+
+def message_finish_from_generation(*, generation: Generation) -> None:
+    """Copy a finished generation's outcome onto its assistant message (partial text included).
+
+    An answer cut by output moderation ends `stopped` with finish_reason `content_filter`; its
+    message is marked flagged and keeps only the text that passed moderation.
+    """
+    status = _STATUS_FROM_GENERATION[generation.status]
+    if generation.finish_reason == CONTENT_FILTER:
+        status = Message.Status.FLAGGED
+    Message.objects.filter(generation=generation).update(
+        content=generation.text,
+        status=status,
+        token_count=generation.completion_tokens,
+        finish_reason=generation.finish_reason,
+        error_code=generation.error_code,
+        updated_at=timezone.now(),
+    )

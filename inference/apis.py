@@ -1,0 +1,264 @@
+"""The OpenAI-compatible API: /v1/chat/completions (streamed over SSE or not) and /v1/models.
+
+Chat completions is a plain async view rather than a DRF APIView: a completion waits on the engine,
+and that wait belongs on the event loop, not in a thread. It still uses DRF's pieces: the API-key
+authenticator and a serializer for validation. Errors are OpenAI's shape with OpenAI's statuses,
+so the official client raises its own exception types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import exceptions, serializers
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.authentication import ApiKeyAuthentication, HasScope, require_scope
+from chatsite.errors import ClientError, validated_json_body
+from inference import openai_format as wire
+from inference.services import completion_create, generation_request_stop
+from inference.streaming import follow_streams
+
+
+class ChatCompletionInputSerializer(serializers.Serializer):
+    model = serializers.CharField(max_length=100)
+    messages = serializers.ListField(child=serializers.DictField(), min_length=1, max_length=512)
+    stream = serializers.BooleanField(default=False)
+    stream_options = serializers.DictField(required=False, allow_null=True)
+    n = serializers.IntegerField(min_value=1, max_value=8, default=1)
+    temperature = serializers.FloatField(min_value=0, max_value=2, required=False, allow_null=True)
+    top_p = serializers.FloatField(min_value=0.001, max_value=1, required=False, allow_null=True)
+    max_tokens = serializers.IntegerField(min_value=1, max_value=10**6, required=False, allow_null=True)
+    max_completion_tokens = serializers.IntegerField(min_value=1, max_value=10**6, required=False, allow_null=True)
+    stop = serializers.JSONField(required=False, allow_null=True)
+    seed = serializers.IntegerField(min_value=-(2**63), max_value=2**63 - 1, required=False, allow_null=True)
+    presence_penalty = serializers.FloatField(min_value=-2, max_value=2, required=False, allow_null=True)
+    frequency_penalty = serializers.FloatField(min_value=-2, max_value=2, required=False, allow_null=True)
+    user = serializers.CharField(max_length=256, required=False, allow_blank=True)
+
+    def validate_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+        cleaned = []
+        for message in messages:
+            role = message.get("role")
+            if role not in ("system", "developer", "user", "assistant"):
+                raise serializers.ValidationError("Each message needs a role: system, developer, user or assistant.")
+            content = message.get("content")
+            if isinstance(content, list):  # content parts: text only
+                if not all(
+                    isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+                ):
+                    raise serializers.ValidationError("Only text content parts are supported.")
+                content = "".join(p["text"] for p in content)
+            if not isinstance(content, str):
+                raise serializers.ValidationError("Each message's content must be a string or a list of text parts.")
+            if "\x00" in content:
+                raise serializers.ValidationError("Message content cannot contain NUL characters.")
+            cleaned.append({"role": "system" if role == "developer" else role, "content": content})
+        if sum(len(m["content"]) for m in cleaned) > settings.API_MAX_PROMPT_CHARS:
+            raise serializers.ValidationError(
+                f"The messages are longer than {settings.API_MAX_PROMPT_CHARS} characters."
+            )
+        if not any(m["role"] == "user" for m in cleaned):
+            raise serializers.ValidationError("The messages need at least one user message.")
+        return cleaned
+
+    def validate_stop(self, stop: Any) -> list[str]:
+        if stop is None:
+            return []
+        stops = [stop] if isinstance(stop, str) else stop
+        if (
+            not isinstance(stops, list)
+            or len(stops) > 4
+            or not all(isinstance(s, str) and 0 < len(s) <= 100 for s in stops)
+        ):
+            raise serializers.ValidationError("stop must be a string or a list of up to 4 strings.")
+        return stops
+
+    def validate_stream_options(self, options: dict[str, Any] | None) -> dict[str, Any]:
+        options = options or {}
+        if not isinstance(options.get("include_usage", False), bool):
+            raise serializers.ValidationError("include_usage must be a boolean.")
+        return options
+
+
+def _error(exc: ClientError) -> JsonResponse:
+    response = JsonResponse(
+        wire.error_body(message=exc.message, status=exc.status, code=exc.code, param=exc.param), status=exc.status
+    )
+    if exc.retry_after is not None:
+        response["Retry-After"] = str(exc.retry_after)
+    return response
+
+
+def _authenticate(request: HttpRequest) -> tuple[Any, Any]:
+    """The API key's owner and the key, or a 401/403 ClientError. Keys only: no cookies on /v1."""
+    drf_request = Request(request)
+    try:
+        result = ApiKeyAuthentication().authenticate(drf_request)
+    except exceptions.AuthenticationFailed as exc:
+        raise ClientError(str(exc.detail), code="invalid_api_key", status=401) from None
+    if result is None:
+        raise ClientError(
+            "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
+            code="invalid_api_key",
+            status=401,
+        )
+    drf_request.user, drf_request.auth = result
+    try:
+        require_scope(drf_request, "chat")
+    except exceptions.PermissionDenied as exc:
+        raise ClientError(str(exc.detail), code="insufficient_scope", status=403) from None
+    if not result[0].is_active:
+        raise ClientError("This account is disabled.", code="account_disabled", status=403)
+    return result
+
+
+@csrf_exempt
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    if request.method != "POST":
+        return _error(ClientError("Use POST.", code="method_not_allowed", status=405))
+    try:
+        user, api_key = await database_sync_to_async(_authenticate)(request)
+        data = validated_json_body(request.body, ChatCompletionInputSerializer)
+        generations = await database_sync_to_async(completion_create)(user=user, api_key=api_key, request=data)
+    except ClientError as exc:
+        return _error(exc)
+    ids = [str(g.id) for g in generations]
+    meta = {"completion_id": f"chatcmpl-{generations[0].id.hex}", "created": int(time.time()), "model": data["model"]}
+    if data["stream"]:
+        include_usage = bool(data["stream_options"].get("include_usage")) if data.get("stream_options") else False
+        response = StreamingHttpResponse(_stream(ids, meta, include_usage), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
+    return await _complete(ids, meta)
+
+
+async def _stopping_on_disconnect(ids: list[str]):
+    """Follow the streams; if the client goes away (the task is cancelled), stop the generations."""
+    try:
+        async for event in follow_streams(ids, idle_timeout=settings.INFERENCE_GENERATION_TIMEOUT_S + 60):
+            yield event
+    except asyncio.CancelledError:
+        await asyncio.shield(database_sync_to_async(_stop_all)(ids))
+        raise
+
+
+def _stop_all(ids: list[str]) -> None:
+    from inference.models import Generation
+
+    for generation in Generation.objects.filter(id__in=ids):
+        generation_request_stop(generation=generation)
+
+
+async def _stream(ids: list[str], meta: dict[str, Any], include_usage: bool):
+    index = {generation_id: i for i, generation_id in enumerate(ids)}
+    for i in range(len(ids)):
+        yield wire.sse(
+            wire.chunk(
+                **meta, choices=[wire.delta_choice(i, role="assistant", content="")], include_usage=include_usage
+            )
+        )
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    async for event in _stopping_on_disconnect(ids):
+        i = index[event["generation"]]
+        if event["type"] == "generation.delta":
+            yield wire.sse(
+                wire.chunk(**meta, choices=[wire.delta_choice(i, content=event["text"])], include_usage=include_usage)
+            )
+        elif event["type"] == "generation.done":
+            reason = wire.finish_reason(event.get("finish_reason"))
+            yield wire.sse(
+                wire.chunk(**meta, choices=[wire.delta_choice(i, finish=reason)], include_usage=include_usage)
+            )
+            usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
+        else:
+            yield wire.sse(
+                wire.error_body(
+                    message=event.get("message", "The generation failed."), status=500, code=event.get("code")
+                )
+            )
+            return
+    if include_usage:
+        yield wire.sse(wire.chunk(**meta, choices=[], usage=usage, include_usage=True))
+    yield wire.sse("[DONE]")
+
+
+async def _complete(ids: list[str], meta: dict[str, Any]) -> JsonResponse:
+    index = {generation_id: i for i, generation_id in enumerate(ids)}
+    texts, reasons = [""] * len(ids), ["stop"] * len(ids)
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    async for event in _stopping_on_disconnect(ids):
+        i = index[event["generation"]]
+        if event["type"] == "generation.delta":
+            texts[i] += event["text"]
+        elif event["type"] == "generation.done":
+            reasons[i] = wire.finish_reason(event.get("finish_reason"))
+            usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
+        else:
+            return JsonResponse(
+                wire.error_body(
+                    message=event.get("message", "The generation failed."), status=500, code=event.get("code")
+                ),
+                status=500,
+            )
+    return JsonResponse(wire.completion(**meta, texts=texts, reasons=reasons, usage=usage))
+
+
+def _add_usage(total: dict[str, int], usage: dict[str, int], *, first: bool) -> dict[str, int]:
+    """n choices share one prompt: count its tokens once, every choice's completion."""
+    prompt = usage.get("prompt_tokens", 0) if first else 0
+    completion_tokens = total["completion_tokens"] + usage.get("completion_tokens", 0)
+    prompt_tokens = total["prompt_tokens"] + prompt
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class ModelListApi(APIView):
+    """GET /v1/models: the models the caller's plan includes."""
+
+    authentication_classes = [ApiKeyAuthentication]
+    permission_classes = [IsAuthenticated, HasScope]
+    required_scope = "models:read"
+
+    class OutputSerializer(serializers.Serializer):
+        id = serializers.CharField(source="name")
+        object = serializers.SerializerMethodField()
+        created = serializers.SerializerMethodField()
+        owned_by = serializers.SerializerMethodField()
+
+        def get_object(self, deployment) -> str:
+            return "model"
+
+        def get_created(self, deployment) -> int:
+            return int(deployment.created_at.timestamp())
+
+        def get_owned_by(self, deployment) -> str:
+            return "chatsite"
+
+    @extend_schema(
+        responses=inline_serializer(
+            "ModelList", {"object": serializers.CharField(), "data": OutputSerializer(many=True)}
+        ),
+        summary="List the models your plan includes",
+    )
+    def get(self, request: Request) -> Response:
+        from accounts.selectors import deployments_allowed_for_user
+        from inference.selectors import deployment_list_enabled
+
+        deployments = deployments_allowed_for_user(user=request.user, deployments=deployment_list_enabled())
+        data = self.OutputSerializer(deployments, many=True).data
+        return Response({"object": "list", "data": data})

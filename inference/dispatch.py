@@ -1,0 +1,124 @@
+"""Where a generation runs: in this process (embedded default) or on a Celery GPU worker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from typing import Any
+
+from django.conf import settings
+
+from inference.engine import EngineState, engine_host_for, engine_hosts
+
+logger = logging.getLogger(__name__)
+
+
+class LocalBackend:
+    """Generation inside the web process, on the engine hosts this process owns."""
+
+    def __init__(self) -> None:
+        self.runner = None
+
+    async def start(self) -> None:
+        """Load the local engines and accept work, on the serving event loop; idempotent.
+
+        Returns once loading has begun, not when it ends: a message sent meanwhile waits in the
+        runner for the engine instead of failing.
+        """
+        from channels.db import database_sync_to_async
+
+        from inference.runner import Runner
+        from inference.selectors import deployment_get, engine_spec_for
+        from inference.streaming import engine_status_broadcast
+
+        loop = asyncio.get_running_loop()
+        if self.runner is not None and self.runner.loop is loop:
+            return
+        self.runner = Runner(worker_name=f"local:{socket.gethostname()}:{os.getpid()}", loop=loop)
+        specs = await database_sync_to_async(
+            lambda: [engine_spec_for(deployment_get(name=name)) for name in settings.INFERENCE_LOCAL_DEPLOYMENTS]
+        )()
+        for spec in specs:
+            host = engine_host_for(spec)
+            if not host._listeners:
+                host.add_listener(engine_status_broadcast)
+            host.start()
+        loop.create_task(self._recover())
+
+    async def _recover(self) -> None:
+        """Pick up what a previous run of this process left: re-run queued work, end orphaned streams."""
+        from channels.db import database_sync_to_async
+
+        from inference.models import Generation
+        from inference.services import generation_finish
+
+        def orphans() -> tuple[list[Any], list[Any]]:
+            qs = Generation.objects.filter(deployment__name__in=settings.INFERENCE_LOCAL_DEPLOYMENTS)
+            running = list(
+                qs.filter(status=Generation.Status.RUNNING)
+                .exclude(worker=self.runner.worker_name)
+                .values_list("id", flat=True)
+            )
+            queued = list(qs.filter(status=Generation.Status.QUEUED).values_list("id", flat=True))
+            return running, queued
+
+        running, queued = await database_sync_to_async(orphans)()
+        for generation_id in running:
+            await database_sync_to_async(generation_finish)(
+                generation_id=generation_id,
+                status="failed",
+                text="",
+                error_code="interrupted",
+                error_message="The server restarted mid-answer. Regenerate to try again.",
+            )
+        for generation_id in queued:
+            self.runner.submit_threadsafe(generation_id)
+
+    def submit(self, generation_id: Any) -> None:
+        if self.runner is None:
+            # Nothing is serving yet (e.g. a management command): the row stays queued and the
+            # server picks it up when it starts.
+            logger.warning("no local engine running; generation %s stays queued", generation_id)
+            return
+        self.runner.submit_threadsafe(generation_id)
+
+    def abort(self, generation_id: Any) -> None:
+        if self.runner is not None:
+            self.runner.abort_threadsafe(generation_id)
+
+    def engine_state(self, deployment: str) -> str:
+        host = engine_hosts().get(deployment)
+        return host.state.value if host else EngineState.IDLE.value
+
+
+local_backend = LocalBackend()
+
+
+def generation_dispatch(*, generation_id: Any, queue: str, priority: int = 0) -> None:
+    """Send a committed generation to its engine. `priority` follows vLLM: lower is served first."""
+    if settings.INFERENCE_BACKEND == "local":
+        local_backend.submit(generation_id)
+    else:
+        from inference.tasks import generation_run_task
+
+        # The Redis transport reads priority 0 first, like vLLM; it knows ten steps.
+        generation_run_task.apply_async(args=[str(generation_id)], queue=queue, priority=min(max(priority, 0), 9))
+
+
+def generation_abort(*, generation_id: Any) -> None:
+    if settings.INFERENCE_BACKEND == "local":
+        local_backend.abort(generation_id)
+    else:
+        from inference.workers import abort_broadcast
+
+        abort_broadcast(generation_id)
+
+
+def engine_state(deployment: str) -> str:
+    if settings.INFERENCE_BACKEND == "local":
+        return local_backend.engine_state(deployment)
+    from inference.workers import worker_engine_state
+
+    return worker_engine_state(deployment)

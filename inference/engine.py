@@ -1,0 +1,225 @@
+"""The engine host: one long-lived vLLM AsyncLLM per deployment per process.
+
+Every request in the process goes into that one engine, concurrently, so vLLM's continuous batching
+and prefix cache do their work. The host is bound to the event loop that started it: the web
+server's loop in the embedded default, a worker's engine thread's loop under Celery. Nothing here
+touches the database; it turns token ids and sampling fields into a stream of text deltas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class EngineState(enum.StrEnum):
+    IDLE = "idle"
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class EngineUnavailable(Exception):
+    """The engine failed to start or did not become ready in time."""
+
+
+class EngineRequestError(Exception):
+    """The engine refused or failed one request (bad parameters, engine died mid-stream)."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an engine needs to start; built from a ModelDeployment, free of the ORM."""
+
+    name: str
+    model_path: str
+    max_context: int
+    tensor_parallel_size: int = 1
+    dtype: str = "bfloat16"
+    enforce_eager: bool = True
+    extra_args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def uses_priority(self) -> bool:
+        return self.extra_args.get("scheduling_policy") == "priority"
+
+    def engine_args(self) -> dict[str, Any]:
+        args: dict[str, Any] = {
+            "model": self.model_path,
+            "served_model_name": self.name,
+            "max_model_len": self.max_context,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "dtype": self.dtype,
+            "enforce_eager": self.enforce_eager,
+            "enable_prefix_caching": True,
+            "disable_log_stats": True,
+        }
+        args.update(self.extra_args)
+        return args
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New text from one engine step, with the running token counts."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finished: bool
+    finish_reason: str | None
+
+
+StateListener = Callable[[str, EngineState], Awaitable[None]]
+
+
+class EngineHost:
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+        self.state = EngineState.IDLE
+        self.error = ""
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.started_at: float | None = None
+        self.ready_after_s: float | None = None
+        self._engine: Any = None
+        self._ready = asyncio.Event()
+        self._load_task: asyncio.Task | None = None
+        self._listeners: list[StateListener] = []
+
+    def add_listener(self, listener: StateListener) -> None:
+        self._listeners.append(listener)
+
+    def start(self) -> None:
+        """Begin loading on the running loop; returns at once. Calling it again does nothing."""
+        if self._load_task is not None:
+            return
+        self.loop = asyncio.get_running_loop()
+        self._ready = asyncio.Event()
+        self._load_task = self.loop.create_task(self._load(), name=f"engine-load-{self.spec.name}")
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        if self.state is EngineState.FAILED:
+            raise EngineUnavailable(self.error)
+        if self._load_task is None:
+            self.start()
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except TimeoutError:
+            raise EngineUnavailable(f"model {self.spec.name} did not load within {timeout:.0f} s") from None
+        if self.state is not EngineState.READY:
+            raise EngineUnavailable(self.error or f"model {self.spec.name} is not available")
+
+    async def _load(self) -> None:
+        self.started_at = time.monotonic()
+        await self._set_state(EngineState.LOADING)
+        logger.info("loading model %s from %s", self.spec.name, self.spec.model_path)
+        try:
+            # Construction takes tens of seconds and blocks; keep it off the event loop. AsyncLLM
+            # starts its background tasks lazily on the loop of its first request, which is ours.
+            self._engine = await asyncio.to_thread(_build_engine, self.spec)
+        except Exception as exc:
+            logger.exception("model %s failed to load", self.spec.name)
+            self.error = f"model {self.spec.name} failed to load: {exc}"[:500]
+            await self._set_state(EngineState.FAILED)
+        else:
+            self.ready_after_s = time.monotonic() - self.started_at
+            logger.info("model %s ready in %.1f s", self.spec.name, self.ready_after_s)
+            await self._set_state(EngineState.READY)
+        finally:
+            self._ready.set()
+
+    async def _set_state(self, state: EngineState) -> None:
+        self.state = state
+        for listener in self._listeners:
+            try:
+                await listener(self.spec.name, state)
+            except Exception:
+                logger.exception("engine state listener failed")
+
+    async def stream(
+        self,
+        *,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: dict[str, Any],
+        priority: int = 0,
+    ) -> AsyncIterator[Delta]:
+        """Stream one request. Cancelling the consuming task aborts the request inside the engine."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        await self.wait_ready()
+        try:
+            params = SamplingParams(**sampling, output_kind=RequestOutputKind.DELTA)
+        except (TypeError, ValueError) as exc:
+            raise EngineRequestError(f"invalid sampling parameters: {exc}") from None
+        kwargs: dict[str, Any] = {"priority": priority} if self.spec.uses_priority else {}
+        completion_tokens = 0
+        prompt_tokens = len(prompt_token_ids)
+        try:
+            async for output in self._engine.generate(
+                TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id, **kwargs
+            ):
+                choice = output.outputs[0]
+                completion_tokens += len(choice.token_ids)
+                yield Delta(
+                    text=choice.text,
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=completion_tokens,
+                    finished=output.finished,
+                    finish_reason=choice.finish_reason,
+                )
+        except asyncio.CancelledError:
+            raise
+        except ValueError as exc:
+            raise EngineRequestError(str(exc)) from exc
+        except Exception as exc:
+            logger.exception("engine request %s failed", request_id)
+            raise EngineRequestError(f"the engine failed: {type(exc).__name__}") from exc
+
+    def unfinished_requests(self) -> int:
+        """Requests the engine is still working on (an aborted one no longer counts)."""
+        return self._engine.output_processor.get_num_unfinished_requests() if self._engine is not None else 0
+
+    async def aclose(self) -> None:
+        """Shut down, first letting a load in progress finish (its thread cannot be interrupted)."""
+        if self._load_task is not None and not self._load_task.done():
+            await asyncio.wait([self._load_task])
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+        self.state = EngineState.IDLE
+
+
+def _build_engine(spec: EngineSpec) -> Any:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**spec.engine_args()))
+
+
+_hosts: dict[str, EngineHost] = {}
+
+
+def engine_host_for(spec: EngineSpec) -> EngineHost:
+    """The process's host for a deployment, created on first use (not started)."""
+    host = _hosts.get(spec.name)
+    if host is None:
+        host = _hosts[spec.name] = EngineHost(spec)
+    return host
+
+
+def engine_hosts() -> dict[str, EngineHost]:
+    return dict(_hosts)

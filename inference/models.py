@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+
+class ModelDeployment(models.Model):
+    """A model the service can serve: where its weights are, how big its window is, how it runs."""
+
+    name = models.SlugField(max_length=64, unique=True, help_text="Public model name, e.g. in /v1/models.")
+    model = models.CharField(
+        max_length=500,
+        help_text="A folder under INFERENCE_MODELS_DIR, an absolute folder path, or a hub id.",
+    )
+    display_name = models.CharField(max_length=100, blank=True)
+    max_context = models.PositiveIntegerField(default=2048, validators=[MinValueValidator(128)])
+    tensor_parallel_size = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    dtype = models.CharField(max_length=16, default="bfloat16")
+    default_max_tokens = models.PositiveIntegerField(default=512, validators=[MinValueValidator(1)])
+    temperature = models.FloatField(default=0.7, validators=[MinValueValidator(0.0), MaxValueValidator(2.0)])
+    top_p = models.FloatField(default=0.9, validators=[MinValueValidator(0.01), MaxValueValidator(1.0)])
+    repetition_penalty = models.FloatField(default=1.2, validators=[MinValueValidator(0.5), MaxValueValidator(2.0)])
+    system_prompt = models.TextField(blank=True, default="You are a helpful assistant.")
+    engine_args = models.JSONField(default=dict, blank=True, help_text="Extra vLLM engine arguments.")
+    is_enabled = models.BooleanField(default=True)
+    weight = models.PositiveSmallIntegerField(default=100, help_text="Traffic share for blue-green roll-outs.")
+    max_queued = models.PositiveIntegerField(
+        default=64,
+        validators=[MinValueValidator(1)],
+        help_text="Admission control: new requests are refused while this many generations wait in the queue.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def label(self) -> str:
+        return self.display_name or self.name
+
+    @property
+    def model_path(self) -> str:
+        """The folder vLLM and the tokenizer load, or the hub id when no such folder exists."""
+        candidate = Path(self.model)
+        if not candidate.is_absolute():
+            candidate = Path(settings.INFERENCE_MODELS_DIR) / self.model
+        return str(candidate) if candidate.exists() else self.model
+
+    @property
+    def queue_name(self) -> str:
+        return f"gpu.{self.name}"
+
+
+class Generation(models.Model):
+    """One request to the engine: the unit that is queued, streamed, stopped and charged."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        COMPLETE = "complete"
+        STOPPED = "stopped"
+        FAILED = "failed"
+
+    FINISHED = (Status.COMPLETE, Status.STOPPED, Status.FAILED)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="generations")
+    deployment = models.ForeignKey(ModelDeployment, on_delete=models.PROTECT, related_name="generations")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    prompt_token_ids = models.JSONField(help_text="The assembled prompt, tokenized with the model's tokenizer.")
+    sampling = models.JSONField(default=dict, help_text="vLLM SamplingParams fields for this request.")
+    priority = models.SmallIntegerField(default=0, help_text="Lower is served first (vLLM's convention).")
+    queue_priority = models.SmallIntegerField(
+        null=True, blank=True, help_text="The broker priority its task was last sent with (aging lowers it)."
+    )
+    text = models.TextField(blank=True, default="")
+    finish_reason = models.CharField(max_length=32, blank=True, default="")
+    error_code = models.CharField(max_length=64, blank=True, default="")
+    error_message = models.CharField(max_length=500, blank=True, default="")
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    stop_requested = models.BooleanField(default=False)
+    worker = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in self.FINISHED
+
+    @property
+    def group_name(self) -> str:
+        return f"generation.{self.id}"

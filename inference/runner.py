@@ -1,0 +1,179 @@
+"""The generation runner: the one code path from a queued Generation to a finished one.
+
+It runs on the event loop that hosts the engine (the web server's in the embedded default, a worker's
+engine thread under Celery). For each generation it claims the row, streams the engine's deltas to
+the channel layer through a coalescing publisher, and records the end exactly once. Stop cancels the
+task that consumes the engine's stream, and vLLM aborts a request whose consumer is cancelled, so the
+engine stops spending time on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import logging
+from contextlib import aclosing
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from inference.engine import EngineRequestError, EngineUnavailable, engine_host_for
+from inference.models import Generation
+from inference.selectors import engine_spec_for
+from inference.services import generation_claim, generation_finish
+from inference.streaming import StreamPublisher
+from moderation.services import CONTENT_FILTER, ContentFiltered, output_flag_create, output_monitor_for
+
+logger = logging.getLogger(__name__)
+
+
+class Runner:
+    def __init__(self, *, worker_name: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.worker_name = worker_name
+        self.loop = loop
+        self._streams: dict[str, asyncio.Task] = {}
+
+    @property
+    def active(self) -> int:
+        return len(self._streams)
+
+    def submit_threadsafe(self, generation_id: Any) -> concurrent.futures.Future:
+        """Schedule a generation from any thread; the returned future ends when the generation does.
+
+        The task starts in an empty context: the caller is usually a sync ORM thread inside asgiref,
+        whose context marks its single thread as busy, and a task inheriting that would fail its
+        first database call with "would deadlock".
+        """
+        future = contextvars.Context().run(asyncio.run_coroutine_threadsafe, self.run(generation_id), self.loop)
+        future.add_done_callback(_log_failure)
+        return future
+
+    def abort_threadsafe(self, generation_id: Any) -> None:
+        self.loop.call_soon_threadsafe(self.abort, str(generation_id))
+
+    def abort(self, generation_id: str) -> bool:
+        task = self._streams.get(str(generation_id))
+        if task is None or task.done():
+            return False
+        task.cancel()
+        return True
+
+    async def run(self, generation_id: Any) -> None:
+        generation = await database_sync_to_async(generation_claim)(
+            generation_id=generation_id, worker=self.worker_name
+        )
+        if generation is None:
+            logger.info("generation %s was already claimed or ended; skipping", generation_id)
+            return
+        await self._run_claimed(generation)
+
+    async def _run_claimed(self, generation: Generation) -> None:
+        key = str(generation.id)
+        host = engine_host_for(engine_spec_for(generation.deployment))
+        publisher = StreamPublisher(generation.id)
+        progress = {"prompt_tokens": len(generation.prompt_token_ids), "completion_tokens": 0, "finish_reason": ""}
+        # Output moderation: scores each completed sentence; raises ContentFiltered to cut the answer.
+        monitor = await database_sync_to_async(output_monitor_for)(generation=generation)
+        filtered: ContentFiltered | None = None
+
+        async def pump() -> None:
+            # aclosing: leaving the loop early (a content-filter cut) closes the stream, which aborts
+            # the request inside vLLM just as a cancelled consumer does.
+            async with aclosing(
+                host.stream(
+                    request_id=key,
+                    prompt_token_ids=generation.prompt_token_ids,
+                    sampling=generation.sampling,
+                    priority=generation.priority,
+                )
+            ) as deltas:
+                async for delta in deltas:
+                    progress["completion_tokens"] = delta.completion_tokens
+                    await monitor.feed(delta.text, final=delta.finished)
+                    await publisher.add_text(delta.text)
+                    if delta.finished:
+                        progress["finish_reason"] = delta.finish_reason or "stop"
+
+        stream = asyncio.create_task(pump(), name=f"generation-{key}")
+        self._streams[key] = stream
+        status, error_code, error_message = Generation.Status.COMPLETE, "", ""
+        try:
+            async with asyncio.timeout(settings.INFERENCE_GENERATION_TIMEOUT_S):
+                await stream
+        except TimeoutError:
+            status, error_code, error_message = (
+                Generation.Status.FAILED,
+                "timeout",
+                "The answer took too long and was stopped.",
+            )
+        except asyncio.CancelledError:
+            status = Generation.Status.STOPPED
+            progress["finish_reason"] = "abort"
+            if asyncio.current_task().cancelling():
+                # The runner itself is being torn down (process shutdown), not a user's stop.
+                status, error_code, error_message = (
+                    Generation.Status.FAILED,
+                    "interrupted",
+                    "The server stopped mid-answer.",
+                )
+        except ContentFiltered as exc:
+            filtered = exc
+            status = Generation.Status.STOPPED
+            progress["finish_reason"] = CONTENT_FILTER
+        except EngineUnavailable as exc:
+            status, error_code, error_message = Generation.Status.FAILED, "model_unavailable", str(exc)
+        except EngineRequestError as exc:
+            status, error_code, error_message = Generation.Status.FAILED, "engine_error", str(exc)
+        except Exception as exc:  # anything else must still end the message, never leave it pending
+            logger.exception("generation %s failed", key)
+            status, error_code, error_message = Generation.Status.FAILED, "internal_error", type(exc).__name__
+        finally:
+            self._streams.pop(key, None)
+
+        await asyncio.shield(
+            self._finish(publisher, generation, status, progress, error_code, error_message, filtered=filtered)
+        )
+
+    async def _finish(
+        self, publisher, generation, status, progress, error_code, error_message, *, filtered=None
+    ) -> None:
+        """Record the end, then announce it, so whoever hears `done` finds the row final."""
+        # A cut answer keeps only the text that passed moderation, and the client is told to show that.
+        text = filtered.shown_text if filtered is not None else publisher.text
+        finished = await database_sync_to_async(generation_finish)(
+            generation_id=generation.id,
+            status=status,
+            text=text,
+            finish_reason=progress["finish_reason"],
+            prompt_tokens=progress["prompt_tokens"],
+            completion_tokens=progress["completion_tokens"],
+            error_code=error_code,
+            error_message=error_message,
+        )
+        if finished is None:
+            logger.warning("generation %s had already been ended elsewhere", generation.id)
+            return
+        if filtered is not None:
+            await database_sync_to_async(output_flag_create)(
+                generation_id=generation.id, user_id=generation.user_id, filtered=filtered
+            )
+        if status == Generation.Status.FAILED:
+            await publisher.fail(code=error_code, message=error_message)
+        else:
+            await publisher.finish(
+                status=status,
+                finish_reason=progress["finish_reason"],
+                usage={
+                    "prompt_tokens": progress["prompt_tokens"],
+                    "completion_tokens": progress["completion_tokens"],
+                    "total_tokens": progress["prompt_tokens"] + progress["completion_tokens"],
+                },
+                text=text if filtered is not None else None,
+            )
+
+
+def _log_failure(future: concurrent.futures.Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.error("generation runner crashed", exc_info=future.exception())

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from django.conf import settings
+
+from chatsite.errors import ClientError
+from inference.engine import EngineSpec
+from inference.models import Generation, ModelDeployment
+
+
+def deployment_list_enabled() -> list[ModelDeployment]:
+    return list(ModelDeployment.objects.filter(is_enabled=True))
+
+
+def deployment_get(*, name: str | None = None) -> ModelDeployment:
+    """An enabled deployment by name, or the default one."""
+    name = name or settings.INFERENCE_DEFAULT_DEPLOYMENT
+    try:
+        return ModelDeployment.objects.get(name=name, is_enabled=True)
+    except ModelDeployment.DoesNotExist:
+        raise ClientError(
+            f"The model '{name}' does not exist.", code="model_not_found", param="model", status=404
+        ) from None
+
+
+def engine_spec_for(deployment: ModelDeployment) -> EngineSpec:
+    return EngineSpec(
+        name=deployment.name,
+        model_path=deployment.model_path,
+        max_context=deployment.max_context,
+        tensor_parallel_size=deployment.tensor_parallel_size,
+        dtype=deployment.dtype,
+        enforce_eager=settings.INFERENCE_ENFORCE_EAGER,
+        extra_args=dict(deployment.engine_args or {}),
+    )
+
+
+def generation_get_for_user(*, generation_id, user) -> Generation | None:
+    return Generation.objects.select_related("deployment").filter(id=generation_id, user=user).first()
+
+
+def generation_queued_count(*, deployment: ModelDeployment) -> int:
+    return Generation.objects.filter(deployment=deployment, status=Generation.Status.QUEUED).count()
+
+
+def generation_queue_ordered(*, deployment: ModelDeployment, limit: int = 100) -> list[Generation]:
+    """The deployment's queued generations in the order they should run (see inference.scheduling)."""
+    from django.utils import timezone
+
+    from inference.scheduling import queue_order
+
+    queued = Generation.objects.filter(deployment=deployment, status=Generation.Status.QUEUED).only(
+        "id", "priority", "created_at", "user_id", "deployment_id"
+    )
+    return queue_order(queued, now=timezone.now(), aging_s=settings.INFERENCE_PRIORITY_AGING_S)[:limit]
+
+
+def generation_tokens_reserved_for_user(*, user) -> int:
+    """Tokens the user's unfinished generations may still use: prompt plus the answer's max_tokens."""
+    rows = Generation.objects.filter(
+        user_id=user.id, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING]
+    ).values_list("prompt_tokens", "sampling")
+    return sum(prompt + int((sampling or {}).get("max_tokens") or 0) for prompt, sampling in rows)

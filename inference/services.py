@@ -1,0 +1,241 @@
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from chatsite.errors import ClientError
+from inference.models import Generation, ModelDeployment
+from inference.signals import generation_finished, generation_started
+
+logger = logging.getLogger(__name__)
+
+
+def generation_admit(*, deployment: ModelDeployment) -> None:
+    """Admission control: refuse new work before it is queued when the deployment's queue is full.
+
+    The bound is checked, not reserved: sends racing each other can overshoot it by at most the
+    number of sends in flight at that instant, which keeps this a single cheap count.
+    """
+    from inference.selectors import generation_queued_count
+
+    if generation_queued_count(deployment=deployment) >= deployment.max_queued:
+        raise ClientError(
+            f"The model '{deployment.name}' is at capacity right now. Try again in a moment.",
+            code="at_capacity",
+            status=503,
+            retry_after=settings.INFERENCE_AT_CAPACITY_RETRY_S,
+        )
+
+
+def generation_create(
+    *,
+    user: Any,
+    deployment: ModelDeployment,
+    prompt_token_ids: list[int],
+    sampling: dict[str, Any],
+    priority: int = 0,
+) -> Generation:
+    """A queued generation; dispatched to an engine once the caller's transaction commits."""
+    from inference.dispatch import generation_dispatch
+
+    generation = Generation.objects.create(
+        user=user,
+        deployment=deployment,
+        prompt_token_ids=prompt_token_ids,
+        sampling=sampling,
+        priority=priority,
+        queue_priority=priority,
+        prompt_tokens=len(prompt_token_ids),
+    )
+    transaction.on_commit(
+        lambda: generation_dispatch(generation_id=generation.id, queue=deployment.queue_name, priority=priority)
+    )
+    return generation
+
+
+@transaction.atomic
+def generation_claim(*, generation_id: Any, worker: str) -> Generation | None:
+    """Move a queued generation to running for `worker`; None when someone else already has it.
+
+    The conditional update is the lock: of two deliveries of the same task only one claims it.
+    """
+    claimed = Generation.objects.filter(id=generation_id, status=Generation.Status.QUEUED, stop_requested=False).update(
+        status=Generation.Status.RUNNING, worker=worker, started_at=timezone.now()
+    )
+    if not claimed:
+        return None
+    generation = Generation.objects.select_related("deployment").get(id=generation_id)
+    generation_started.send(sender=Generation, generation=generation)
+    return generation
+
+
+@transaction.atomic
+def generation_finish(
+    *,
+    generation_id: Any,
+    status: str,
+    text: str,
+    finish_reason: str = "",
+    prompt_tokens: int | None = None,
+    completion_tokens: int = 0,
+    error_code: str = "",
+    error_message: str = "",
+) -> Generation | None:
+    """Record a generation's end once. Returns None when it had already ended (a late duplicate)."""
+    assert status in Generation.FINISHED
+    fields: dict[str, Any] = {
+        "status": status,
+        "text": text,
+        "finish_reason": finish_reason,
+        "completion_tokens": completion_tokens,
+        "error_code": error_code,
+        "error_message": error_message[:500],
+        "finished_at": timezone.now(),
+    }
+    if prompt_tokens is not None:
+        fields["prompt_tokens"] = prompt_tokens
+    updated = Generation.objects.filter(
+        id=generation_id, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING]
+    ).update(**fields)
+    if not updated:
+        return None
+    generation = Generation.objects.select_related("deployment", "user").get(id=generation_id)
+    generation_finished.send(sender=Generation, generation=generation)
+    return generation
+
+
+def generation_request_stop(*, generation: Generation) -> Generation | None:
+    """Ask for a generation to stop: in the engine if it runs, before it starts if it is queued.
+
+    Returns the generation when this call ended it (it was still queued), so the caller can tell its
+    followers; None when an engine will end it (or it had already ended).
+    """
+    from inference.dispatch import generation_abort
+
+    if generation.is_finished:
+        return None
+    Generation.objects.filter(id=generation.id).update(stop_requested=True)
+    ended = None
+    if generation.status == Generation.Status.QUEUED:
+        # Not claimed yet: end it here. If a worker claims it in between, the claim sees
+        # stop_requested and refuses, and this is the end that counts.
+        ended = generation_finish(
+            generation_id=generation.id, status=Generation.Status.STOPPED, text="", finish_reason="abort"
+        )
+    generation_abort(generation_id=generation.id)
+    return ended
+
+
+def completion_create(*, user: Any, api_key: Any, request: dict[str, Any]) -> list[Generation]:
+    """Moderate the newest user message, then queue the completion (see _completion_queue).
+
+    Classified before the transaction opens, so no lock is held while the classifier runs. A
+    blocked request is refused with 400 `content_policy_violation` and nothing is queued.
+    """
+    from moderation.services import input_moderate
+
+    newest = next(m["content"] for m in reversed(request["messages"]) if m["role"] == "user")
+    verdict = input_moderate(user=user, text=newest)
+    if verdict.blocks:
+        raise ClientError(verdict.explanation(), code="content_policy_violation", param="messages")
+    return _completion_queue(user=user, api_key=api_key, request=request)
+
+
+@transaction.atomic
+def _completion_queue(*, user: Any, api_key: Any, request: dict[str, Any]) -> list[Generation]:
+    """Queue the generations of one OpenAI chat completion (`n` of them), after every check.
+
+    The client owns the whole conversation here, system prompt included, so nothing is dropped to
+    fit: a prompt that does not fit the window (with the answer asked for) is refused, as OpenAI does.
+    The same gate as the chat page applies: the plan's models, limits, quotas and the queue bound.
+    """
+    from accounts.services import request_admit, request_limits
+    from inference.selectors import deployment_get
+    from inference.tokenizers import render_chat, tokenizer_for
+
+    try:
+        deployment = deployment_get(name=request["model"])
+    except ClientError as exc:
+        raise ClientError(exc.message, code=exc.code, status=400, param="model") from None
+    limits = request_limits(user=user, deployment=deployment, api_key=api_key)
+    prompt = render_chat(tokenizer_for(deployment.model_path), request["messages"])
+    asked = request.get("max_completion_tokens") or request.get("max_tokens")
+    needed = len(prompt) + (asked or settings.INFERENCE_MIN_OUTPUT_TOKENS)
+    if needed > limits.max_context:
+        raise ClientError(
+            f"This model's maximum context length is {limits.max_context} tokens. However, you requested {needed} "
+            f"tokens ({len(prompt)} in the messages, {needed - len(prompt)} in the completion). "
+            "Please reduce the length of the messages or completion.",
+            code="context_length_exceeded",
+            param="max_tokens" if asked and len(prompt) < limits.max_context else "messages",
+        )
+    max_tokens = asked or min(limits.max_output, limits.max_context - len(prompt))
+    generation_admit(deployment=deployment)
+    sampling: dict[str, Any] = {
+        "temperature": deployment.temperature if request.get("temperature") is None else request["temperature"],
+        "top_p": deployment.top_p if request.get("top_p") is None else request["top_p"],
+        "repetition_penalty": deployment.repetition_penalty,
+    }
+    for field in ("presence_penalty", "frequency_penalty", "seed"):
+        if request.get(field) is not None:
+            sampling[field] = request[field]
+    if request.get("stop"):
+        sampling["stop"] = request["stop"]
+    generations = []
+    for _ in range(request.get("n", 1)):
+        admission = request_admit(
+            user=user,
+            api_key=api_key,
+            deployment=deployment,
+            prompt_tokens=len(prompt),
+            max_tokens=max_tokens,
+            limits=limits,
+        )
+        generations.append(
+            generation_create(
+                user=user,
+                deployment=deployment,
+                prompt_token_ids=prompt,
+                sampling={**sampling, "max_tokens": admission.max_tokens},
+                priority=admission.priority,
+            )
+        )
+    return generations
+
+
+def generation_promote_waiting(*, now: Any = None) -> list[tuple[Any, int]]:
+    """Apply queue aging to generations waiting in the broker (see inference.scheduling).
+
+    Broker priorities alone are strict: a steady stream of paid work would keep a free request
+    waiting forever. A queued generation whose effective priority has improved since its task was
+    sent gets its task sent again at the better priority. The older copy stays behind in its lower
+    list; whichever is taken first claims the generation and the other finds it claimed. Returns
+    (id, new priority) for each promotion.
+    """
+    from inference.dispatch import generation_dispatch
+    from inference.scheduling import effective_priority
+
+    aging_s = settings.INFERENCE_PRIORITY_AGING_S
+    if aging_s <= 0:
+        return []
+    now = now or timezone.now()
+    promoted = []
+    waiting = Generation.objects.filter(status=Generation.Status.QUEUED, queue_priority__gt=0).select_related(
+        "deployment"
+    )
+    for generation in waiting.only("id", "priority", "queue_priority", "created_at", "deployment__name"):
+        waited_s = (now - generation.created_at).total_seconds()
+        target = max(0, effective_priority(priority=generation.priority, waited_s=waited_s, aging_s=aging_s))
+        if target >= generation.queue_priority:
+            continue
+        # Conditional: of several processes running this, one promotes each step.
+        if Generation.objects.filter(
+            id=generation.id, status=Generation.Status.QUEUED, queue_priority=generation.queue_priority
+        ).update(queue_priority=target):
+            generation_dispatch(generation_id=generation.id, queue=generation.deployment.queue_name, priority=target)
+            promoted.append((generation.id, target))
+    return promoted

@@ -1,0 +1,8 @@
+"""Signals other apps hook their own services onto; no business rule lives in a receiver."""
+
+from django.dispatch import Signal
+
+# Sent inside generation_finish's transaction with `generation` (the finished row).
+generation_finished = Signal()
+# Sent inside generation_claim's transaction with `generation` (now running).
+generation_started = Signal()

@@ -1,0 +1,212 @@
+"""Token streaming onto the channel layer, with a short-lived replay buffer.
+
+Protocol: every event for generation G goes to group "generation.G" with a `seq` that grows by one
+per event. Each event is first appended to the replay buffer, then sent to the group. A follower
+joins the group *before* reading the buffer and drops anything with a `seq` it has already passed,
+so joining mid-stream (a reload, a second tab, a reconnect) never misses or repeats text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+
+def generation_group(generation_id: Any) -> str:
+    return f"generation.{generation_id}"
+
+
+ENGINE_STATUS_GROUP = "engine.status"
+
+
+class ReplayBuffer(Protocol):
+    async def append(self, generation_id: str, event: dict[str, Any]) -> None: ...
+
+    async def read(self, generation_id: str, after_seq: int) -> list[dict[str, Any]]: ...
+
+
+class MemoryReplayBuffer:
+    """The embedded default's buffer: one process, so a dict with expiry is enough."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._events: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+
+    async def append(self, generation_id: str, event: dict[str, Any]) -> None:
+        now = time.monotonic()
+        _, events = self._events.get(generation_id, (now, []))
+        events.append(event)
+        self._events[generation_id] = (now, events)
+        if len(self._events) > 256:
+            self._expire(now)
+
+    async def read(self, generation_id: str, after_seq: int) -> list[dict[str, Any]]:
+        _, events = self._events.get(generation_id, (0.0, []))
+        return [event for event in events if event["seq"] > after_seq]
+
+    def _expire(self, now: float) -> None:
+        for key in [k for k, (touched, _) in self._events.items() if now - touched > self.ttl_s]:
+            del self._events[key]
+
+
+class RedisReplayBuffer:
+    """A Redis list per generation, expiring a while after its last event."""
+
+    def __init__(self, url: str, ttl_s: int) -> None:
+        self.url = url
+        self.ttl_s = ttl_s
+        self._clients: dict[int, Any] = {}
+
+    def _client(self) -> Any:
+        # redis.asyncio connections belong to the loop that opened them; keep one client per loop.
+        import redis.asyncio as redis
+
+        loop_id = id(asyncio.get_running_loop())
+        client = self._clients.get(loop_id)
+        if client is None:
+            client = self._clients[loop_id] = redis.Redis.from_url(self.url)
+        return client
+
+    @staticmethod
+    def _key(generation_id: str) -> str:
+        return f"chatsite:stream:{generation_id}"
+
+    async def append(self, generation_id: str, event: dict[str, Any]) -> None:
+        key = self._key(generation_id)
+        async with self._client().pipeline(transaction=False) as pipe:
+            pipe.rpush(key, json.dumps(event))
+            pipe.expire(key, self.ttl_s)
+            await pipe.execute()
+
+    async def read(self, generation_id: str, after_seq: int) -> list[dict[str, Any]]:
+        raw = await self._client().lrange(self._key(generation_id), 0, -1)
+        events = [json.loads(item) for item in raw]
+        return [event for event in events if event["seq"] > after_seq]
+
+
+_buffer: ReplayBuffer | None = None
+
+
+def replay_buffer() -> ReplayBuffer:
+    global _buffer
+    if _buffer is None:
+        if settings.REDIS_URL:
+            _buffer = RedisReplayBuffer(settings.REDIS_URL, settings.INFERENCE_REPLAY_TTL_S)
+        else:
+            _buffer = MemoryReplayBuffer(settings.INFERENCE_REPLAY_TTL_S)
+    return _buffer
+
+
+class StreamPublisher:
+    """Publishes one generation's events, coalescing text deltas.
+
+    The first text goes out at once (it is the user's time to first token); after that, text is sent
+    when `coalesce_ms` have passed since the last send or `coalesce_chars` have piled up, so a busy
+    engine costs one channel-layer message per ~40 ms per stream rather than one per token.
+    """
+
+    def __init__(
+        self, generation_id: Any, *, coalesce_ms: int | None = None, coalesce_chars: int | None = None
+    ) -> None:
+        self.generation_id = str(generation_id)
+        self.group = generation_group(generation_id)
+        self.coalesce_s = (settings.INFERENCE_STREAM_COALESCE_MS if coalesce_ms is None else coalesce_ms) / 1000
+        self.coalesce_chars = settings.INFERENCE_STREAM_COALESCE_CHARS if coalesce_chars is None else coalesce_chars
+        self.seq = 0
+        self.text = ""
+        self._pending = ""
+        self._last_sent = 0.0
+        self._layer = get_channel_layer()
+        self._buffer = replay_buffer()
+
+    @classmethod
+    async def continuing(cls, generation_id: Any) -> StreamPublisher:
+        """A publisher that carries on a stream someone else began (e.g. to end a dead worker's)."""
+        publisher = cls(generation_id)
+        events = await publisher._buffer.read(publisher.generation_id, 0)
+        publisher.seq = max((event["seq"] for event in events), default=0)
+        publisher.text = "".join(event.get("text", "") for event in events if event["type"] == "generation.delta")
+        return publisher
+
+    async def add_text(self, text: str) -> None:
+        if not text:
+            return
+        self.text += text
+        self._pending += text
+        now = time.monotonic()
+        if self.seq == 0 or now - self._last_sent >= self.coalesce_s or len(self._pending) >= self.coalesce_chars:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self._pending:
+            return
+        text, self._pending = self._pending, ""
+        self._last_sent = time.monotonic()
+        await self._publish({"type": "generation.delta", "text": text})
+
+    async def finish(self, *, status: str, finish_reason: str, usage: dict[str, int], text: str | None = None) -> None:
+        """End the stream. `text`, when given, replaces what the client has shown (a content-filter cut)."""
+        await self.flush()
+        event: dict[str, Any] = {
+            "type": "generation.done",
+            "status": status,
+            "finish_reason": finish_reason,
+            "usage": usage,
+        }
+        if text is not None:
+            event["text"] = text
+        await self._publish(event)
+
+    async def fail(self, *, code: str, message: str) -> None:
+        await self.flush()
+        await self._publish({"type": "generation.error", "code": code, "message": message})
+
+    async def _publish(self, event: dict[str, Any]) -> None:
+        self.seq += 1
+        event = {**event, "generation": self.generation_id, "seq": self.seq}
+        await self._buffer.append(self.generation_id, event)
+        await self._layer.group_send(self.group, event)
+
+
+async def engine_status_broadcast(deployment: str, state: str) -> None:
+    layer = get_channel_layer()
+    await layer.group_send(ENGINE_STATUS_GROUP, {"type": "engine.status", "deployment": deployment, "state": state})
+
+
+TERMINAL_EVENTS = ("generation.done", "generation.error")
+
+
+async def follow_streams(generation_ids: list[str], *, idle_timeout: float) -> AsyncIterator[dict[str, Any]]:
+    """Every event of these generations, each exactly once and in order, until all have ended.
+
+    The same join-then-replay protocol as the chat socket, for callers without a consumer of their
+    own (the OpenAI-compatible API): join each group on a fresh channel, replay the buffers, then
+    read live events, dropping any `seq` already passed. Raises TimeoutError after `idle_timeout`
+    seconds without an event.
+    """
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    last = dict.fromkeys(generation_ids, 0)
+    open_ids = set(generation_ids)
+    try:
+        for generation_id in generation_ids:
+            await layer.group_add(generation_group(generation_id), channel)
+        backlog = [event for generation_id in generation_ids for event in await replay_buffer().read(generation_id, 0)]
+        while open_ids:
+            event = backlog.pop(0) if backlog else await asyncio.wait_for(layer.receive(channel), idle_timeout)
+            generation_id = event.get("generation")
+            if generation_id not in last or event["seq"] <= last[generation_id]:
+                continue
+            last[generation_id] = event["seq"]
+            if event["type"] in TERMINAL_EVENTS:
+                open_ids.discard(generation_id)
+            yield event
+    finally:
+        for generation_id in generation_ids:
+            await layer.group_discard(generation_group(generation_id), channel)

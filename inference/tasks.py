@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+from celery import shared_task
+
+
+@shared_task(name="inference.generation_run", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def generation_run_task(generation_id: str) -> None:
+    """Run one generation on this worker's engine. Idempotent: the claim lets only one run start it."""
+    from inference.workers import worker_runtime
+
+    worker_runtime().run(generation_id)

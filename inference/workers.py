@@ -1,0 +1,276 @@
+"""GPU workers: the engine runtime inside a Celery worker, and what the web side knows of workers.
+
+A worker process owns one event loop in a daemon thread. On it live the engine hosts (one vLLM
+AsyncLLM per deployment the worker consumes), the runner, a heartbeat, an abort listener and the
+reaper. Celery's threads each block on one generation's future while the loop interleaves them all
+in the one engine, so concurrent tasks batch together.
+
+Liveness: every second a worker refreshes `chatsite:worker:<name>` (expiring after
+INFERENCE_WORKER_HEARTBEAT_TTL_S) and its engines' states. The reaper, run by every worker and every
+web process, ends generations still `running` on a worker whose heartbeat has expired, and tells the
+client, so a worker killed mid-answer never leaves a message pending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+ABORT_CHANNEL = "chatsite:abort"
+WORKER_KEY = "chatsite:worker:{name}"
+ENGINE_STATE_KEY = "chatsite:engine:{deployment}:{state}"  # sorted set: worker -> last seen
+
+
+def _deployments_from_queues(queues: list[str]) -> list[str]:
+    names = [q.split(".", 1)[1].split(".")[0] for q in queues if q.startswith("gpu.")]
+    return names or list(settings.INFERENCE_LOCAL_DEPLOYMENTS)
+
+
+class WorkerRuntime:
+    def __init__(self, *, name: str, deployments: list[str]) -> None:
+        self.name = name
+        self.deployments = deployments
+        self.loop = asyncio.new_event_loop()
+        self.runner = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="engine-loop", daemon=True)
+        self._tasks: list[asyncio.Task] = []
+        self._boot_error: BaseException | None = None
+
+    def start(self) -> None:
+        """Start the loop thread and begin loading; raises if the worker cannot serve its deployments."""
+        self._thread.start()
+        if not self._started.wait(timeout=120):
+            raise RuntimeError("the engine loop did not start within 120 s")
+        if self._boot_error is not None:
+            raise RuntimeError(f"the worker cannot start: {self._boot_error}") from self._boot_error
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._boot())
+        except BaseException as exc:
+            self._boot_error = exc
+            self._started.set()
+            return
+        self._started.set()
+        self.loop.run_forever()
+
+    async def _boot(self) -> None:
+        from inference.engine import engine_host_for
+        from inference.runner import Runner
+        from inference.selectors import deployment_get, engine_spec_for
+        from inference.streaming import engine_status_broadcast
+
+        self.runner = Runner(worker_name=self.name, loop=self.loop)
+        specs = await database_sync_to_async(
+            lambda: [engine_spec_for(deployment_get(name=n)) for n in self.deployments]
+        )()
+        for spec in specs:
+            host = engine_host_for(spec)
+            host.add_listener(engine_status_broadcast)
+            host.start()
+        self._tasks = [
+            self.loop.create_task(self._heartbeat()),
+            self.loop.create_task(self._listen_for_aborts()),
+            self.loop.create_task(reap_forever()),
+        ]
+
+    def run(self, generation_id: str) -> None:
+        """Run one generation to its end, blocking the calling (Celery) thread meanwhile."""
+        self.runner.submit_threadsafe(generation_id).result()
+
+    async def _heartbeat(self) -> None:
+        from inference.engine import engine_hosts
+
+        client = _async_redis()
+        ttl = settings.INFERENCE_WORKER_HEARTBEAT_TTL_S
+        while True:
+            try:
+                hosts = engine_hosts()
+                payload = {
+                    "pid": os.getpid(),
+                    "active": self.runner.active,
+                    "engine_requests": sum(h.unfinished_requests() for h in hosts.values()),
+                    "engines": {n: h.state.value for n, h in hosts.items()},
+                }
+                now = time.time()
+                async with client.pipeline(transaction=False) as pipe:
+                    pipe.set(WORKER_KEY.format(name=self.name), json.dumps(payload), ex=ttl)
+                    for name, host in hosts.items():
+                        key = ENGINE_STATE_KEY.format(deployment=name, state=host.state.value)
+                        pipe.zadd(key, {self.name: now})
+                        pipe.expire(key, ttl * 10)
+                    await pipe.execute()
+            except Exception:
+                logger.exception("heartbeat failed")
+            await asyncio.sleep(1)
+
+    async def _listen_for_aborts(self) -> None:
+        while True:
+            try:
+                # Its own connection with no read timeout: it waits, idle, for the next abort.
+                pubsub = _async_redis(socket_timeout=None).pubsub()
+                await pubsub.subscribe(ABORT_CHANNEL)
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        self.runner.abort(message["data"].decode())
+            except Exception:
+                logger.exception("abort listener failed; reconnecting")
+                await asyncio.sleep(1)
+
+    def stop(self) -> None:
+        from inference.engine import engine_hosts
+
+        async def close() -> None:
+            for task in self._tasks:
+                task.cancel()
+            for host in engine_hosts().values():
+                await host.aclose()
+
+        if self.loop.is_running():
+            asyncio.run_coroutine_threadsafe(close(), self.loop).result(timeout=60)
+
+
+_runtime: WorkerRuntime | None = None
+
+
+def worker_runtime_start(*, queues: list[str], name: str = "", pool: Any = None) -> WorkerRuntime:
+    global _runtime
+    if pool is not None and "prefork" in str(pool).lower():
+        raise RuntimeError("GPU workers need `-P threads` or `-P solo`: vLLM cannot start inside prefork children")
+    if _runtime is None:
+        name = name or f"worker@{socket.gethostname()}:{os.getpid()}"
+        runtime = WorkerRuntime(name=f"{name}:{os.getpid()}", deployments=_deployments_from_queues(queues))
+        runtime.start()
+        _runtime = runtime
+        logger.info("worker %s hosts %s", _runtime.name, ", ".join(_runtime.deployments))
+    return _runtime
+
+
+def worker_runtime() -> WorkerRuntime:
+    return _runtime or worker_runtime_start(queues=[])
+
+
+def worker_runtime_stop() -> None:
+    if _runtime is not None:
+        _runtime.stop()
+
+
+# --- the web side ---------------------------------------------------------------------------------
+
+_sync_client = None
+_async_clients: dict[tuple, Any] = {}
+
+
+def _redis() -> Any:
+    global _sync_client
+    if _sync_client is None:
+        import redis
+
+        _sync_client = redis.Redis.from_url(settings.REDIS_URL)
+    return _sync_client
+
+
+def _async_redis(**options: Any) -> Any:
+    """One client per event loop (and options): redis.asyncio connections belong to their loop."""
+    import redis.asyncio as aredis
+
+    key = (id(asyncio.get_running_loop()), tuple(sorted(options.items())))
+    if key not in _async_clients:
+        _async_clients[key] = aredis.Redis.from_url(settings.REDIS_URL, **options)
+    return _async_clients[key]
+
+
+def worker_status(name: str) -> dict[str, Any] | None:
+    raw = _redis().get(WORKER_KEY.format(name=name))
+    return json.loads(raw) if raw else None
+
+
+def abort_broadcast(generation_id: Any) -> None:
+    """Tell every worker to abort this generation if it is running it (within a second)."""
+    _redis().publish(ABORT_CHANNEL, str(generation_id))
+
+
+def worker_engine_state(deployment: str) -> str:
+    """ready if any worker's engine for it is ready, else loading if one is loading, else offline."""
+    client = _redis()
+    since = time.time() - settings.INFERENCE_WORKER_HEARTBEAT_TTL_S
+    for state in ("ready", "loading"):
+        if client.zcount(ENGINE_STATE_KEY.format(deployment=deployment, state=state), since, "+inf"):
+            return state
+    return "offline"
+
+
+def workers_alive(names: set[str]) -> set[str]:
+    if not names:
+        return set()
+    ordered = sorted(names)
+    pipe = _redis().pipeline(transaction=False)
+    for name in ordered:
+        pipe.exists(WORKER_KEY.format(name=name))
+    return {name for name, exists in zip(ordered, pipe.execute(), strict=True) if exists}
+
+
+async def reap_once() -> int:
+    """End generations whose worker is gone; returns how many. Safe to run in many processes."""
+    from inference.models import Generation
+    from inference.services import generation_finish
+    from inference.streaming import StreamPublisher
+
+    ttl = settings.INFERENCE_WORKER_HEARTBEAT_TTL_S
+
+    def orphans() -> list[tuple[Any, str]]:
+        running = list(
+            Generation.objects.filter(status=Generation.Status.RUNNING)
+            .exclude(worker__startswith="local:")
+            .values_list("id", "worker", "started_at")
+        )
+        alive = workers_alive({worker for _, worker, _ in running})
+        grace = time.time() - ttl
+        return [
+            (gid, worker)
+            for gid, worker, started in running
+            if worker not in alive and started and started.timestamp() < grace
+        ]
+
+    reaped = 0
+    for generation_id, worker in await database_sync_to_async(orphans)():
+        publisher = await StreamPublisher.continuing(generation_id)
+        message = "The server working on this answer stopped. Your message is saved: regenerate to try again."
+        finished = await database_sync_to_async(generation_finish)(
+            generation_id=generation_id,
+            status="failed",
+            text=publisher.text,
+            error_code="worker_lost",
+            error_message=message,
+        )
+        if finished is not None:
+            logger.warning("generation %s was running on %s, which is gone; ended it", generation_id, worker)
+            await publisher.fail(code="worker_lost", message=message)
+            reaped += 1
+    return reaped
+
+
+async def reap_forever(interval: float = 2.0) -> None:
+    """Every `interval` seconds: end dead workers' generations, and age waiting ones' priorities."""
+    from inference.services import generation_promote_waiting
+
+    while True:
+        try:
+            await reap_once()
+            await database_sync_to_async(generation_promote_waiting)()
+        except Exception:
+            logger.exception("reaper failed")
+        await asyncio.sleep(interval)

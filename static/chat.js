@@ -1,0 +1,258 @@
+// The chat page: one WebSocket, streamed answers, Stop, and resume after a reconnect or reload.
+// Model output is untrusted: it only ever goes into the page as text (textContent), never as HTML.
+(function () {
+  "use strict";
+  const chat = document.getElementById("chat");
+  const messages = document.getElementById("messages");
+  const form = document.getElementById("composer");
+  const input = document.getElementById("input");
+  const sendButton = document.getElementById("send");
+  const stopButton = document.getElementById("stop");
+  const engineBanner = document.getElementById("engine-status");
+  const connectionBanner = document.getElementById("connection-status");
+  const errorBanner = document.getElementById("request-error");
+  const modelSelect = document.getElementById("model");
+
+  const ENGINE_STATES = {
+    loading: "The model is loading. You can send a message now; the answer starts as soon as it is ready.",
+    idle: "The model is loading. You can send a message now; the answer starts as soon as it is ready.",
+    offline: "No server is running this model right now. Your message will wait until one starts.",
+    failed: "The model failed to load. Ask an administrator to check the server log.",
+  };
+  let conversationId = chat.dataset.conversation ? parseInt(chat.dataset.conversation, 10) : null;
+  let socket = null;
+  let retryDelay = 500;
+  let sending = null;             // {text, userEl, assistantEl} while a send waits for its acceptance
+  const streams = new Map();      // generation id -> {el, seq}
+
+  function wsUrl() {
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    return scheme + location.host + chat.dataset.wsPath;
+  }
+
+  function setBusy(busy) {
+    sendButton.hidden = busy;
+    stopButton.hidden = !busy;
+    input.disabled = false;
+  }
+
+  function showError(text) {
+    errorBanner.textContent = text;
+    errorBanner.hidden = !text;
+  }
+
+  function addMessage(role, text, status) {
+    const empty = document.getElementById("empty");
+    if (empty) empty.remove();
+    const el = document.createElement("article");
+    el.className = "message " + role + " status-" + status;
+    el.dataset.status = status;
+    const content = document.createElement("div");
+    content.className = "content";
+    content.textContent = text;
+    el.appendChild(content);
+    messages.appendChild(el);
+    el.scrollIntoView({block: "end"});
+    return el;
+  }
+
+  function addNote(el, text, isError) {
+    const note = document.createElement("div");
+    note.className = "note" + (isError ? " error" : "");
+    note.textContent = text;
+    el.appendChild(note);
+  }
+
+  function setStatus(el, status) {
+    el.className = el.className.replace(/status-\S+/, "status-" + status);
+    el.dataset.status = status;
+  }
+
+  // Offer "Regenerate" on the newest answer once nothing is being written.
+  function refreshRegenerate() {
+    messages.querySelectorAll("button.regenerate").forEach(function (b) { b.remove(); });
+    const last = messages.querySelector("article.message:last-of-type");
+    if (streams.size || sending || !last || !last.classList.contains("assistant") || !last.dataset.message) return;
+    if (["failed", "stopped", "complete"].indexOf(last.dataset.status) < 0) return;
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "regenerate link";
+    button.textContent = "Regenerate";
+    button.addEventListener("click", function () {
+      if (socket && socket.readyState === WebSocket.OPEN) {
+        socket.send(JSON.stringify({type: "message.regenerate", message: parseInt(last.dataset.message, 10)}));
+        button.remove();
+      }
+    });
+    last.appendChild(button);
+  }
+
+  function follow(generationId, el, afterSeq) {
+    streams.set(generationId, {el: el, seq: afterSeq || 0});
+    el.dataset.generation = generationId;
+    setBusy(true);
+  }
+
+  function connect() {
+    socket = new WebSocket(wsUrl());
+    socket.addEventListener("open", function () {
+      retryDelay = 500;
+      connectionBanner.hidden = true;
+      // Resume every answer still being written: after a reload, or after this socket dropped.
+      streams.forEach(function (stream, generationId) {
+        socket.send(JSON.stringify({type: "generation.resume", generation: generationId, after_seq: stream.seq}));
+      });
+    });
+    socket.addEventListener("message", function (event) {
+      handle(JSON.parse(event.data));
+    });
+    socket.addEventListener("close", function (event) {
+      connectionBanner.hidden = false;
+      setTimeout(connect, retryDelay);
+      retryDelay = Math.min(retryDelay * 2, 10000);
+    });
+  }
+
+  function handle(msg) {
+    switch (msg.type) {
+      case "engine.status":
+        engineBanner.dataset.state = msg.state;
+        engineBanner.hidden = msg.state === "ready";
+        engineBanner.textContent = ENGINE_STATES[msg.state] || ENGINE_STATES.loading;
+        break;
+      case "conversation.created": {
+        conversationId = msg.conversation.id;
+        chat.dataset.conversation = String(conversationId);
+        const url = chat.dataset.conversationUrl.replace("/0/", "/" + conversationId + "/");
+        history.replaceState(null, "", url);
+        const link = document.createElement("a");
+        link.href = url;
+        link.className = "conversation-link active";
+        link.dataset.conversation = String(conversationId);
+        link.textContent = msg.conversation.title;
+        document.getElementById("conversation-list").prepend(link);
+        document.getElementById("chat-title").textContent = msg.conversation.title;
+        if (modelSelect) modelSelect.disabled = true;
+        break;
+      }
+      case "message.accepted":
+        if (sending) {
+          sending.userEl.dataset.message = msg.user_message.id;
+          sending.assistantEl.dataset.message = msg.assistant_message.id;
+          if (msg.warning) addNote(sending.userEl, msg.warning, false);
+          follow(msg.generation, sending.assistantEl, 0);
+          sending = null;
+        }
+        break;
+      case "message.regenerating": {
+        const el = messages.querySelector('article[data-message="' + msg.assistant_message.id + '"]');
+        if (!el) break;
+        el.querySelectorAll(".note, button.regenerate").forEach(function (n) { n.remove(); });
+        el.querySelector(".content").textContent = "";
+        setStatus(el, "pending");
+        follow(msg.generation, el, 0);
+        break;
+      }
+      case "message.blocked":
+        // Moderation held the message back: it is saved (flagged) but no answer is coming.
+        if (sending) {
+          sending.userEl.dataset.message = msg.user_message.id;
+          setStatus(sending.userEl, "flagged");
+          addNote(sending.userEl, msg.message, false);
+          sending.assistantEl.remove();
+          sending = null;
+          setBusy(streams.size > 0);
+        }
+        break;
+      case "generation.delta": {
+        const stream = streams.get(msg.generation);
+        if (!stream || msg.seq <= stream.seq) break;
+        stream.seq = msg.seq;
+        setStatus(stream.el, "streaming");
+        stream.el.querySelector(".content").textContent += msg.text;
+        stream.el.scrollIntoView({block: "end"});
+        break;
+      }
+      case "generation.done":
+      case "generation.error": {
+        const stream = streams.get(msg.generation);
+        if (!stream) break;
+        streams.delete(msg.generation);
+        const content = stream.el.querySelector(".content");
+        if (typeof msg.text === "string") content.textContent = msg.text;
+        if (msg.type === "generation.error") {
+          setStatus(stream.el, "failed");
+          addNote(stream.el, "This answer failed: " + msg.message, true);
+        } else {
+          if (msg.finish_reason === "content_filter") {
+            setStatus(stream.el, "flagged");
+            addNote(stream.el, "This answer was stopped by an automatic safety check; what it had written before that is kept.", false);
+          } else {
+            setStatus(stream.el, msg.status);
+          }
+          if (msg.status === "stopped" && msg.finish_reason !== "content_filter") addNote(stream.el, "Stopped", false);
+          else if (msg.finish_reason === "length") addNote(stream.el, "The answer reached its length limit.", false);
+        }
+        if (streams.size === 0) setBusy(false);
+        refreshRegenerate();
+        break;
+      }
+      case "error":
+        if (sending) {
+          sending.userEl.remove();
+          sending.assistantEl.remove();
+          input.value = sending.text;
+          sending = null;
+          setBusy(streams.size > 0);
+        }
+        showError(msg.message);
+        refreshRegenerate();
+        break;
+    }
+  }
+
+  form.addEventListener("submit", function (event) {
+    event.preventDefault();
+    const text = input.value.trim();
+    if (!text || sending || streams.size > 0) return;
+    if (!socket || socket.readyState !== WebSocket.OPEN) {
+      showError("Not connected yet; try again in a moment.");
+      return;
+    }
+    showError("");
+    const payload = {type: "message.send", content: text, conversation: conversationId};
+    if (!conversationId && modelSelect) payload.model = modelSelect.value;
+    sending = {
+      text: text,
+      userEl: addMessage("user", text, "complete"),
+      assistantEl: addMessage("assistant", "", "pending"),
+    };
+    input.value = "";
+    setBusy(true);
+    socket.send(JSON.stringify(payload));
+  });
+
+  input.addEventListener("keydown", function (event) {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      form.requestSubmit();
+    }
+  });
+
+  stopButton.addEventListener("click", function () {
+    streams.forEach(function (stream, generationId) {
+      socket.send(JSON.stringify({type: "generation.stop", generation: generationId}));
+    });
+  });
+
+  // Answers that were still being written when this page was rendered: resume them on connect.
+  messages.querySelectorAll("article.message.assistant").forEach(function (el) {
+    if ((el.dataset.status === "pending" || el.dataset.status === "streaming") && el.dataset.generation) {
+      el.querySelector(".content").textContent = "";
+      follow(el.dataset.generation, el, 0);
+    }
+  });
+
+  refreshRegenerate();
+  connect();
+})();

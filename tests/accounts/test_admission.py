@@ -1,0 +1,129 @@
+"""The one gate before a generation is queued: models, quotas, window caps and priority."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.utils import timezone
+
+from accounts.models import Tier, UsageRecord
+from accounts.services import request_admit
+from chatsite.errors import ClientError
+from conversations.models import Conversation, Message
+from conversations.services import message_send
+from inference.models import Generation, ModelDeployment
+from tests.accounts.conftest import run_to_end
+
+
+@pytest.fixture
+def big_model(db):
+    return ModelDeployment.objects.create(name="big-model", model="Big", max_context=8192, default_max_tokens=4096)
+
+
+def _spend(user, tokens: int, *, when=None) -> None:
+    """Put `tokens` of finished usage on the user's ledger."""
+    sent = message_send(user=user, content="spend")
+    finished = run_to_end(sent.generation, completion_tokens=tokens, prompt_tokens=0)
+    if when is not None:
+        UsageRecord.objects.filter(generation=finished).update(created_at=when)
+
+
+def test_a_tier_refuses_a_model_it_does_not_include(alice, big_model):
+    with pytest.raises(ClientError) as refused:
+        message_send(user=alice, content="hi", model="big-model")
+    assert refused.value.code == "model_not_allowed"
+    assert refused.value.status == 403
+    assert not Conversation.objects.exists()
+    assert not Message.objects.exists()
+
+
+def test_a_tier_with_all_models_may_use_one_added_later(alice, put_on_tier, big_model):
+    put_on_tier(alice, "enterprise")
+    request_admit(user=alice, deployment=big_model, prompt_tokens=10, max_tokens=10)
+
+
+def test_an_admin_adding_a_model_to_a_tier_opens_it_at_once(alice, big_model):
+    Tier.objects.get(name="free").deployments.add(big_model)
+    request_admit(user=alice, deployment=big_model, prompt_tokens=10, max_tokens=10)
+
+
+def test_the_answer_is_capped_at_the_tiers_output_and_context_limits(alice, big_model, put_on_tier):
+    put_on_tier(alice, "pro").deployments.add(big_model)
+    Tier.objects.filter(name="pro").update(max_context=4096, max_output_tokens=1000, tokens_per_minute=None)
+    admission = request_admit(user=alice, deployment=big_model, prompt_tokens=100, max_tokens=4096)
+    assert admission.max_tokens == 1000
+    admission = request_admit(user=alice, deployment=big_model, prompt_tokens=3500, max_tokens=4096)
+    assert admission.max_tokens == 596
+    with pytest.raises(ClientError) as refused:
+        request_admit(user=alice, deployment=big_model, prompt_tokens=4096, max_tokens=10)
+    assert refused.value.code == "context_length_exceeded"
+
+
+def test_a_message_uses_the_tiers_output_limit(alice):
+    Tier.objects.filter(name="free").update(max_output_tokens=64)
+    sent = message_send(user=alice, content="Tell me a story")
+    assert sent.generation.sampling["max_tokens"] == 64
+
+
+def test_the_generation_takes_its_tiers_priority(alice, bob, put_on_tier):
+    put_on_tier(bob, "pro")
+    free = message_send(user=alice, content="hi").generation
+    pro = message_send(user=bob, content="hi").generation
+    assert pro.priority < free.priority
+    assert (free.priority, pro.priority) == (4, 2)
+
+
+def test_a_user_whose_daily_quota_is_spent_is_told_when_it_resets(alice):
+    Tier.objects.filter(name="free").update(tokens_per_day=1000, tokens_per_minute=None)
+    _spend(alice, 1000)
+    with pytest.raises(ClientError) as refused:
+        message_send(user=alice, content="more please")
+    error = refused.value
+    assert error.code == "quota_exceeded"
+    assert error.status == 429
+    now = timezone.now()
+    midnight = (now + dt.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    assert abs(error.retry_after - (midnight - now).total_seconds()) <= 5
+    assert "resets" in error.message
+    assert Message.objects.filter(content="more please").count() == 0
+
+
+def test_yesterdays_usage_does_not_count_against_todays_quota(alice):
+    Tier.objects.filter(name="free").update(tokens_per_day=1000, tokens_per_month=None, tokens_per_minute=None)
+    _spend(alice, 1000, when=timezone.now() - dt.timedelta(days=1, hours=1))
+    message_send(user=alice, content="a new day")
+
+
+def test_the_monthly_quota_waits_for_the_first_of_next_month(alice):
+    Tier.objects.filter(name="free").update(tokens_per_day=None, tokens_per_month=2000, tokens_per_minute=None)
+    _spend(alice, 2000)
+    with pytest.raises(ClientError) as refused:
+        message_send(user=alice, content="more")
+    assert refused.value.code == "quota_exceeded"
+    now = timezone.now()
+    assert refused.value.retry_after > (now.replace(day=28) - now).total_seconds() or now.day >= 28
+
+
+def test_answers_in_flight_count_against_the_quota(alice, default_deployment):
+    Tier.objects.filter(name="free").update(tokens_per_day=1000, tokens_per_minute=None, requests_per_minute=None)
+    message_send(user=alice, content="long answer please")  # queued: prompt + up to 512 tokens reserved
+    reserved = Generation.objects.get()
+    reserved_tokens = reserved.prompt_tokens + reserved.sampling["max_tokens"]
+    admission = request_admit(user=alice, deployment=default_deployment, prompt_tokens=10, max_tokens=512)
+    assert admission.max_tokens == 1000 - reserved_tokens - 10
+
+
+def test_failed_answers_do_not_count_against_the_quota(alice):
+    Tier.objects.filter(name="free").update(tokens_per_day=1000, tokens_per_minute=None)
+    sent = message_send(user=alice, content="hi")
+    run_to_end(sent.generation, status="failed", completion_tokens=990)
+    message_send(user=alice, content="again")
+
+
+def test_the_model_picker_offers_only_the_models_the_plan_includes(client, alice, bob, put_on_tier, big_model):
+    client.force_login(alice)
+    assert [d.name for d in client.get("/").context["deployments"]] == ["smollm2-135m"]
+    put_on_tier(bob, "enterprise")
+    client.force_login(bob)
+    assert [d.name for d in client.get("/").context["deployments"]] == ["big-model", "smollm2-135m"]

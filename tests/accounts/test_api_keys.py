@@ -1,0 +1,183 @@
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.test import APIRequestFactory
+from rest_framework.views import APIView
+
+from accounts.authentication import ApiKeyAuthentication, HasScope
+from accounts.models import ApiKey
+from accounts.services import api_key_authenticate, api_key_create, api_key_revoke
+from chatsite.errors import ClientError
+from conversations.models import Message
+from conversations.services import message_send
+
+
+class ModelsView(APIView):
+    authentication_classes = [ApiKeyAuthentication]
+    permission_classes = [IsAuthenticated, HasScope]
+    required_scope = "models:read"
+
+    def get(self, request):
+        return Response({"user": request.user.username, "key": request.auth.prefix})
+
+
+def call_models(key: str | None):
+    factory = APIRequestFactory()
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {key}"} if key else {}
+    return ModelsView.as_view()(factory.get("/v1/models", **headers))
+
+
+def test_a_new_key_is_shown_once_and_only_its_hash_is_stored(alice):
+    created = api_key_create(user=alice, name="laptop", scopes=["chat", "models:read"])
+    prefix, secret = created.key.removeprefix("cs_").split("_", 1)
+    stored = ApiKey.objects.get()
+    assert stored.prefix == prefix
+    assert stored.secret_hash == hashlib.sha256(secret.encode()).hexdigest()
+    assert secret not in str(ApiKey.objects.values().get())
+    assert stored.display_key == f"cs_{prefix}_…"
+    assert stored.scopes == ["chat", "models:read"]
+
+
+def test_a_key_authenticates_its_owner_and_records_its_last_use_at_most_once_a_minute(alice):
+    created = api_key_create(user=alice, name="script", scopes=["chat"])
+    key = api_key_authenticate(key=created.key)
+    assert key is not None and key.user == alice
+    first_use = ApiKey.objects.get().last_used_at
+    assert first_use is not None
+    api_key_authenticate(key=created.key)
+    assert ApiKey.objects.get().last_used_at == first_use
+    ApiKey.objects.update(last_used_at=timezone.now() - dt.timedelta(minutes=2))
+    api_key_authenticate(key=created.key)
+    assert ApiKey.objects.get().last_used_at > first_use - dt.timedelta(seconds=1)
+
+
+def test_a_revoked_key_stops_working_at_once(alice):
+    created = api_key_create(user=alice, name="script", scopes=["models:read"])
+    assert call_models(created.key).status_code == 200
+    api_key_revoke(user=alice, api_key_id=created.api_key.id)
+    assert api_key_authenticate(key=created.key) is None
+    assert call_models(created.key).status_code == 401
+
+
+def test_an_expired_key_stops_working(alice):
+    created = api_key_create(
+        user=alice, name="temporary", scopes=["models:read"], expires_at=timezone.now() + dt.timedelta(hours=1)
+    )
+    assert call_models(created.key).status_code == 200
+    ApiKey.objects.update(expires_at=timezone.now() - dt.timedelta(seconds=1))
+    assert call_models(created.key).status_code == 401
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["cs_", "cs_abc", "cs_deadbeef_wrong", "sk-something", "cs_deadbeef_", "cs__x", "cs_%00_x", "x" * 500],
+)
+def test_unknown_or_tampered_keys_are_refused(alice, key):
+    real = api_key_create(user=alice, name="real", scopes=["chat"])
+    assert api_key_authenticate(key=key) is None
+    assert api_key_authenticate(key=real.key[:-1] + ("A" if real.key[-1] != "A" else "B")) is None
+
+
+def test_the_api_sets_the_user_and_the_key_and_refuses_a_missing_scope(alice):
+    reader = api_key_create(user=alice, name="reader", scopes=["models:read"])
+    response = call_models(reader.key)
+    assert response.status_code == 200
+    assert response.data == {"user": "alice", "key": reader.api_key.prefix}
+    chatter = api_key_create(user=alice, name="chatter", scopes=["chat"])
+    assert call_models(chatter.key).status_code == 403
+    assert call_models(None).status_code == 401
+    assert call_models("cs_nope_nope").status_code == 401
+
+
+def test_a_key_without_the_chat_scope_cannot_send_a_message(alice):
+    reader = api_key_create(user=alice, name="reader", scopes=["models:read"])
+    with pytest.raises(ClientError) as refused:
+        message_send(user=alice, content="hi", api_key=reader.api_key)
+    assert refused.value.code == "insufficient_scope"
+    assert refused.value.status == 403
+    assert not Message.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"name": "", "scopes": ["chat"]},
+        {"name": "x" * 101, "scopes": ["chat"]},
+        {"name": "ok", "scopes": []},
+        {"name": "ok", "scopes": ["admin"]},
+        {"name": "ok", "scopes": "chat"},
+        {"name": "ok", "scopes": ["chat"], "expires_at": dt.datetime(2000, 1, 1, tzinfo=dt.UTC)},
+    ],
+)
+def test_bad_key_requests_are_refused_and_create_nothing(alice, fields):
+    with pytest.raises(ClientError):
+        api_key_create(user=alice, **fields)
+    assert not ApiKey.objects.exists()
+
+
+def test_nobody_can_revoke_another_users_key(alice, mallory):
+    created = api_key_create(user=alice, name="alice's", scopes=["chat"])
+    with pytest.raises(ClientError) as refused:
+        api_key_revoke(user=mallory, api_key_id=created.api_key.id)
+    assert refused.value.code == "not_found"
+    assert api_key_authenticate(key=created.key) is not None
+
+
+def test_the_settings_page_creates_a_key_shows_it_once_and_revokes_it(client, alice):
+    client.force_login(alice)
+    response = client.post(
+        reverse("accounts:api_keys"), {"name": "laptop", "scopes": ["chat", "conversations:read"], "expires_on": ""}
+    )
+    assert response.status_code == 200
+    key = response.context["created"].key
+    assert key.encode() in response.content
+    assert response["Cache-Control"].startswith("max-age=0")
+    page = client.get(reverse("accounts:api_keys"))
+    assert key.encode() not in page.content
+    assert b"laptop" in page.content
+    api_key = ApiKey.objects.get()
+    response = client.post(reverse("accounts:api_key_revoke", args=[api_key.id]))
+    assert response.status_code == 302
+    assert api_key_authenticate(key=key) is None
+
+
+def test_the_settings_page_refuses_bad_input_without_a_500(client, alice):
+    client.force_login(alice)
+    for data in (
+        {"name": "", "scopes": ["chat"]},
+        {"name": "x", "scopes": ["root"]},
+        {"name": "x", "scopes": ["chat"], "expires_on": "2001-01-01"},
+        {"name": "x", "scopes": ["chat"], "expires_on": "soon"},
+    ):
+        assert client.post(reverse("accounts:api_keys"), data).status_code == 400
+    assert not ApiKey.objects.exists()
+
+
+def test_the_settings_page_will_not_revoke_another_users_key(client, alice, mallory):
+    created = api_key_create(user=alice, name="alice's", scopes=["chat"])
+    client.force_login(mallory)
+    assert client.post(reverse("accounts:api_key_revoke", args=[created.api_key.id])).status_code == 404
+    assert api_key_authenticate(key=created.key) is not None
+
+
+def test_the_key_pages_need_a_login(client, db):
+    assert client.get(reverse("accounts:api_keys")).status_code == 302
+
+
+def test_creating_keys_is_rate_limited_per_user(client, alice, bob):
+    client.force_login(alice)
+    for i in range(20):
+        assert client.post(reverse("accounts:api_keys"), {"name": f"k{i}", "scopes": ["chat"]}).status_code == 200
+    refused = client.post(reverse("accounts:api_keys"), {"name": "one too many", "scopes": ["chat"]})
+    assert refused.status_code == 429
+    assert refused["Retry-After"] == "3600"
+    assert ApiKey.objects.filter(user=alice).count() == 20
+    client.force_login(bob)
+    assert client.post(reverse("accounts:api_keys"), {"name": "bob's", "scopes": ["chat"]}).status_code == 200

@@ -1,0 +1,227 @@
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from unittest.mock import patch
+
+import pytest
+from channels.db import database_sync_to_async
+from django.core.cache import cache
+from django.db import connections
+from hypothesis import given
+from hypothesis import settings as settings_hypothesis
+from hypothesis import strategies as st
+from rest_framework.response import Response
+from rest_framework.test import APIRequestFactory, force_authenticate
+from rest_framework.views import APIView
+
+from accounts.models import Tier
+from accounts.ratelimit import bucket_consume, bucket_refund
+from accounts.services import api_key_create, request_admit
+from chatsite.errors import ClientError
+from conversations.models import Message
+from conversations.services import message_send
+from inference.models import Generation
+from inference.selectors import deployment_get
+from tests.conftest import next_event, open_socket
+
+
+def test_a_bucket_admits_its_capacity_then_says_when_to_come_back(db):
+    decisions = [bucket_consume(key="user:1:requests", capacity=3, period_s=60) for _ in range(4)]
+    assert [d.allowed for d in decisions] == [True, True, True, False]
+    assert 1 <= decisions[-1].retry_after <= 20  # one unit refills in 60/3 seconds
+
+
+def test_a_bucket_refills_continuously(db):
+    for _ in range(2):
+        assert bucket_consume(key="k", capacity=2, period_s=0.4).allowed
+    assert not bucket_consume(key="k", capacity=2, period_s=0.4).allowed
+    time.sleep(0.25)
+    assert bucket_consume(key="k", capacity=2, period_s=0.4).allowed
+
+
+def test_a_refund_gives_units_back_but_never_above_capacity(db):
+    assert bucket_consume(key="k", capacity=2, period_s=60, amount=2).allowed
+    bucket_refund(key="k", capacity=2, period_s=60, amount=5)
+    assert bucket_consume(key="k", capacity=2, period_s=60, amount=2).allowed
+    assert not bucket_consume(key="k", capacity=2, period_s=60).allowed
+
+
+def test_a_request_larger_than_the_bucket_is_refused_with_a_full_refill_time(db):
+    decision = bucket_consume(key="k", capacity=10, period_s=60, amount=11)
+    assert not decision.allowed
+    assert decision.retry_after == 60
+
+
+@pytest.mark.redis
+def test_redis_buckets_behave_like_the_local_ones(redis_url):
+    assert [bucket_consume(key="r", capacity=2, period_s=60).allowed for _ in range(3)] == [True, True, False]
+    assert bucket_consume(key="r", capacity=2, period_s=60).retry_after in range(1, 31)
+    bucket_refund(key="r", capacity=2, period_s=60, amount=1)
+    assert bucket_consume(key="r", capacity=2, period_s=60).allowed
+
+
+@pytest.mark.redis
+def test_a_concurrent_burst_on_redis_admits_at_most_the_limit_across_threads(redis_url):
+    limit, attempts = 10, 64
+    start = threading.Barrier(16)
+
+    def attempt(_):
+        try:
+            start.wait(timeout=5)
+        except threading.BrokenBarrierError:
+            pass
+        return bucket_consume(key="burst", capacity=limit, period_s=3600).allowed
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        admitted = sum(pool.map(attempt, range(attempts)))
+    assert admitted == limit
+
+
+def _burst_in_a_process(url: str, count: int, results) -> None:
+    from django.conf import settings
+
+    settings.REDIS_URL = url
+    results.put(sum(bucket_consume(key="burst-proc", capacity=10, period_s=3600).allowed for _ in range(count)))
+
+
+@pytest.mark.redis
+def test_a_concurrent_burst_on_redis_admits_at_most_the_limit_across_processes(redis_url):
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    processes = [context.Process(target=_burst_in_a_process, args=(redis_url, 8, results)) for _ in range(4)]
+    for process in processes:
+        process.start()
+    admitted = sum(results.get(timeout=30) for _ in processes)
+    for process in processes:
+        process.join(timeout=10)
+    assert admitted == 10
+
+
+@pytest.mark.redis
+@pytest.mark.django_db(transaction=True)
+def test_parallel_requests_from_one_user_over_the_limit_admit_at_most_the_limit(redis_url, alice, default_deployment):
+    Tier.objects.filter(name="free").update(requests_per_minute=5, tokens_per_minute=None)
+    outcomes = []
+
+    def send(_):
+        try:
+            request_admit(user=alice, deployment=default_deployment, prompt_tokens=20, max_tokens=50)
+            return "admitted"
+        except ClientError as exc:
+            return exc.code
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        outcomes = list(pool.map(send, range(20)))
+    assert outcomes.count("admitted") == 5
+    assert outcomes.count("rate_limited") == 15
+
+
+def test_a_free_user_over_the_request_limit_is_told_when_to_come_back(alice):
+    Tier.objects.filter(name="free").update(requests_per_minute=2)
+    for i in range(2):
+        sent = message_send(user=alice, content=f"question {i}")
+        Generation.objects.filter(id=sent.generation.id).update(status="complete")
+        Message.objects.filter(generation=sent.generation).update(status="complete")
+    with pytest.raises(ClientError) as refused:
+        message_send(user=alice, content="one more")
+    assert refused.value.code == "rate_limited"
+    assert refused.value.status == 429
+    assert 1 <= refused.value.retry_after <= 30
+    assert "Try again in" in refused.value.message
+    assert Message.objects.filter(content="one more").count() == 0
+    assert Generation.objects.count() == 2
+
+
+def test_the_token_limit_counts_the_prompt_and_the_answers_budget(alice, bob, default_deployment):
+    Tier.objects.filter(name="free").update(requests_per_minute=None, tokens_per_minute=1000)
+    admission = request_admit(user=alice, deployment=default_deployment, prompt_tokens=100, max_tokens=400)
+    assert admission.max_tokens == 400
+    request_admit(user=alice, deployment=default_deployment, prompt_tokens=100, max_tokens=400)
+    with pytest.raises(ClientError) as refused:
+        request_admit(user=alice, deployment=default_deployment, prompt_tokens=100, max_tokens=400)
+    assert refused.value.code == "rate_limited"
+    # Bob has his own bucket.
+    request_admit(user=bob, deployment=default_deployment, prompt_tokens=100, max_tokens=400)
+
+
+def test_a_token_refusal_gives_back_the_request_it_counted(alice, default_deployment):
+    Tier.objects.filter(name="free").update(requests_per_minute=2, tokens_per_minute=500)
+    request_admit(user=alice, deployment=default_deployment, prompt_tokens=100, max_tokens=400)
+    with pytest.raises(ClientError):
+        request_admit(user=alice, deployment=default_deployment, prompt_tokens=100, max_tokens=400)
+    Tier.objects.filter(name="free").update(tokens_per_minute=None)
+    request_admit(user=alice, deployment=default_deployment, prompt_tokens=100, max_tokens=400)
+
+
+def test_limits_are_kept_per_api_key_apart_from_the_users_own(alice, default_deployment):
+    Tier.objects.filter(name="free").update(requests_per_minute=1, tokens_per_minute=None)
+    key = api_key_create(user=alice, name="script", scopes=["chat"]).api_key
+    request_admit(user=alice, deployment=default_deployment, prompt_tokens=10, max_tokens=10)
+    request_admit(user=alice, api_key=key, deployment=default_deployment, prompt_tokens=10, max_tokens=10)
+    with pytest.raises(ClientError):
+        request_admit(user=alice, api_key=key, deployment=default_deployment, prompt_tokens=10, max_tokens=10)
+
+
+def test_an_admin_tier_without_limits_is_never_rate_limited(alice, put_on_tier, default_deployment):
+    put_on_tier(alice, "admin")
+    for _ in range(50):
+        request_admit(user=alice, deployment=default_deployment, prompt_tokens=1000, max_tokens=1000)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_socket_tells_a_limited_user_when_to_come_back(alice):
+    await Tier.objects.filter(name="free").aupdate(requests_per_minute=1)
+    # The minute's one request is already spent (e.g. by another tab).
+    await database_sync_to_async(bucket_consume)(key=f"user:{alice.id}:requests", capacity=1, period_s=60)
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to({"type": "message.send", "content": "second"})
+    event = await next_event(socket, timeout=10)
+    assert event["type"] == "error"
+    assert event["code"] == "rate_limited"
+    assert 1 <= event["retry_after"] <= 60
+    assert "Try again in" in event["message"]
+    assert not await Message.objects.aexists()
+    await socket.disconnect()
+
+
+class SendView(APIView):
+    """Stands in for the REST API's send endpoint: it calls the same gate."""
+
+    def post(self, request):
+        request_admit(user=request.user, deployment=deployment_get(), prompt_tokens=5, max_tokens=5)
+        return Response({"ok": True})
+
+
+def test_the_api_answers_a_rate_limit_with_429_and_retry_after_keyed_on_the_user(alice):
+    Tier.objects.filter(name="free").update(requests_per_minute=1)
+    responses = []
+    for address in ("10.0.0.1", "10.0.0.2"):  # a client-chosen header changes nothing
+        request = APIRequestFactory().post("/v1/send", {}, format="json", HTTP_X_FORWARDED_FOR=address)
+        force_authenticate(request, user=alice)
+        responses.append(SendView.as_view()(request))
+    assert responses[0].status_code == 200
+    assert responses[1].status_code == 429
+    assert int(responses[1]["Retry-After"]) >= 1
+    assert responses[1].data["error"]["code"] == "rate_limited"
+
+
+@settings_hypothesis(max_examples=60, deadline=None)
+@given(steps=st.lists(st.tuples(st.floats(0, 5), st.integers(1, 4)), min_size=1, max_size=60))
+def test_a_bucket_never_admits_more_than_its_capacity_plus_what_refilled(steps):
+    """Over any run of requests, admitted units <= capacity + refill rate x elapsed time."""
+    capacity, period = 5, 10.0
+    clock = [1_000.0]
+    cache.clear()
+    admitted = 0
+    with patch("accounts.ratelimit.time.time", lambda: clock[0]):
+        for gap, amount in steps:
+            clock[0] += gap
+            if bucket_consume(key="prop", capacity=capacity, period_s=period, amount=amount).allowed:
+                admitted += amount
+    elapsed = clock[0] - 1_000.0
+    assert admitted <= capacity + capacity / period * elapsed + 1e-9

@@ -1,0 +1,326 @@
+"""The conversations REST API: owners only, scoped keys, cursor pages, and a streamed send."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from channels.db import database_sync_to_async
+from rest_framework.test import APIClient
+
+from accounts.models import ApiKey
+from accounts.services import api_key_create
+from conversations.models import Conversation, Message
+from conversations.services import conversation_create
+from inference.models import Generation, ModelDeployment
+
+ALL_SCOPES = tuple(ApiKey.Scope.values)
+MEGABYTE = "x" * 1_000_000
+
+
+def client_for(user, scopes=ALL_SCOPES) -> APIClient:
+    client = APIClient()
+    key = api_key_create(user=user, name="tests", scopes=list(scopes)).key
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    return client
+
+
+def conversation_with_messages(user, title="Plans") -> Conversation:
+    conversation = conversation_create(user=user, title=title)
+    question = Message.objects.create(conversation=conversation, role=Message.Role.USER, content="Hi?")
+    Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, content="Hello.", parent=question)
+    return conversation
+
+
+def send_url(conversation_id: int | None = None) -> str:
+    if conversation_id is None:
+        return "/api/conversations/messages/"
+    return f"/api/conversations/{conversation_id}/messages/"
+
+
+def test_it_lists_only_the_callers_conversations_newest_first_in_pages(alice, bob):
+    mine = [conversation_create(user=alice, title=f"Chat {i}") for i in range(25)]
+    conversation_create(user=bob, title="Bob's")
+    client = client_for(alice)
+    first = client.get("/api/conversations/", {"limit": 10}).json()
+    assert [c["title"] for c in first["results"]] == [f"Chat {i}" for i in range(24, 14, -1)]
+    assert first["previous"] is None
+    seen = [c["id"] for c in first["results"]]
+    page = first
+    while page["next"]:
+        page = client.get(page["next"]).json()
+        seen += [c["id"] for c in page["results"]]
+    assert seen == [c.id for c in reversed(mine)]
+    assert set(first["results"][0]) == {"id", "title", "model", "created_at", "updated_at"}
+
+
+@pytest.mark.parametrize(
+    ("params", "status", "count"),
+    [
+        ({"limit": "abc"}, 200, 20),
+        ({"limit": "-3"}, 200, 20),
+        ({"limit": "100000"}, 200, 25),
+        ({"cursor": "bogus"}, 400, None),
+    ],
+)
+def test_bad_pagination_parameters_are_clamped_or_refused(alice, params, status, count):
+    for i in range(25):
+        conversation_create(user=alice, title=f"Chat {i}")
+    response = client_for(alice).get("/api/conversations/", params)
+    assert response.status_code == status
+    if count is not None:
+        assert len(response.json()["results"]) == count
+    else:
+        assert response.json()["error"]["param"] == "cursor"
+
+
+def test_it_creates_a_conversation(alice):
+    response = client_for(alice).post("/api/conversations/", {"title": " Trip "}, format="json")
+    assert response.status_code == 201
+    body = response.json()
+    assert body["title"] == "Trip" and body["model"] == "smollm2-135m"
+    assert Conversation.objects.get(id=body["id"]).user == alice
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"title": 42}, {"title": ["a"]}, {"title": "x" * 201}, {"model": "no-such-model"}, {"model": 7}, [1, 2]],
+)
+def test_a_bad_create_is_refused_and_creates_nothing(alice, body):
+    response = client_for(alice).post("/api/conversations/", body, format="json")
+    assert 400 <= response.status_code < 500
+    assert "error" in response.json()
+    assert not Conversation.objects.exists()
+
+
+def test_a_model_the_plan_does_not_include_is_refused(alice):
+    ModelDeployment.objects.create(name="big-model", model="Big", max_context=8192, default_max_tokens=4096)
+    client = client_for(alice)
+    for url in ("/api/conversations/", send_url()):
+        response = client.post(url, {"title": "Big", "content": "Hi", "model": "big-model"}, format="json")
+        assert response.status_code == 403 and response.json()["error"]["code"] == "model_not_allowed"
+    assert not Conversation.objects.exists()
+
+
+def test_it_retrieves_a_conversation_with_its_messages(alice):
+    conversation = conversation_with_messages(alice)
+    body = client_for(alice).get(f"/api/conversations/{conversation.id}/").json()
+    assert body["id"] == conversation.id and body["title"] == "Plans"
+    assert [(m["role"], m["content"], m["status"]) for m in body["messages"]] == [
+        ("user", "Hi?", "complete"),
+        ("assistant", "Hello.", "complete"),
+    ]
+
+
+def test_it_renames_a_conversation(alice):
+    conversation = conversation_with_messages(alice)
+    response = client_for(alice).patch(f"/api/conversations/{conversation.id}/", {"title": "Holiday"}, format="json")
+    assert response.status_code == 200 and response.json()["title"] == "Holiday"
+    conversation.refresh_from_db()
+    assert conversation.title == "Holiday"
+
+
+@pytest.mark.parametrize(
+    "body", [{}, {"title": ""}, {"title": "   "}, {"title": 5}, {"title": MEGABYTE}, {"title": None}]
+)
+def test_a_bad_rename_is_refused_and_changes_nothing(alice, body):
+    conversation = conversation_with_messages(alice)
+    response = client_for(alice).patch(f"/api/conversations/{conversation.id}/", body, format="json")
+    assert response.status_code == 400
+    conversation.refresh_from_db()
+    assert conversation.title == "Plans"
+
+
+def test_invalid_utf8_and_broken_json_are_refused(alice):
+    conversation = conversation_with_messages(alice)
+    client = client_for(alice)
+    for body in (b'{"title": "\xff\xfe"}', b"{not json"):
+        response = client.generic("PATCH", f"/api/conversations/{conversation.id}/", body, "application/json")
+        assert response.status_code == 400
+        response = client.generic("POST", send_url(conversation.id), body, "application/json")
+        assert response.status_code == 400
+    conversation.refresh_from_db()
+    assert conversation.title == "Plans" and conversation.messages.count() == 2
+
+
+def test_it_deletes_a_conversation(alice):
+    conversation = conversation_with_messages(alice)
+    response = client_for(alice).delete(f"/api/conversations/{conversation.id}/")
+    assert response.status_code == 204
+    assert not Conversation.objects.filter(id=conversation.id).exists()
+    assert not Message.objects.exists()
+
+
+def test_another_users_conversation_is_not_found_through_every_endpoint(alice, mallory):
+    conversation = conversation_with_messages(alice)
+    client = client_for(mallory)
+    url = f"/api/conversations/{conversation.id}/"
+    responses = [
+        client.get(url),
+        client.patch(url, {"title": "Mine now"}, format="json"),
+        client.delete(url),
+        client.post(send_url(conversation.id), {"content": "Let me in"}, format="json"),
+    ]
+    assert [r.status_code for r in responses] == [404, 404, 404, 404]
+    assert all(r.json()["error"]["code"] == "not_found" for r in responses)
+    assert conversation.id not in [c["id"] for c in client.get("/api/conversations/").json()["results"]]
+    conversation.refresh_from_db()
+    assert conversation.title == "Plans" and conversation.messages.count() == 2
+
+
+def test_a_missing_or_enormous_id_is_not_found(alice):
+    client = client_for(alice)
+    for conversation_id in (999, 2**70):
+        assert client.get(f"/api/conversations/{conversation_id}/").status_code == 404
+        assert client.post(send_url(conversation_id), {"content": "Hi"}, format="json").status_code == 404
+
+
+def test_each_endpoint_needs_its_scope(alice):
+    conversation = conversation_with_messages(alice)
+    url = f"/api/conversations/{conversation.id}/"
+    reader = client_for(alice, scopes=["conversations:read"])
+    writer = client_for(alice, scopes=["conversations:write"])
+    chatter = client_for(alice, scopes=["chat"])
+    assert reader.get("/api/conversations/").status_code == 200
+    assert reader.get(url).status_code == 200
+    refused = [
+        writer.get("/api/conversations/"),
+        writer.get(url),
+        reader.post("/api/conversations/", {}, format="json"),
+        reader.patch(url, {"title": "No"}, format="json"),
+        reader.delete(url),
+        reader.post(send_url(conversation.id), {"content": "Hi"}, format="json"),
+        writer.post(send_url(), {"content": "Hi"}, format="json"),
+        chatter.get("/api/conversations/"),
+    ]
+    assert [r.status_code for r in refused] == [403] * len(refused)
+    assert all(r.json()["error"]["type"] == "permission_error" for r in refused)
+    conversation.refresh_from_db()
+    assert conversation.title == "Plans" and Conversation.objects.count() == 1 and Message.objects.count() == 2
+
+
+def test_it_needs_authentication(alice):
+    conversation = conversation_with_messages(alice)
+    client = APIClient()
+    assert client.get("/api/conversations/").status_code == 401
+    assert client.post(send_url(conversation.id), {"content": "Hi"}, format="json").status_code == 401
+    client.credentials(HTTP_AUTHORIZATION="Bearer cs_nope_nope")
+    assert client.get("/api/conversations/").status_code == 401
+
+
+def test_a_session_works_and_a_session_send_needs_the_csrf_token(alice):
+    conversation = conversation_with_messages(alice)
+    client = APIClient(enforce_csrf_checks=True)
+    client.force_login(alice)
+    assert client.get("/api/conversations/").json()["results"][0]["id"] == conversation.id
+    response = client.post(send_url(conversation.id), {"content": "Hi"}, format="json")
+    assert response.status_code == 403 and response.json()["error"]["code"] == "csrf_failed"
+    assert conversation.messages.count() == 2
+    client.cookies["csrftoken"] = TOKEN
+    response = client.post(send_url(conversation.id), {"content": " "}, format="json", HTTP_X_CSRFTOKEN=TOKEN)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_message"
+
+
+TOKEN = "a" * 32
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"content": ""}, {"content": "   "}, {"content": 42}, {"content": None}, {}, {"content": MEGABYTE}, ["Hi"]],
+)
+def test_a_bad_message_is_refused_before_streaming_and_leaves_nothing_behind(alice, body):
+    conversation = conversation_with_messages(alice)
+    client = client_for(alice)
+    for url in (send_url(conversation.id), send_url()):
+        response = client.post(url, body, format="json")
+        assert response.status_code == 400
+        assert response["Content-Type"] == "application/json"
+        assert response.json()["error"]["type"] == "invalid_request_error"
+    assert Conversation.objects.count() == 1 and Message.objects.count() == 2
+    assert not Generation.objects.exists()
+
+
+def test_a_body_beyond_the_upload_limit_is_refused(alice):
+    conversation = conversation_with_messages(alice)
+    response = client_for(alice).post(send_url(conversation.id), {"content": MEGABYTE * 3}, format="json")
+    assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+    assert conversation.messages.count() == 2
+
+
+def test_a_send_while_an_answer_is_written_is_a_conflict(alice):
+    conversation = conversation_with_messages(alice)
+    Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT, status=Message.Status.STREAMING)
+    response = client_for(alice).post(send_url(conversation.id), {"content": "And?"}, format="json")
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "generation_in_progress"
+    assert conversation.messages.count() == 3
+
+
+def test_a_send_to_an_unknown_model_is_not_found(alice):
+    response = client_for(alice).post(send_url(), {"content": "Hi", "model": "gpt-17"}, format="json")
+    assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+    assert not Conversation.objects.exists()
+
+
+def test_only_post_sends(alice):
+    assert client_for(alice).get(send_url()).status_code == 405
+
+
+def sse_events(text: str) -> list[tuple[str, dict]]:
+    events = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines())
+        events.append((fields["event"], json.loads(fields["data"])))
+    return events
+
+
+@pytest.mark.engine
+@pytest.mark.django_db(transaction=True)
+async def test_a_message_streams_its_answer_and_is_saved_complete(chat_server, alice):
+    key = await database_sync_to_async(lambda: api_key_create(user=alice, name="t", scopes=["chat"]).key)()
+    async with (
+        httpx.AsyncClient(base_url=chat_server, headers={"Authorization": f"Bearer {key}"}, timeout=120) as client,
+        client.stream("POST", send_url(), json={"content": "Say hello in one short sentence."}) as response,
+    ):
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        text = "".join([chunk async for chunk in response.aiter_text()])
+    events = sse_events(text)
+    names = [name for name, _ in events]
+    assert names[0] == "message.accepted" and names[-1] == "done"
+    assert set(names[1:-1]) == {"delta"}
+    seqs = [data["seq"] for name, data in events[1:]]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    accepted, done = events[0][1], events[-1][1]
+    assert accepted["conversation_created"] is True
+    assert done["finish_reason"] in ("stop", "length") and done["message"] == accepted["assistant_message"]
+    streamed = "".join(data["text"] for name, data in events if name == "delta")
+    assert streamed.strip()
+    answer = await Message.objects.aget(id=accepted["assistant_message"])
+    assert answer.status == Message.Status.COMPLETE
+    assert answer.content == streamed
+
+
+@pytest.mark.engine
+@pytest.mark.django_db(transaction=True)
+async def test_a_client_that_disconnects_stops_the_answer(chat_server, alice):
+    key = await database_sync_to_async(lambda: api_key_create(user=alice, name="t", scopes=["chat"]).key)()
+    async with (
+        httpx.AsyncClient(base_url=chat_server, headers={"Authorization": f"Bearer {key}"}, timeout=120) as client,
+        client.stream("POST", send_url(), json={"content": "Write a very long story about the sea."}) as response,
+    ):
+        deltas = 0
+        async for line in response.aiter_lines():
+            deltas += line == "event: delta"
+            if deltas >= 2:
+                break
+    for _ in range(100):
+        generation = await Generation.objects.aget(user=alice)
+        if generation.is_finished:
+            break
+        await asyncio.sleep(0.1)
+    assert generation.status == Generation.Status.STOPPED
+    answer = await Message.objects.aget(generation=generation)
+    assert answer.status == Message.Status.STOPPED

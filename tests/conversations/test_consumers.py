@@ -1,0 +1,205 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.db import database_sync_to_async
+
+from conversations.models import Message
+from conversations.services import message_send
+from inference.models import Generation
+from tests.conftest import drain_until_finished, next_event, open_socket
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def test_an_unauthenticated_socket_is_refused():
+    _, connected = await open_socket(None)
+    assert not connected
+
+
+async def test_a_socket_from_a_foreign_origin_is_refused(alice):
+    _, connected = await open_socket(alice, origin="http://evil.example")
+    assert not connected
+
+
+async def test_a_socket_without_an_origin_is_refused(alice):
+    _, connected = await open_socket(alice, origin="")
+    assert not connected
+
+
+async def test_it_refuses_to_send_into_another_users_conversation(alice, mallory):
+    sent = await database_sync_to_async(message_send)(user=alice, content="Alice's private question")
+    socket, connected = await open_socket(mallory)
+    assert connected
+    await socket.send_json_to({"type": "message.send", "conversation": sent.conversation.id, "content": "hi"})
+    reply = await next_event(socket, timeout=10)
+    assert reply == {"type": "error", "code": "not_found", "message": "That conversation does not exist."}
+    assert await sent.conversation.messages.acount() == 2
+    await socket.disconnect()
+
+
+async def test_it_refuses_to_stop_or_follow_another_users_answer(alice, mallory):
+    sent = await database_sync_to_async(message_send)(user=alice, content="Alice's question")
+    socket, _ = await open_socket(mallory)
+    for request in ({"type": "generation.stop"}, {"type": "generation.resume", "after_seq": 0}):
+        await socket.send_json_to({**request, "generation": str(sent.generation.id)})
+        assert (await next_event(socket, timeout=10))["code"] == "not_found"
+    generation = await Generation.objects.aget(id=sent.generation.id)
+    assert not generation.stop_requested
+    await socket.disconnect()
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        '{"type": "message.send", "content": ',
+        "[1, 2]",
+        '{"type": "nonsense"}',
+        '{"type": "generation.stop", "generation": "not-a-uuid"}',
+        '{"type": "message.send", "content": "hi", "conversation": "1; DROP TABLE"}',
+    ],
+)
+async def test_malformed_frames_get_an_error_and_change_nothing(alice, frame):
+    socket, _ = await open_socket(alice)
+    await socket.send_to(text_data=frame)
+    reply = await next_event(socket, timeout=10)
+    assert reply["type"] == "error"
+    assert not await Message.objects.aexists()
+    await socket.send_to(text_data='{"type": "nonsense"}')  # the socket is still usable
+    assert (await next_event(socket, timeout=10))["type"] == "error"
+    await socket.disconnect()
+
+
+@pytest.mark.engine
+async def test_a_message_streams_deltas_in_order_and_ends_with_done(engine, alice):
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to(
+        {"type": "message.send", "conversation": None, "content": "What is the capital of France?"}
+    )
+    events = await drain_until_finished(socket)
+    types = [e["type"] for e in events]
+    assert types[:2] == ["conversation.created", "message.accepted"]
+    deltas = [e for e in events if e["type"] == "generation.delta"]
+    done = events[-1]
+    assert done["type"] == "generation.done", done
+    assert deltas, "the answer should arrive as deltas"
+    seqs = [e["seq"] for e in deltas] + [done["seq"]]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert done["status"] == "complete"
+    assert done["usage"]["completion_tokens"] > 0
+    text = "".join(e["text"] for e in deltas)
+    assert text.strip()
+    answer = await Message.objects.aget(id=events[1]["assistant_message"]["id"])
+    assert answer.status == Message.Status.COMPLETE
+    assert answer.content == text
+    assert answer.token_count == done["usage"]["completion_tokens"]
+    await socket.disconnect()
+
+
+@pytest.mark.engine
+async def test_stop_ends_the_generation_in_the_engine_and_keeps_the_partial_text(engine, alice):
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to(
+        {"type": "message.send", "content": "Write a very long story about a dragon who learns to bake bread."}
+    )
+    accepted = None
+    deltas = []
+    while len(deltas) < 3:
+        event = await next_event(socket)
+        if event["type"] == "message.accepted":
+            accepted = event
+        elif event["type"] == "generation.delta":
+            deltas.append(event)
+    await socket.send_json_to({"type": "generation.stop", "generation": accepted["generation"]})
+    events = await drain_until_finished(socket)
+    done = events[-1]
+    assert done["type"] == "generation.done"
+    assert done["status"] == "stopped"
+    streamed = "".join(e["text"] for e in deltas + events if e["type"] == "generation.delta")
+    answer = await Message.objects.aget(id=accepted["assistant_message"]["id"])
+    assert answer.status == Message.Status.STOPPED
+    assert answer.content == streamed and streamed
+    # The engine itself no longer works on it, well before max_tokens would have ended it.
+    assert done["usage"]["completion_tokens"] < 400
+    for _ in range(100):
+        if not await engine.engine_requests():
+            break
+        await asyncio.sleep(0.05)
+    assert await engine.engine_requests() == 0
+    await socket.disconnect()
+
+
+@pytest.mark.engine
+async def test_a_reconnecting_client_resumes_from_the_last_seq_it_saw(engine, alice):
+    first, _ = await open_socket(alice)
+    await first.send_json_to({"type": "message.send", "content": "Name three colours of the rainbow."})
+    accepted, seen = None, []
+    while len(seen) < 2:
+        event = await next_event(first)
+        if event["type"] == "message.accepted":
+            accepted = event
+        elif event["type"] == "generation.delta":
+            seen.append(event)
+    await first.disconnect()  # e.g. a reload or a dropped connection
+
+    second, _ = await open_socket(alice)
+    await second.send_json_to(
+        {"type": "generation.resume", "generation": accepted["generation"], "after_seq": seen[-1]["seq"]}
+    )
+    rest = await drain_until_finished(second)
+    resumed = [e for e in rest if e["type"] == "generation.delta"]
+    assert [e["seq"] for e in resumed + [rest[-1]]] == list(range(seen[-1]["seq"] + 1, rest[-1]["seq"] + 1))
+    answer = await Message.objects.aget(id=accepted["assistant_message"]["id"])
+    assert answer.content == "".join(e["text"] for e in seen + resumed)
+    await second.disconnect()
+
+
+@pytest.mark.engine
+async def test_a_message_sent_while_the_model_loads_waits_for_it(engine, alice):
+    # The engine is already up here; what matters is that the runner waits on readiness, not that it
+    # races it: a send straight after connecting is answered, not refused.
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to({"type": "message.send", "content": "Say hello."})
+    events = await drain_until_finished(socket)
+    assert events[-1]["type"] == "generation.done"
+    await socket.disconnect()
+
+
+@pytest.mark.engine
+async def test_a_second_tab_on_the_same_conversation_sees_the_same_stream(engine, alice):
+    first, _ = await open_socket(alice)
+    second, _ = await open_socket(alice)
+    await first.send_json_to({"type": "message.send", "content": "List three fruits."})
+    accepted = None
+    while accepted is None:
+        event = await next_event(first)
+        accepted = event if event["type"] == "message.accepted" else None
+    # The second tab learns of the answer from the page (data-generation) and follows it from 0.
+    await second.send_json_to({"type": "generation.resume", "generation": accepted["generation"], "after_seq": 0})
+    in_first = [e for e in await drain_until_finished(first) if e["type"] == "generation.delta"]
+    second_events = await drain_until_finished(second)
+    in_second = [e for e in second_events if e["type"] == "generation.delta"]
+    assert second_events[-1]["type"] == "generation.done"
+    assert "".join(e["text"] for e in in_second) == "".join(e["text"] for e in in_first)
+    assert [e["seq"] for e in in_second] == [e["seq"] for e in in_first]
+    await first.disconnect()
+    await second.disconnect()
+
+
+@pytest.mark.engine
+async def test_a_failed_answer_is_regenerated_over_the_socket(engine, alice):
+    from inference.services import generation_finish
+
+    sent = await database_sync_to_async(message_send)(user=alice, content="Say hello to Alice.")
+    await database_sync_to_async(generation_finish)(
+        generation_id=sent.generation.id, status="failed", text="", error_code="worker_lost"
+    )
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to({"type": "message.regenerate", "message": sent.assistant_message.id})
+    events = await drain_until_finished(socket)
+    assert events[0]["type"] == "message.regenerating"
+    assert events[-1]["type"] == "generation.done"
+    answer = await Message.objects.aget(id=sent.assistant_message.id)
+    assert answer.status == Message.Status.COMPLETE and answer.content
+    await socket.disconnect()

@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.db import database_sync_to_async
+
+from conversations.models import Message
+from inference.models import Generation
+from moderation.defaults import DEFAULT_RULES
+from moderation.models import Flag
+from moderation.selectors import PolicySnapshot
+from moderation.services import ContentFiltered, OutputMonitor
+from tests.conftest import drain_until_finished, next_event, open_socket
+
+DEFAULT = PolicySnapshot(policy_id=None, name="defaults", rules=dict(DEFAULT_RULES))
+
+
+async def test_a_benign_answer_passes_sentence_by_sentence():
+    monitor = OutputMonitor(DEFAULT)
+    for piece in ["Paris is the capital ", "of France. It lies on ", "the Seine.", " Its museums are famous."]:
+        await monitor.feed(piece)
+    assert monitor.passed_text == "Paris is the capital of France. It lies on the Seine."
+    await monitor.feed("", final=True)
+    assert monitor.passed_text == monitor.text
+
+
+async def test_a_harmful_sentence_cuts_the_answer_and_keeps_what_passed_before_it():
+    monitor = OutputMonitor(DEFAULT)
+    await monitor.feed("Sure, I can explain how that works in general terms. ")
+    await monitor.feed("To build the pipe bomb, fill a metal pipe with powder and ")
+    with pytest.raises(ContentFiltered) as cut:
+        await monitor.feed("attach the fuse to the end caps. Then")
+    assert cut.value.shown_text == "Sure, I can explain how that works in general terms."
+    assert "pipe bomb" in cut.value.full_text
+    assert "illicit/violent" in cut.value.verdict.categories
+    assert cut.value.verdict.needs_review
+
+
+async def test_short_fragments_wait_to_be_scored_with_the_next_sentence():
+    monitor = OutputMonitor(DEFAULT)
+    await monitor.feed("Yes. And people should. ")
+    assert monitor.passed_text == ""  # too short to judge on its own
+    await monitor.feed("People should be kind to one another and respect their differences. ")
+    assert monitor.passed_text.startswith("Yes. And people should.")
+
+
+async def test_nothing_is_scored_until_a_sentence_ends_or_the_answer_does():
+    monitor = OutputMonitor(DEFAULT)
+    await monitor.feed("To build the pipe bomb, fill a metal pipe with powder and attach the fuse")
+    assert monitor.passed_text == ""
+    with pytest.raises(ContentFiltered):
+        await monitor.feed("", final=True)
+
+
+async def test_scoring_runs_off_the_event_loop():
+    monitor = OutputMonitor(DEFAULT)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.005)
+
+    ticker = asyncio.create_task(tick())
+    await monitor.feed("This is a perfectly ordinary sentence about gardening. " * 3)
+    ticker.cancel()
+    assert ticks > 1  # the loop kept turning while the sentence was classified
+
+
+async def test_an_answer_policy_with_output_moderation_off_is_never_cut():
+    from moderation.services import _Unmonitored
+
+    monitor = _Unmonitored(DEFAULT)
+    await monitor.feed("To build the pipe bomb, fill a metal pipe with powder. ", final=True)
+    assert monitor.passed_text == monitor.text
+
+
+def test_the_users_policy_decides_whether_answers_are_monitored(alice, make_policy):
+    from conversations.services import message_send
+    from moderation.services import _Unmonitored, output_monitor_for
+
+    generation = message_send(user=alice, content="Tell me about dragons.").generation
+    assert type(output_monitor_for(generation=generation)) is OutputMonitor
+    make_policy({"violence": (0.0, "block")}, moderate_output=False)
+    assert isinstance(output_monitor_for(generation=generation), _Unmonitored)
+    make_policy({"violence": (0.0, "block")})
+    monitor = output_monitor_for(generation=generation)
+    assert monitor.policy.rules == {"violence": (0.0, "block")}
+
+
+@pytest.mark.engine
+@pytest.mark.django_db(transaction=True)
+async def test_a_flagged_answer_is_cut_mid_stream_and_ends_with_content_filter(engine, alice, make_policy):
+    # A threshold of zero trips on the first sentence the real model writes.
+    await database_sync_to_async(make_policy)({"violence": (0.0, "block_and_review")}, moderate_input=False)
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to(
+        {"type": "message.send", "content": "Write a very long story about a dragon who learns to bake bread."}
+    )
+    accepted = None
+    while accepted is None:
+        event = await next_event(socket)
+        if event["type"] == "message.accepted":
+            accepted = event
+    events = await drain_until_finished(socket)
+    done = events[-1]
+    assert done["type"] == "generation.done", done
+    assert done["finish_reason"] == "content_filter"
+    assert done["status"] == "stopped"
+    assert done["text"] == ""  # the first sentence tripped: nothing passed
+    generation = await Generation.objects.aget(id=accepted["generation"])
+    assert generation.finish_reason == "content_filter"
+    assert generation.text == ""
+    assert done["usage"]["completion_tokens"] < generation.sampling["max_tokens"]
+    answer = await Message.objects.aget(id=accepted["assistant_message"]["id"])
+    assert answer.status == Message.Status.FLAGGED
+    assert answer.finish_reason == "content_filter"
+    flag = await Flag.objects.aget(message=answer)
+    assert flag.source == Flag.Source.OUTPUT
+    assert flag.categories == ["violence"]
+    assert flag.text.strip()  # what the model wrote is kept for the reviewer
+    assert flag.review_state == Flag.ReviewState.OPEN
+    # The engine itself stopped working on it.
+    for _ in range(40):
+        if not await engine.engine_requests():
+            break
+        await asyncio.sleep(0.05)
+    assert await engine.engine_requests() == 0
+    await socket.disconnect()
