@@ -72,23 +72,33 @@ async def test_a_worker_killed_mid_answer_ends_the_message_with_a_clear_error(en
 
 
 async def test_concurrent_generations_on_one_worker_share_the_engine(engine, make_user):
-    """N answers at once on one worker take far less than N times one (continuous batching)."""
+    """N answers at once on one worker run together in its engine, not one after another."""
     users = [await database_sync_to_async(make_user)(f"user{i}") for i in range(4)]
 
-    async def one(user) -> float:
+    async def one(user) -> tuple[float, float, int]:
+        """When its first token came, when it finished, and how many tokens it had."""
         socket, _ = await open_socket(user)
-        started = time.monotonic()
         await socket.send_json_to({"type": "message.send", "content": "Count from one to twenty in words."})
-        events = await drain_until_finished(socket)
-        assert events[-1]["type"] == "generation.done"
+        first_token_at = None
+        while True:
+            event = await next_event(socket)
+            if event["type"] == "generation.delta" and first_token_at is None:
+                first_token_at = time.monotonic()
+            if event["type"] in ("generation.done", "generation.error", "error"):
+                break
+        assert event["type"] == "generation.done", event
         await socket.disconnect()
-        return time.monotonic() - started, events[-1]["usage"]["completion_tokens"]
+        return first_token_at, time.monotonic(), event["usage"]["completion_tokens"]
 
-    single_time, single_tokens = await one(users[0])
+    started = time.monotonic()
+    _, single_done, single_tokens = await one(users[0])
+    single_rate = single_tokens / (single_done - started)
     started = time.monotonic()
     results = await asyncio.gather(*(one(u) for u in users))
-    together = time.monotonic() - started
-    tokens = sum(t for _, t in results)
-    # Compare token rates so different answer lengths do not matter. One at a time, four answers
-    # would run at the single rate; batched in one engine they run well above it.
-    assert tokens / together > 1.5 * (single_tokens / single_time)
+    together = max(done for _, done, _ in results) - started
+    # Served one after another, the last answer would start only when the first had finished.
+    # Batched in one engine, every answer is streaming before any of them ends.
+    assert max(first for first, _, _ in results) < min(done for _, done, _ in results)
+    # And together they run faster than one alone (how much faster depends on the machine's cores;
+    # docs/performance.md has the measured throughput at concurrency 8).
+    assert sum(tokens for _, _, tokens in results) / together > 1.2 * single_rate
