@@ -30,8 +30,8 @@ class PolicyRuleInline(admin.TabularInline):
 
 @admin.register(ModerationPolicy)
 class ModerationPolicyAdmin(admin.ModelAdmin):
-    list_display = ("name", "tier_name", "is_active", "moderate_input", "moderate_output", "updated_at")
-    list_filter = ("is_active",)
+    list_display = ("name", "tier", "is_active", "moderate_input", "moderate_output", "updated_at")
+    list_filter = ("is_active", "tier")
     inlines = [PolicyRuleInline]
 
 

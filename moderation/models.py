@@ -23,15 +23,17 @@ ACTION_SEVERITY = {Action.ALLOW: 0, Action.WARN: 1, Action.BLOCK: 2, Action.BLOC
 class ModerationPolicy(models.Model):
     """Thresholds and actions per category, for everyone or for one tier.
 
-    `tier_name` is a plain name until tiers exist as rows; an empty name is the global policy, used by
-    anyone whose tier has no active policy of its own.
+    A policy without a tier is the global policy, used by anyone whose tier has no active policy of
+    its own. At most one policy is active per tier, and one global.
     """
 
     name = models.CharField(max_length=100, unique=True)
-    tier_name = models.CharField(
-        max_length=64,
+    tier = models.ForeignKey(
+        "accounts.Tier",
+        null=True,
         blank=True,
-        default="",
+        on_delete=models.CASCADE,
+        related_name="moderation_policies",
         help_text="The tier this policy is for; empty for the global policy.",
     )
     is_active = models.BooleanField(default=True)
@@ -41,11 +43,18 @@ class ModerationPolicy(models.Model):
 
     class Meta:
         verbose_name_plural = "moderation policies"
-        ordering = ["tier_name", "name"]
+        ordering = ["tier__name", "name"]
         constraints = [
             models.UniqueConstraint(
-                fields=["tier_name"], condition=models.Q(is_active=True), name="one_active_policy_per_tier"
-            )
+                fields=["tier"],
+                condition=models.Q(is_active=True, tier__isnull=False),
+                name="one_active_policy_per_tier",
+            ),
+            models.UniqueConstraint(
+                fields=["is_active"],
+                condition=models.Q(is_active=True, tier__isnull=True),
+                name="one_active_global_policy",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from moderation.defaults import DEFAULT_RULES
 from moderation.models import Flag, ModerationPolicy
@@ -20,23 +20,16 @@ class PolicySnapshot:
     moderate_output: bool = True
 
 
-def user_tier_name(*, user: Any) -> str:
-    """The name of the user's plan (the default plan when none is set); policies are keyed on it."""
+def policy_for_user(*, user: Any) -> PolicySnapshot:
+    """The active policy for the user's tier, else the active global one, else the built-in defaults."""
     from accounts.selectors import tier_for_user_or_none
 
     tier = tier_for_user_or_none(user=user)
-    return tier.name if tier is not None else ""
-
-
-def policy_for_user(*, user: Any) -> PolicySnapshot:
-    """The active policy for the user's tier, else the active global one, else the built-in defaults."""
-    tier_name = user_tier_name(user=user)
-    candidates = ModerationPolicy.objects.filter(is_active=True, tier_name__in={tier_name, ""}).prefetch_related(
-        "rules"
-    )
+    applies = Q(tier__isnull=True) if tier is None else Q(tier__isnull=True) | Q(tier=tier)
+    candidates = ModerationPolicy.objects.filter(applies, is_active=True).prefetch_related("rules")
     chosen = None
     for policy in candidates:
-        if chosen is None or policy.tier_name:
+        if chosen is None or policy.tier_id is not None:
             chosen = policy
     if chosen is None:
         return PolicySnapshot(policy_id=None, name="built-in defaults", rules=dict(DEFAULT_RULES))

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from accounts.models import Tier
 from moderation.models import ModerationPolicy, PolicyRule
 
 
@@ -12,8 +13,9 @@ def make_policy(db):
     made = []
 
     def make(rules: dict[str, tuple[float, str]], *, tier_name: str = "", name: str | None = None, **fields):
-        ModerationPolicy.objects.filter(tier_name=tier_name, is_active=True).update(is_active=False)
-        policy = ModerationPolicy.objects.create(name=name or f"policy {len(made) + 1}", tier_name=tier_name, **fields)
+        tier = Tier.objects.get(name=tier_name) if tier_name else None
+        ModerationPolicy.objects.filter(tier=tier, is_active=True).update(is_active=False)
+        policy = ModerationPolicy.objects.create(name=name or f"policy {len(made) + 1}", tier=tier, **fields)
         PolicyRule.objects.bulk_create(
             PolicyRule(policy=policy, category=category, threshold=threshold, action=action)
             for category, (threshold, action) in rules.items()
