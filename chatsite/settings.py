@@ -182,6 +182,11 @@ CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 32_000, minimum=1)
 # CPU threads for the moderation classifiers' forward pass. One: a short text gains nothing from more,
 # and a multi-threaded pass stalls at every barrier when an engine on the same cores holds them.
 MODERATION_CPU_THREADS = env_int("MODERATION_CPU_THREADS", 1, minimum=1)
+# An optional guard model (Llama Guard) behind an OpenAI-compatible endpoint: an extra input classifier.
+MODERATION_GUARD_URL = env_url("MODERATION_GUARD_URL", ("http", "https"))
+MODERATION_GUARD_MODEL = env_str("MODERATION_GUARD_MODEL", "meta-llama/Llama-Guard-3-8B")
+MODERATION_GUARD_API_KEY = env_str("MODERATION_GUARD_API_KEY", "")
+MODERATION_GUARD_TIMEOUT_S = env_float("MODERATION_GUARD_TIMEOUT_S", 2.0, minimum=0.1)
 
 # --- celery --------------------------------------------------------------------------------------
 # Deliberate choices, explained in docs/production.md:

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from chatsite.errors import ClientError
 from moderation.classifiers import CATEGORIES, PROMPT_INJECTION, Scores, score_text, score_texts, warm_up_in_background
+from moderation.guard import combined_with_guard
 from moderation.models import ACTION_SEVERITY, Action, Flag
 from moderation.selectors import PolicySnapshot, policy_for_user
 
@@ -113,7 +114,8 @@ def input_moderate(*, user: Any, text: str) -> Verdict:
     policy = policy_for_user(user=user)
     if not policy.moderate_input:
         return ALLOW
-    return verdict_from_scores(scores=score_text(text, injection=True), policy=policy)
+    scores = combined_with_guard(score_text(text, injection=True), text)
+    return verdict_from_scores(scores=scores, policy=policy)
 
 
 def flag_create(*, user: Any, message: Any, source: str, text: str, verdict: Verdict) -> Flag:
@@ -284,7 +286,8 @@ def moderations_create(*, inputs: list[str], model: str | None = None) -> dict[s
             "'input' must be a string or a non-empty list of strings.", code="invalid_input", param="input"
         )
     results = []
-    for scores in score_texts(inputs):
+    for text, scores in zip(inputs, score_texts(inputs), strict=True):
+        scores = combined_with_guard(scores, text)
         categories = {c: scores.categories[c] >= API_THRESHOLD for c in CATEGORIES}
         results.append(
             {
