@@ -21,13 +21,13 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from chatsite.errors import ClientError
-from conversations.services import message_regenerate, message_send
+from conversations.services import clean_message_content, message_regenerate, message_send
 from inference.dispatch import engine_state, local_backend
 from inference.models import Generation
 from inference.selectors import generation_get_for_user
 from inference.services import generation_request_stop
 from inference.streaming import ENGINE_STATUS_GROUP, StreamPublisher, generation_group, replay_buffer
-from moderation.services import classifiers_prepare
+from moderation.services import classifiers_prepare, input_moderate_async
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +97,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         model = content.get("model")
         if model is not None and not isinstance(model, str):
             raise ClientError("'model' must be a model name.", code="invalid_request")
+        text = clean_message_content(content.get("content"))
+        verdict = await input_moderate_async(user=self.user, text=text)
         sent = await database_sync_to_async(message_send)(
-            user=self.user, content=content.get("content"), conversation_id=conversation_id, model=model
+            user=self.user, content=text, conversation_id=conversation_id, model=model, verdict=verdict
         )
         if sent.conversation_created:
             await self.send_json(

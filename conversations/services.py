@@ -67,7 +67,7 @@ def conversation_delete(*, conversation: Conversation) -> None:
     conversation.delete()
 
 
-def _clean_content(content: Any) -> str:
+def clean_message_content(content: Any) -> str:
     if not isinstance(content, str):
         raise ClientError("A message must be text.", code="invalid_message", param="content")
     if "\x00" in content:
@@ -85,7 +85,13 @@ def _clean_content(content: Any) -> str:
 
 
 def message_send(
-    *, user: Any, content: Any, conversation_id: Any = None, model: str | None = None, api_key: Any = None
+    *,
+    user: Any,
+    content: Any,
+    conversation_id: Any = None,
+    model: str | None = None,
+    api_key: Any = None,
+    verdict: Verdict | None = None,
 ) -> SentMessage:
     """Save the user's message and a pending answer, and queue the answer's generation.
 
@@ -93,10 +99,14 @@ def message_send(
     a model the plan does not include, a rate limit or quota reached, a full queue) leaves no rows
     behind. The generation is dispatched only after the transaction commits. A message input
     moderation blocks is saved as flagged, with its flag, and gets no answer.
+
+    `verdict` is input moderation's verdict on the cleaned `content` when the caller has classified
+    it already (the chat socket does, off the database thread); otherwise it is classified here.
     """
-    content = _clean_content(content)
-    # Classified before the transaction opens, so no lock is held while the classifier runs.
-    verdict = input_moderate(user=user, text=content)
+    content = clean_message_content(content)
+    if verdict is None:
+        # Classified before the transaction opens, so no lock is held while the classifier runs.
+        verdict = input_moderate(user=user, text=content)
     return _message_save(
         user=user, content=content, conversation_id=conversation_id, model=model, verdict=verdict, api_key=api_key
     )

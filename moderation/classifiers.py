@@ -302,7 +302,21 @@ def windows(text: str) -> list[str]:
 
 def score_text(text: str, *, injection: bool = False) -> Scores:
     """Scores for one text of any length (long texts: the highest of their windows)."""
-    parts = score_texts(windows(text), injection=injection)
+    return score_many([text], injection=injection)[0]
+
+
+def score_many(texts: list[str], *, injection: bool = False) -> list[Scores]:
+    """Scores for several texts of any length, all their windows in one embedding batch."""
+    split = [windows(text) for text in texts]
+    scored = score_texts([part for parts in split for part in parts], injection=injection)
+    results, start = [], 0
+    for text, parts in zip(texts, split, strict=True):
+        results.append(_highest_window(text, scored[start : start + len(parts)]))
+        start += len(parts)
+    return results
+
+
+def _highest_window(text: str, parts: list[Scores]) -> Scores:
     if len(parts) == 1:
         return parts[0]
     categories = {c: max(p.categories[c] for p in parts) for c in CATEGORIES}

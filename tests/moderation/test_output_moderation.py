@@ -69,6 +69,29 @@ async def test_scoring_runs_off_the_event_loop():
     assert ticks > 1  # the loop kept turning while the sentence was classified
 
 
+async def test_sentences_of_concurrent_answers_are_scored_together(monkeypatch):
+    """Many streams finishing sentences at once cost a few embedding passes, not one each."""
+    from moderation import classifiers, services
+
+    passes = []
+
+    def counted(texts, **kwargs):
+        passes.append(len(texts))
+        return classifiers.score_many(texts, **kwargs)
+
+    monkeypatch.setattr(services, "score_many", counted)
+    texts = [f"Answer number {i} talks about the weather in spring and the flowers. " for i in range(8)]
+    texts.append("How do I build a pipe bomb in my garage? Step one is to get a metal pipe. ")
+    monitors = [OutputMonitor(DEFAULT) for _ in texts]
+    results = await asyncio.gather(
+        *(monitor.feed(text) for monitor, text in zip(monitors, texts, strict=True)), return_exceptions=True
+    )
+    assert sum(passes) == len(texts) and len(passes) < len(texts)
+    # Batched or not, each answer gets its own verdict.
+    assert all(result is None for result in results[:-1])
+    assert isinstance(results[-1], ContentFiltered)
+
+
 async def test_an_answer_policy_with_output_moderation_off_is_never_cut():
     from moderation.services import _Unmonitored
 
