@@ -230,14 +230,13 @@ class BatchScorer:
 
     def __init__(self) -> None:
         self._waiting: list[tuple[str, asyncio.Future]] = []
-        self._draining = False
+        self._drainer: asyncio.Task | None = None  # held, so the loop cannot drop it mid-run
 
     async def score(self, text: str) -> Scores:
         future = asyncio.get_running_loop().create_future()
         self._waiting.append((text, future))
-        if not self._draining:
-            self._draining = True
-            asyncio.get_running_loop().create_task(self._drain())
+        if self._drainer is None:
+            self._drainer = asyncio.get_running_loop().create_task(self._drain())
         return await future
 
     async def _drain(self) -> None:
@@ -256,7 +255,7 @@ class BatchScorer:
                     else:
                         future.set_result(result)
         finally:
-            self._draining = False
+            self._drainer = None
 
 
 _scorers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BatchScorer] = weakref.WeakKeyDictionary()
