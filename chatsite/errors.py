@@ -102,3 +102,29 @@ def validated_json_body(body: bytes, serializer_class: Any) -> dict[str, Any]:
             detail = detail[0] if isinstance(detail, list) else detail
         raise ClientError(f"Invalid '{field}': {detail}", code="invalid_value", param=field)
     return serializer.validated_data
+
+
+API_PREFIXES = ("/api/", "/v1/")
+
+
+def not_found(request: Any, exception: Exception | None = None) -> Any:
+    """A URL nothing serves: OpenAI's error shape under the APIs (`/api/conversations/abc/`), the site's
+    page elsewhere. Django calls this only when DEBUG is off."""
+    from django.http import JsonResponse
+    from django.views.defaults import page_not_found
+
+    if request.path.startswith(API_PREFIXES):
+        body = error_body(message=f"Nothing is served at {request.path}.", status=404, code="not_found")
+        return JsonResponse(body, status=404)
+    return page_not_found(request, exception)
+
+
+def server_error(request: Any) -> Any:
+    """An unhandled error: OpenAI's error shape under the APIs, the site's page elsewhere."""
+    from django.http import JsonResponse
+    from django.views.defaults import server_error as server_error_page
+
+    if request.path.startswith(API_PREFIXES):
+        body = error_body(message="The server failed to handle this request.", status=500, code="internal_error")
+        return JsonResponse(body, status=500)
+    return server_error_page(request)

@@ -26,3 +26,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("", include("conversations.urls")),
 ]
+
+handler404 = "chatsite.errors.not_found"
+handler500 = "chatsite.errors.server_error"

@@ -1,0 +1,45 @@
+"""Errors outside any view: a URL nothing serves and an unhandled exception, under the APIs and elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client, override_settings
+from django.urls import path
+
+from chatsite import urls as site_urls
+
+
+def test_an_api_url_nothing_serves_answers_in_the_openai_shape(client, alice):
+    client.force_login(alice)
+    for url in ("/api/conversations/not-a-number/", "/v1/no-such-endpoint"):
+        response = client.get(url)
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "not_found"
+        assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_page_nothing_serves_is_the_sites_404_page(client):
+    response = client.get("/no-such-page/")
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("text/html")
+
+
+def _boom(request):
+    raise RuntimeError("boom")
+
+
+# This module doubles as a URLconf: the site's URLs and handlers, plus a view that always fails.
+urlpatterns = [path("api/boom/", _boom), path("boom/", _boom), *site_urls.urlpatterns]
+handler404 = site_urls.handler404
+handler500 = site_urls.handler500
+
+
+@pytest.mark.django_db
+@override_settings(ROOT_URLCONF=__name__)
+def test_an_unhandled_error_under_the_api_answers_in_the_openai_shape():
+    client = Client(raise_request_exception=False)
+    response = client.get("/api/boom/")
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "internal_error"
+    assert "boom" not in response.content.decode()  # no internals leak
+    assert client.get("/boom/")["Content-Type"].startswith("text/html")
