@@ -22,6 +22,7 @@ from django.conf import settings
 
 from chatsite.errors import ClientError
 from conversations.services import clean_message_content, message_regenerate, message_send
+from inference import openai_format as wire
 from inference.dispatch import engine_state, local_backend
 from inference.models import Generation
 from inference.selectors import generation_get_for_user
@@ -242,8 +243,4 @@ def _is_uuid(value: str) -> bool:
 
 
 def _usage(generation: Generation) -> dict[str, int]:
-    return {
-        "prompt_tokens": generation.prompt_tokens,
-        "completion_tokens": generation.completion_tokens,
-        "total_tokens": generation.prompt_tokens + generation.completion_tokens,
-    }
+    return wire.usage(generation.prompt_tokens, generation.completion_tokens)

@@ -169,7 +169,7 @@ async def _stream(ids: list[str], meta: dict[str, Any], include_usage: bool):
                 **meta, choices=[wire.delta_choice(i, role="assistant", content="")], include_usage=include_usage
             )
         )
-    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    usage = wire.usage(0, 0)
     async for event in _stopping_on_disconnect(ids):
         i = index[event["generation"]]
         if event["type"] == "generation.delta":
@@ -197,7 +197,7 @@ async def _stream(ids: list[str], meta: dict[str, Any], include_usage: bool):
 async def _complete(ids: list[str], meta: dict[str, Any]) -> JsonResponse:
     index = {generation_id: i for i, generation_id in enumerate(ids)}
     texts, reasons = [""] * len(ids), ["stop"] * len(ids)
-    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    usage = wire.usage(0, 0)
     async for event in _stopping_on_disconnect(ids):
         i = index[event["generation"]]
         if event["type"] == "generation.delta":
@@ -218,13 +218,7 @@ async def _complete(ids: list[str], meta: dict[str, Any]) -> JsonResponse:
 def _add_usage(total: dict[str, int], usage: dict[str, int], *, first: bool) -> dict[str, int]:
     """n choices share one prompt: count its tokens once, every choice's completion."""
     prompt = usage.get("prompt_tokens", 0) if first else 0
-    completion_tokens = total["completion_tokens"] + usage.get("completion_tokens", 0)
-    prompt_tokens = total["prompt_tokens"] + prompt
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
+    return wire.usage(total["prompt_tokens"] + prompt, total["completion_tokens"] + usage.get("completion_tokens", 0))
 
 
 class ModelListApi(APIView):

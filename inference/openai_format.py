@@ -13,6 +13,15 @@ __all__ = ["error_body"]
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "stop", "content_filter": "content_filter"}
 
 
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """Token counts as OpenAI reports them (the chat socket's `generation.done` uses the same shape)."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
 def finish_reason(reason: str | None) -> str:
     return FINISH_REASONS.get(reason or "stop", "stop")
 

@@ -19,6 +19,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.conf import settings
 
+from inference import openai_format as wire
 from inference.engine import EngineRequestError, EngineUnavailable, engine_host_for
 from inference.models import Generation
 from inference.selectors import engine_spec_for
@@ -171,11 +172,7 @@ class Runner:
             await publisher.finish(
                 status=status,
                 finish_reason=progress["finish_reason"],
-                usage={
-                    "prompt_tokens": progress["prompt_tokens"],
-                    "completion_tokens": progress["completion_tokens"],
-                    "total_tokens": progress["prompt_tokens"] + progress["completion_tokens"],
-                },
+                usage=wire.usage(progress["prompt_tokens"], progress["completion_tokens"]),
                 text=text if filtered is not None else None,
             )
 
