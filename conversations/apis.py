@@ -35,7 +35,14 @@ from accounts.models import ApiKey
 from chatsite.errors import ClientError, error_body, validated_json_body
 from conversations.models import Conversation
 from conversations.selectors import conversation_get_for_user, conversation_list_for_user, message_list
-from conversations.services import conversation_delete, conversation_rename, conversation_start, message_send
+from conversations.services import (
+    clean_message_content,
+    conversation_delete,
+    conversation_rename,
+    conversation_start,
+    message_send,
+)
+from moderation.services import input_moderate_async
 
 READ, WRITE, CHAT = ApiKey.Scope.CONVERSATIONS_READ, ApiKey.Scope.CONVERSATIONS_WRITE, ApiKey.Scope.CHAT
 
@@ -241,17 +248,14 @@ def _session(request: HttpRequest) -> tuple[Any, None] | None:
     return user, None
 
 
-def _send(request: HttpRequest, conversation_id: int | None):
+def _send_request(request: HttpRequest) -> tuple[Any, Any, dict[str, Any]]:
+    """The caller and the validated body of a send."""
     user, api_key = _authenticate(request)
     try:
         body = request.body
     except RequestDataTooBig:
         raise ClientError("The request body is too large.", code="request_too_large", status=413) from None
-    data = validated_json_body(body, MessageSendInputSerializer)
-    model = data["model"] if conversation_id is None else None
-    return message_send(
-        user=user, content=data["content"], conversation_id=conversation_id, model=model, api_key=api_key
-    )
+    return user, api_key, validated_json_body(body, MessageSendInputSerializer)
 
 
 def sse(event: str, data: dict[str, Any]) -> str:
@@ -265,7 +269,18 @@ async def message_send_stream(request: HttpRequest, conversation_id: int | None 
         return _json_error(ClientError("Use POST.", code="method_not_allowed", status=405))
     try:
         # Django's request cycle already manages this thread's connection (unlike a consumer's).
-        sent = await sync_to_async(_send)(request, conversation_id)
+        user, api_key, data = await sync_to_async(_send_request)(request)
+        content = clean_message_content(data["content"])
+        # Classified beside the database thread, which every request in this process shares.
+        verdict = await input_moderate_async(user=user, text=content)
+        sent = await sync_to_async(message_send)(
+            user=user,
+            content=content,
+            conversation_id=conversation_id,
+            model=data["model"] if conversation_id is None else None,
+            api_key=api_key,
+            verdict=verdict,
+        )
     except ClientError as exc:
         return _json_error(exc)
     response = StreamingHttpResponse(

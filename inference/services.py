@@ -130,16 +130,23 @@ def generation_request_stop(*, generation: Generation) -> Generation | None:
     return ended
 
 
-def completion_create(*, user: Any, api_key: Any, request: dict[str, Any]) -> list[Generation]:
+def newest_user_text(request: dict[str, Any]) -> str:
+    """What input moderation judges in a chat completion: its newest user message (validation ensures one)."""
+    return next(m["content"] for m in reversed(request["messages"]) if m["role"] == "user")
+
+
+def completion_create(*, user: Any, api_key: Any, request: dict[str, Any], verdict: Any = None) -> list[Generation]:
     """Moderate the newest user message, then queue the completion (see _completion_queue).
 
-    Classified before the transaction opens, so no lock is held while the classifier runs. A
-    blocked request is refused with 400 `content_policy_violation` and nothing is queued.
+    Classified before the transaction opens, so no lock is held while the classifier runs, unless
+    the caller passes the `verdict` on `newest_user_text(request)` (the API view classifies off the
+    database thread). A blocked request is refused with 400 `content_policy_violation` and nothing
+    is queued.
     """
     from moderation.services import input_moderate
 
-    newest = next(m["content"] for m in reversed(request["messages"]) if m["role"] == "user")
-    verdict = input_moderate(user=user, text=newest)
+    if verdict is None:
+        verdict = input_moderate(user=user, text=newest_user_text(request))
     if verdict.blocks:
         raise ClientError(verdict.explanation(), code="content_policy_violation", param="messages")
     return _completion_queue(user=user, api_key=api_key, request=request)

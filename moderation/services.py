@@ -128,10 +128,14 @@ def input_moderate(*, user: Any, text: str) -> Verdict:
 async def input_moderate_async(*, user: Any, text: str) -> Verdict:
     """`input_moderate` for the event loop: the policy through the database thread, the scoring in a
     thread of its own, so one message's classifying never queues the database work of other sockets
-    behind it (all of a process's database calls share one thread)."""
-    from channels.db import database_sync_to_async
+    behind it (all of a process's database calls share one thread).
 
-    policy = await database_sync_to_async(policy_for_user)(user=user)
+    Plain `sync_to_async`, not Channels' wrapper: that one closes the thread's connection when it
+    is old, which inside an HTTP request would pull it from under the request's own work.
+    """
+    from asgiref.sync import sync_to_async
+
+    policy = await sync_to_async(policy_for_user)(user=user)
     if not policy.moderate_input:
         return ALLOW
     scores = await asyncio.to_thread(_input_scores, text)
