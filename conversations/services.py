@@ -101,7 +101,8 @@ def message_send(
     moderation blocks is saved as flagged, with its flag, and gets no answer.
 
     `verdict` is input moderation's verdict on the cleaned `content` when the caller has classified
-    it already (the chat socket does, off the database thread); otherwise it is classified here.
+    it already (the chat socket and the send API do, off the database thread); otherwise it is
+    classified here.
     """
     content = clean_message_content(content)
     if verdict is None:
