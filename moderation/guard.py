@@ -25,7 +25,7 @@ from typing import Any
 
 from django.conf import settings
 
-from moderation.classifiers import CATEGORIES, PARENT, Scores
+from moderation.classifiers import Scores, with_floors
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +66,7 @@ def combined_with_guard(scores: Scores, text: str) -> Scores:
     guard_scores = _ask_guard(text)
     if not guard_scores:
         return scores
-    categories = dict(scores.categories)
-    for category, score in guard_scores.items():
-        categories[category] = max(categories[category], score)
-    for sub, parent in PARENT.items():
-        categories[parent] = max(categories[parent], categories[sub])
-    return Scores({c: categories[c] for c in CATEGORIES}, scores.injection)
+    return Scores(with_floors(scores.categories, guard_scores), scores.injection)
 
 
 # One client (and its connection pool) per configuration, made on first use.
