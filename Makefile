@@ -15,7 +15,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 # A Redis database of the tests' own: the suite empties it when it starts.
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: run test install install-dev model migrate lint topology benchmark benchmark-moderation clean
+.PHONY: run test install install-dev model migrate lint topology topology-database benchmark benchmark-moderation clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -53,10 +53,13 @@ run: model migrate
 # PostgreSQL and Redis. Scale out with more of each (honcho start -c web=2,worker=1 or separate hosts).
 TOPOLOGY_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/chatsite
 TOPOLOGY_REDIS_URL ?= redis://127.0.0.1:6379/0
-topology: model
+# The topology's own PostgreSQL database, created when missing (the benchmark uses it too).
+topology-database: install
 	$(PY) -c "import psycopg, sys; url = sys.argv[1]; base, name = url.rsplit('/', 1); \
 		c = psycopg.connect(base + '/postgres', autocommit=True); \
 		c.execute('CREATE DATABASE ' + name) if not c.execute('SELECT 1 FROM pg_database WHERE datname = %s', (name,)).fetchone() else None" "$(TOPOLOGY_DATABASE_URL)"
+
+topology: model topology-database
 	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) manage.py migrate --noinput
 	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) manage.py collectstatic --noinput -v0
 	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 HOST=$(HOST) PORT=$(PORT) \
@@ -80,7 +83,7 @@ test: install-dev model
 	elif [ -n "$$CI" ]; then echo "PostgreSQL ($(TEST_DATABASE_URL)) or Redis ($(TEST_REDIS_URL)) is not reachable, and CI must test on them"; exit 1; \
 	else echo "PostgreSQL ($(TEST_DATABASE_URL)) or Redis ($(TEST_REDIS_URL)) is not reachable: skipped the production-topology run"; fi
 
-benchmark: model
+benchmark: model topology-database
 	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) benchmarks/stream_overhead.py
 
 benchmark-moderation: install
