@@ -23,7 +23,7 @@ from inference import openai_format as wire
 from inference.engine import EngineRequestError, EngineUnavailable, engine_host_for
 from inference.models import Generation
 from inference.selectors import engine_spec_for
-from inference.services import generation_claim, generation_finish
+from inference.services import generation_claim, generation_finish, generation_mark_started
 from inference.streaming import StreamPublisher
 from moderation.services import CONTENT_FILTER, ContentFiltered, output_flag_create, output_monitor_for
 
@@ -105,6 +105,9 @@ class Runner:
 
         stream = asyncio.create_task(pump(), name=f"generation-{key}")
         self._streams[key] = stream
+        # The message shows as streaming once the engine request is under way, not before it starts.
+        marking = asyncio.ensure_future(database_sync_to_async(generation_mark_started)(generation=generation))
+        marking.add_done_callback(_log_failure)
         status, error_code, error_message = Generation.Status.COMPLETE, "", ""
         try:
             async with asyncio.timeout(settings.INFERENCE_GENERATION_TIMEOUT_S):

@@ -57,20 +57,27 @@ def generation_create(
     return generation
 
 
-@transaction.atomic
 def generation_claim(*, generation_id: Any, worker: str) -> Generation | None:
     """Move a queued generation to running for `worker`; None when someone else already has it.
 
-    The conditional update is the lock: of two deliveries of the same task only one claims it.
+    The conditional update is the lock: of two deliveries of the same task only one claims it. Two
+    statements and no transaction around them, as it sits between a message and its first token;
+    the claimed row cannot change under the read (only its runner ends it).
     """
     claimed = Generation.objects.filter(id=generation_id, status=Generation.Status.QUEUED, stop_requested=False).update(
         status=Generation.Status.RUNNING, worker=worker, started_at=timezone.now()
     )
     if not claimed:
         return None
-    generation = Generation.objects.select_related("deployment").get(id=generation_id)
+    return Generation.objects.select_related("deployment", "user").get(id=generation_id)
+
+
+@transaction.atomic
+def generation_mark_started(*, generation: Generation) -> None:
+    """Tell the rest of the site a claimed generation is running (its message shows as streaming).
+
+    The runner calls it once the engine request is under way, off the path to the first token."""
     generation_started.send(sender=Generation, generation=generation)
-    return generation
 
 
 @transaction.atomic

@@ -4,5 +4,5 @@ from django.dispatch import Signal
 
 # Sent inside generation_finish's transaction with `generation` (the finished row).
 generation_finished = Signal()
-# Sent inside generation_claim's transaction with `generation` (now running).
+# Sent by generation_mark_started, in a transaction, with `generation` (claimed and running).
 generation_started = Signal()

@@ -7,7 +7,7 @@ from conversations.models import Conversation, Message
 from conversations.services import conversation_rename, message_send
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
 from inference.models import Generation
-from inference.services import generation_claim, generation_finish, generation_request_stop
+from inference.services import generation_claim, generation_finish, generation_mark_started, generation_request_stop
 
 
 def test_sending_a_first_message_creates_the_conversation_and_a_pending_answer(alice):
@@ -62,7 +62,11 @@ def test_a_second_message_waits_for_the_answer_in_progress(alice):
 
 def test_the_answer_follows_its_generation_from_pending_to_complete(alice):
     sent = message_send(user=alice, content="Hi")
-    assert generation_claim(generation_id=sent.generation.id, worker="test") is not None
+    generation = generation_claim(generation_id=sent.generation.id, worker="test")
+    assert generation is not None
+    sent.assistant_message.refresh_from_db()
+    assert sent.assistant_message.status == Message.Status.PENDING
+    generation_mark_started(generation=generation)
     sent.assistant_message.refresh_from_db()
     assert sent.assistant_message.status == Message.Status.STREAMING
     generation_finish(
