@@ -9,6 +9,7 @@ aborted engine request and a `content_filter` ending.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import re
 import uuid
@@ -16,6 +17,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
@@ -138,12 +140,22 @@ async def input_moderate_async(*, user: Any, text: str) -> Verdict:
     policy = await sync_to_async(policy_for_user)(user=user)
     if not policy.moderate_input:
         return ALLOW
-    scores = await asyncio.to_thread(_input_scores, text)
+    # Messages arriving together (eight sockets sending at once) are scored in one pass.
+    scores = await input_scorer().score(text)
     return verdict_from_scores(scores=scores, policy=policy)
 
 
 def _input_scores(text: str) -> Scores:
     return combined_with_guard(score_text(text, injection=True), text)
+
+
+def _input_scores_many(texts: list[str]) -> list[Scores]:
+    scored = score_many(texts, injection=True)
+    if len(texts) == 1 or not settings.MODERATION_GUARD_URL:
+        return [combined_with_guard(scores, text) for scores, text in zip(scored, texts, strict=True)]
+    # The guard model is asked about every message of the batch at once, not one after another.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(texts)) as pool:
+        return list(pool.map(combined_with_guard, scored, texts))
 
 
 def flag_create(*, user: Any, message: Any, source: str, text: str, verdict: Verdict) -> Flag:
@@ -223,7 +235,8 @@ class OutputMonitor:
 
 
 class BatchScorer:
-    """Scores the sentences of every answer streaming on one event loop together.
+    """Scores the sentences of every answer streaming on one event loop together (and, in a scorer
+    of its own, the messages sent together).
 
     While one embedding pass runs (in a thread, off the loop), the sentences other streams complete
     wait, and the next pass scores all of them at once: with eight answers streaming, one forward
@@ -232,7 +245,8 @@ class BatchScorer:
     scored at once.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, score: Any = None) -> None:
+        self._score = score  # texts -> their Scores, in order; None: the classifiers' score_many
         self._waiting: list[tuple[str, asyncio.Future]] = []
         self._drainer: asyncio.Task | None = None  # held, so the loop cannot drop it mid-run
 
@@ -248,7 +262,7 @@ class BatchScorer:
             while self._waiting:
                 batch, self._waiting = self._waiting, []
                 try:
-                    results = await asyncio.to_thread(score_many, [text for text, _ in batch])
+                    results = await asyncio.to_thread(self._score or score_many, [text for text, _ in batch])
                 except Exception as exc:
                     results = [exc] * len(batch)
                 for (_, future), result in zip(batch, results, strict=True):
@@ -271,6 +285,17 @@ def output_scorer() -> BatchScorer:
     if loop not in _scorers:
         _scorers[loop] = BatchScorer()
     return _scorers[loop]
+
+
+_input_scorers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BatchScorer] = weakref.WeakKeyDictionary()
+
+
+def input_scorer() -> BatchScorer:
+    """The running loop's batch scorer for incoming messages (prompt-injection score and guard model included)."""
+    loop = asyncio.get_running_loop()
+    if loop not in _input_scorers:
+        _input_scorers[loop] = BatchScorer(score=_input_scores_many)
+    return _input_scorers[loop]
 
 
 class _Unmonitored(OutputMonitor):

@@ -173,3 +173,23 @@ async def test_the_socket_tells_the_user_their_message_was_held_back(alice, monk
     message = await Message.objects.aget(id=blocked["user_message"]["id"])
     assert message.status == Message.Status.FLAGGED
     await socket.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_messages_sent_together_are_classified_together(alice, monkeypatch):
+    """Eight sockets sending at once cost a few embedding passes, not one each, and get their own verdicts."""
+    import asyncio
+
+    from moderation import classifiers, services
+
+    passes = []
+
+    def counted(texts, **kwargs):
+        passes.append(len(texts))
+        return classifiers.score_many(texts, **kwargs)
+
+    monkeypatch.setattr(services, "score_many", counted)
+    texts = [f"Tell me about the history of the town of Sample number {i}." for i in range(7)] + [BOMB]
+    verdicts = await asyncio.gather(*(services.input_moderate_async(user=alice, text=text) for text in texts))
+    assert sum(passes) == len(texts) and len(passes) < len(texts)
+    assert [verdict.blocks for verdict in verdicts] == [False] * 7 + [True]
