@@ -180,6 +180,8 @@ async def test_messages_sent_together_are_classified_together(alice, monkeypatch
     """Eight sockets sending at once cost a few embedding passes, not one each, and get their own verdicts."""
     import asyncio
 
+    from asgiref.sync import sync_to_async
+
     from moderation import classifiers, services
 
     passes = []
@@ -189,6 +191,9 @@ async def test_messages_sent_together_are_classified_together(alice, monkeypatch
         return classifiers.score_many(texts, **kwargs)
 
     monkeypatch.setattr(services, "score_many", counted)
+    # The policy read first, once: the test is about the scoring, which must not see the sends staggered.
+    policy = await sync_to_async(policy_for_user)(user=alice)
+    monkeypatch.setattr(services, "policy_for_user", lambda *, user: policy)
     texts = [f"Tell me about the history of the town of Sample number {i}." for i in range(7)] + [BOMB]
     verdicts = await asyncio.gather(*(services.input_moderate_async(user=alice, text=text) for text in texts))
     assert sum(passes) == len(texts) and len(passes) < len(texts)
