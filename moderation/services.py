@@ -28,7 +28,6 @@ from moderation.classifiers import (
     PROMPT_INJECTION,
     Scores,
     score_many,
-    score_text,
     warm_up_in_background,
 )
 from moderation.guard import combined_with_guard
@@ -146,7 +145,7 @@ async def input_moderate_async(*, user: Any, text: str) -> Verdict:
 
 
 def _input_scores(text: str) -> Scores:
-    return combined_with_guard(score_text(text, injection=True), text)
+    return _input_scores_many([text])[0]
 
 
 def _input_scores_many(texts: list[str]) -> list[Scores]:
@@ -276,26 +275,24 @@ class BatchScorer:
             self._drainer = None
 
 
-_scorers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BatchScorer] = weakref.WeakKeyDictionary()
+# Per event loop (the web server's in the embedded default, a worker's engine loop): a scorer for
+# answers' sentences and one for incoming messages (prompt-injection score and guard model included).
+_scorers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, BatchScorer]] = weakref.WeakKeyDictionary()
+
+
+def _loop_scorer(kind: str, score: Any = None) -> BatchScorer:
+    per_loop = _scorers.setdefault(asyncio.get_running_loop(), {})
+    if kind not in per_loop:
+        per_loop[kind] = BatchScorer(score=score)
+    return per_loop[kind]
 
 
 def output_scorer() -> BatchScorer:
-    """The running loop's batch scorer (the web server's in the embedded default, a worker's engine loop)."""
-    loop = asyncio.get_running_loop()
-    if loop not in _scorers:
-        _scorers[loop] = BatchScorer()
-    return _scorers[loop]
-
-
-_input_scorers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BatchScorer] = weakref.WeakKeyDictionary()
+    return _loop_scorer("output")
 
 
 def input_scorer() -> BatchScorer:
-    """The running loop's batch scorer for incoming messages (prompt-injection score and guard model included)."""
-    loop = asyncio.get_running_loop()
-    if loop not in _input_scorers:
-        _input_scorers[loop] = BatchScorer(score=_input_scores_many)
-    return _input_scorers[loop]
+    return _loop_scorer("input", _input_scores_many)
 
 
 class _Unmonitored(OutputMonitor):
