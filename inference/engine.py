@@ -45,6 +45,9 @@ class EngineSpec:
     tensor_parallel_size: int = 1
     dtype: str = "bfloat16"
     enforce_eager: bool = True
+    # How much lower than its host's the priority of vLLM's scheduler process is on a CPU host (see
+    # `_lower_scheduler_priority`); 0 leaves it alone.
+    cpu_scheduler_nice: int = 0
     extra_args: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -124,6 +127,7 @@ class EngineHost:
             # Construction takes tens of seconds and blocks; keep it off the event loop. AsyncLLM
             # starts its background tasks lazily on the loop of its first request, which is ours.
             self._engine = await asyncio.to_thread(_build_engine, self.spec)
+            _lower_scheduler_priority(self.spec.cpu_scheduler_nice)
         except Exception as exc:
             logger.exception("model %s failed to load", self.spec.name)
             self.error = f"model {self.spec.name} failed to load: {exc}"[:500]
@@ -208,6 +212,35 @@ def _build_engine(spec: EngineSpec) -> Any:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**spec.engine_args()))
+
+
+def _lower_scheduler_priority(nice: int) -> None:
+    """On a CPU host, let the rest of the stack run before vLLM's scheduler process.
+
+    While it generates, the scheduler process (`VLLM::EngineCore`) busy-waits for the model process
+    (`VLLM::Worker`) to finish each step: a whole core at ~100 % that does no work. Every other
+    process on the machine (this one, a Celery worker, PostgreSQL, Redis) then gets only half a
+    core, so each step on the way to a first token takes twice as long. A higher nice value for the
+    scheduler's main thread hands it only the CPU the others leave; the model process, which does
+    the work, keeps its priority. On a GPU host there is no such spin and nothing is changed.
+    """
+    if nice <= 0:
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    import psutil
+
+    for child in psutil.Process().children():
+        try:
+            if not child.name().startswith("VLLM::EngineCor"):
+                continue
+            # Linux applies this to the main thread, the one that spins; threads it already started
+            # (receiving requests, sending outputs) keep their priority.
+            os.setpriority(os.PRIO_PROCESS, child.pid, min(19, os.getpriority(os.PRIO_PROCESS, child.pid) + nice))
+        except (psutil.Error, OSError):
+            logger.warning("could not lower the priority of the engine's scheduler process", exc_info=True)
 
 
 _hosts: dict[str, EngineHost] = {}

@@ -30,6 +30,7 @@ def engine_spec_for(deployment: ModelDeployment) -> EngineSpec:
         tensor_parallel_size=deployment.tensor_parallel_size,
         dtype=deployment.dtype,
         enforce_eager=settings.INFERENCE_ENFORCE_EAGER,
+        cpu_scheduler_nice=settings.INFERENCE_CPU_SCHEDULER_NICE,
         extra_args=dict(deployment.engine_args or {}),
     )
 

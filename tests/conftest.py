@@ -94,6 +94,7 @@ class LocalEngine:
 
     def __init__(self, host) -> None:
         self.host = host
+        self.pid = os.getpid()  # the process that hosts the engine
 
     async def engine_requests(self) -> int:
         return self.host.unfinished_requests()
@@ -162,6 +163,7 @@ class CeleryWorker:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        self.pid = self.process.pid  # the process that hosts the engine
         self.deployments = deployments
 
     async def wait_ready(self) -> None:
