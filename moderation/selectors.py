@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.cache import cache
 from django.db.models import Q, QuerySet
 
 from moderation.defaults import DEFAULT_RULES
@@ -20,12 +22,48 @@ class PolicySnapshot:
     moderate_output: bool = True
 
 
+# Policies are read for every message and change rarely, so each tier's snapshot is kept in the shared
+# cache (Redis in the production topology) under a version that any change to a policy or a rule moves
+# (moderation/receivers.py): no process reads a snapshot older than the change. The timeout only bounds
+# what a change that sends no signals (a bulk update in a shell) leaves behind.
+POLICY_VERSION_KEY = "moderation:policy:version"
+POLICY_CACHE_TIMEOUT_S = 60
+
+
 def policy_for_user(*, user: Any) -> PolicySnapshot:
-    """The active policy for the user's tier, else the active global one, else the built-in defaults."""
+    """The active policy for the user's tier, else the active global one, else the built-in defaults.
+
+    The user's tier is read fresh (an admin's change applies to the next message); the policy comes
+    from the cache.
+    """
     from accounts.selectors import tier_for_user_or_none
 
     tier = tier_for_user_or_none(user=user)
-    applies = Q(tier__isnull=True) if tier is None else Q(tier__isnull=True) | Q(tier=tier)
+    return policy_for_tier(tier_id=tier.id if tier is not None else None)
+
+
+def policy_for_tier(*, tier_id: int | None) -> PolicySnapshot:
+    version = cache.get(POLICY_VERSION_KEY)
+    if version is None:
+        version = policy_cache_invalidate()
+    key = f"moderation:policy:{version}:{tier_id or 'none'}"
+    snapshot = cache.get(key)
+    if snapshot is None:
+        # Read after the version: a change committed since is either in this read or moves the version.
+        snapshot = _policy_for_tier_from_db(tier_id=tier_id)
+        cache.set(key, snapshot, timeout=POLICY_CACHE_TIMEOUT_S)
+    return snapshot
+
+
+def policy_cache_invalidate() -> str:
+    """Move the policies' cache version: every process reads the policies afresh. Returns it."""
+    version = uuid.uuid4().hex
+    cache.set(POLICY_VERSION_KEY, version, timeout=None)
+    return version
+
+
+def _policy_for_tier_from_db(*, tier_id: int | None) -> PolicySnapshot:
+    applies = Q(tier__isnull=True) if tier_id is None else Q(tier__isnull=True) | Q(tier_id=tier_id)
     candidates = ModerationPolicy.objects.filter(applies, is_active=True).prefetch_related("rules")
     chosen = None
     for policy in candidates:

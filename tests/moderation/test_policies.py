@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
 from accounts.models import Tier
+from accounts.selectors import tier_for_user
 from accounts.services import user_set_tier
 from moderation.models import ModerationPolicy
-from moderation.selectors import policy_for_user
+from moderation.selectors import POLICY_VERSION_KEY, policy_for_user
 
 
 def test_one_active_policy_per_tier_and_one_global(db, make_policy):
@@ -59,3 +61,36 @@ def test_the_migration_points_named_tier_policies_at_their_tiers():
     orphan = ModerationPolicy.objects.get(name="for a tier that does not exist")
     assert orphan.tier is None and not orphan.is_active
     assert ModerationPolicy.objects.get(name="a global draft").tier is None
+
+
+def test_a_policy_is_read_from_the_cache_until_it_changes(alice, make_policy, django_assert_num_queries):
+    policy = make_policy({"illicit": (0.9, "warn")}, name="global")
+    assert policy_for_user(user=alice).rules["illicit"] == (0.9, "warn")
+    with django_assert_num_queries(1):  # the user's tier, read fresh; the policy and its rules cached
+        assert policy_for_user(user=alice).rules["illicit"] == (0.9, "warn")
+
+    rule = policy.rules.get(category="illicit")
+    rule.threshold = 0.5
+    rule.save()
+    assert policy_for_user(user=alice).rules["illicit"] == (0.5, "warn")
+    policy.moderate_input = False
+    policy.save()
+    assert not policy_for_user(user=alice).moderate_input
+    policy.delete()
+    assert policy_for_user(user=alice).policy_id is None
+
+
+def test_rows_cached_by_another_process_during_a_change_are_not_served_after_it(
+    alice, make_policy, django_capture_on_commit_callbacks
+):
+    policy = make_policy({"illicit": (0.9, "warn")}, name="global")
+    before = policy_for_user(user=alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        rule = policy.rules.get(category="illicit")
+        rule.threshold = 0.5
+        rule.save()
+        # Before the commit, another process reads the old rows and caches them under the new version.
+        stale_key = f"moderation:policy:{cache.get(POLICY_VERSION_KEY)}:{tier_for_user(user=alice).id}"
+        cache.set(stale_key, before)
+        assert policy_for_user(user=alice) == before
+    assert policy_for_user(user=alice).rules["illicit"] == (0.5, "warn")
