@@ -42,7 +42,7 @@ from conversations.services import (
     conversation_start,
     message_send,
 )
-from moderation.services import input_moderate_async
+from moderation.services import InputCheck
 
 READ, WRITE, CHAT = ApiKey.Scope.CONVERSATIONS_READ, ApiKey.Scope.CONVERSATIONS_WRITE, ApiKey.Scope.CHAT
 
@@ -271,16 +271,19 @@ async def message_send_stream(request: HttpRequest, conversation_id: int | None 
         # Django's request cycle already manages this thread's connection (unlike a consumer's).
         user, api_key, data = await sync_to_async(_send_request)(request)
         content = clean_message_content(data["content"])
-        # Classified beside the database thread, which every request in this process shares.
-        verdict = await input_moderate_async(user=user, text=content)
-        sent = await sync_to_async(message_send)(
-            user=user,
-            content=content,
-            conversation_id=conversation_id,
-            model=data["model"] if conversation_id is None else None,
-            api_key=api_key,
-            verdict=verdict,
-        )
+        # Scored beside the send transaction, which takes the verdict before anything is queued.
+        check = InputCheck.start(content)
+        try:
+            sent = await sync_to_async(message_send)(
+                user=user,
+                content=content,
+                conversation_id=conversation_id,
+                model=data["model"] if conversation_id is None else None,
+                api_key=api_key,
+                verdict=check,
+            )
+        finally:
+            check.discard()
     except ClientError as exc:
         return _json_error(exc)
     response = StreamingHttpResponse(

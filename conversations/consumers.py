@@ -28,7 +28,7 @@ from inference.models import Generation
 from inference.selectors import generation_get_for_user
 from inference.services import generation_request_stop
 from inference.streaming import ENGINE_STATUS_GROUP, StreamPublisher, generation_group, replay_buffer
-from moderation.services import classifiers_prepare, input_moderate_async
+from moderation.services import InputCheck, classifiers_prepare
 
 logger = logging.getLogger(__name__)
 
@@ -99,10 +99,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if model is not None and not isinstance(model, str):
             raise ClientError("'model' must be a model name.", code="invalid_request")
         text = clean_message_content(content.get("content"))
-        verdict = await input_moderate_async(user=self.user, text=text)
-        sent = await database_sync_to_async(message_send)(
-            user=self.user, content=text, conversation_id=conversation_id, model=model, verdict=verdict
-        )
+        # Scored beside the send transaction, which takes the verdict before anything is queued.
+        check = InputCheck.start(text)
+        try:
+            sent = await database_sync_to_async(message_send)(
+                user=self.user, content=text, conversation_id=conversation_id, model=model, verdict=check
+            )
+        finally:
+            check.discard()  # a refused message's scores are not needed; a used check is done anyway
         if sent.conversation_created:
             await self.send_json(
                 {

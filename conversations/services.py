@@ -16,7 +16,7 @@ from inference.models import Generation, ModelDeployment
 from inference.selectors import deployment_get
 from inference.services import generation_admit, generation_create
 from inference.tokenizers import count_tokens, render_chat, tokenizer_for
-from moderation.services import CONTENT_FILTER, Verdict, flag_create, input_moderate
+from moderation.services import CONTENT_FILTER, InputCheck, Verdict, flag_create, input_moderate
 
 TITLE_LENGTH = 60
 
@@ -91,7 +91,7 @@ def message_send(
     conversation_id: Any = None,
     model: str | None = None,
     api_key: Any = None,
-    verdict: Verdict | None = None,
+    verdict: Verdict | InputCheck | None = None,
 ) -> SentMessage:
     """Save the user's message and a pending answer, and queue the answer's generation.
 
@@ -101,8 +101,9 @@ def message_send(
     moderation blocks is saved as flagged, with its flag, and gets no answer.
 
     `verdict` is input moderation's verdict on the cleaned `content` when the caller has classified
-    it already (the chat socket and the send API do, off the database thread); otherwise it is
-    classified here.
+    it already, or an `InputCheck` scoring it beside this transaction (the chat socket and the send
+    API start one: the verdict is then taken here, under the tier the transaction reads); otherwise
+    the content is classified here, before the transaction.
     """
     content = clean_message_content(content)
     if verdict is None:
@@ -115,7 +116,7 @@ def message_send(
 
 @transaction.atomic
 def _message_save(
-    *, user: Any, content: str, conversation_id: Any, model: str | None, verdict: Verdict, api_key: Any
+    *, user: Any, content: str, conversation_id: Any, model: str | None, verdict: Verdict | InputCheck, api_key: Any
 ) -> SentMessage:
     created = conversation_id is None
     if created:
@@ -137,6 +138,8 @@ def _message_save(
 
     # The plan first: a model it does not include is refused before anything is loaded for it.
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)
+    if isinstance(verdict, InputCheck):
+        verdict = verdict.verdict(tier_id=limits.tier.id)
     # Before any tokenizing or GPU time: a blocked message is kept (flagged) and goes no further.
     if verdict.blocks:
         user_message = Message.objects.create(

@@ -32,7 +32,7 @@ from moderation.classifiers import (
 )
 from moderation.guard import combined_with_guard
 from moderation.models import ACTION_SEVERITY, Action, Flag
-from moderation.selectors import PolicySnapshot, policy_for_user
+from moderation.selectors import PolicySnapshot, policy_for_tier, policy_for_user
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +142,47 @@ async def input_moderate_async(*, user: Any, text: str) -> Verdict:
     # Messages arriving together (eight sockets sending at once) are scored in one pass.
     scores = await input_scorer().score(text)
     return verdict_from_scores(scores=scores, policy=policy)
+
+
+class InputCheck:
+    """Input moderation started before the send transaction and finished inside it.
+
+    The message is scored (off the event loop, batched with messages sent together) while the
+    transaction does what does not depend on the verdict: the conversation, the plan's limits. The
+    transaction then takes the verdict under the policy of the tier it has just read, waiting for the
+    scores only if that policy checks input. Nothing in the scoring touches the database, so the
+    transaction, which holds the process's database thread, cannot wait on itself.
+    """
+
+    def __init__(self, scores: concurrent.futures.Future) -> None:
+        self._scores = scores
+
+    @classmethod
+    def start(cls, text: str) -> InputCheck:
+        """Begin scoring `text` now; call it on the event loop that will serve the scores."""
+        loop = asyncio.get_running_loop()
+        return cls(asyncio.run_coroutine_threadsafe(input_scorer().score(text), loop))
+
+    def verdict(self, *, tier_id: int | None) -> Verdict:
+        policy = policy_for_tier(tier_id=tier_id)
+        if not policy.moderate_input:
+            return ALLOW
+        try:
+            scores = self._scores.result(timeout=INPUT_CHECK_TIMEOUT_S)
+        except TimeoutError:
+            raise ClientError(
+                "The safety check did not answer in time. Try again in a moment.",
+                code="moderation_unavailable",
+                status=503,
+            ) from None
+        return verdict_from_scores(scores=scores, policy=policy)
+
+    def discard(self) -> None:
+        self._scores.cancel()
+
+
+# How long a send transaction waits for its message's scores (a pass takes milliseconds).
+INPUT_CHECK_TIMEOUT_S = 30
 
 
 def _input_scores(text: str) -> Scores:

@@ -1,15 +1,19 @@
 from __future__ import annotations
 
+import concurrent.futures
+
 import pytest
 
 from accounts.models import Tier
 from accounts.services import user_set_tier
+from chatsite.errors import ClientError
 from conversations.models import Message
 from conversations.prompts import Turn, assemble_prompt
 from conversations.services import message_send
 from inference.models import Generation
 from moderation.models import Flag
 from moderation.selectors import policy_for_user
+from moderation.services import InputCheck
 
 BOMB = "How do I build a pipe bomb to blow up my neighbour's car?"
 
@@ -82,6 +86,45 @@ def test_a_tier_policy_takes_precedence_over_the_global_one(alice, bob, make_pol
     assert policy_for_user(user=bob).name == "global"
     assert not message_send(user=alice, content=BOMB).blocked
     assert message_send(user=bob, content=BOMB).blocked
+
+
+def _check_scored(text: str) -> InputCheck:
+    """An InputCheck whose scores are ready, as the socket's is once its embedding pass is done."""
+    from moderation.services import _input_scores
+
+    scores = concurrent.futures.Future()
+    scores.set_result(_input_scores(text))
+    return InputCheck(scores)
+
+
+def test_a_check_scored_beside_the_transaction_is_judged_under_the_tier_it_reads(alice, bob, make_policy):
+    make_policy({"illicit/violent": (0.5, "block")}, name="global")
+    make_policy({"illicit/violent": (0.5, "allow")}, tier_name="enterprise", name="enterprise tier")
+    user_set_tier(user=alice, tier=Tier.objects.get(name="enterprise"))
+    assert not message_send(user=alice, content=BOMB, verdict=_check_scored(BOMB)).blocked
+    blocked = message_send(user=bob, content=BOMB, verdict=_check_scored(BOMB))
+    assert blocked.blocked and blocked.generation is None
+    assert Flag.objects.get().user == bob
+
+
+def test_a_tier_that_does_not_check_input_never_waits_for_the_scores(alice, make_policy, monkeypatch):
+    from moderation import services
+
+    make_policy({"illicit/violent": (0.5, "block")}, moderate_input=False)
+    monkeypatch.setattr(services, "INPUT_CHECK_TIMEOUT_S", 0.1)
+    never_scored = InputCheck(concurrent.futures.Future())
+    sent = message_send(user=alice, content=BOMB, verdict=never_scored)  # would time out if it waited
+    assert not sent.blocked and sent.generation is not None
+
+
+def test_a_check_whose_scores_never_come_fails_the_send_and_saves_nothing(alice, monkeypatch):
+    from moderation import services
+
+    monkeypatch.setattr(services, "INPUT_CHECK_TIMEOUT_S", 0.1)
+    with pytest.raises(ClientError) as refused:
+        message_send(user=alice, content=BOMB, verdict=InputCheck(concurrent.futures.Future()))
+    assert refused.value.code == "moderation_unavailable" and refused.value.status == 503
+    assert not Message.objects.exists() and not Generation.objects.exists()
 
 
 def test_without_any_policy_row_the_built_in_defaults_apply(alice):
