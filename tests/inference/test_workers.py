@@ -101,4 +101,6 @@ async def test_concurrent_generations_on_one_worker_share_the_engine(engine, mak
     assert max(first for first, _, _ in results) < min(done for _, done, _ in results)
     # And together they run faster than one alone (how much faster depends on the machine's cores;
     # docs/performance.md has the measured throughput at concurrency 8).
-    assert sum(tokens for _, _, tokens in results) / together > 1.2 * single_rate
+    # One after another they could not beat one stream's rate. How far above it they go depends on the
+    # CPU: 1.4 times on one CI machine, 1.19 on one without bf16 instructions, so the bar is modest.
+    assert sum(tokens for _, _, tokens in results) / together > 1.1 * single_rate
