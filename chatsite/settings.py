@@ -173,6 +173,7 @@ INFERENCE_ENFORCE_EAGER = env_bool("INFERENCE_ENFORCE_EAGER", True)
 # On a CPU host vLLM's scheduler process busy-waits for the model process; this much lower priority
 # lets the web process and the worker run first (docs/performance.md). 0 leaves it; GPUs ignore it.
 INFERENCE_CPU_SCHEDULER_NICE = env_int("INFERENCE_CPU_SCHEDULER_NICE", 10, minimum=0, maximum=19)
+INFERENCE_CPU_WORKER_SPIN_MS = env_int("INFERENCE_CPU_WORKER_SPIN_MS", 100, minimum=0, maximum=1000)
 INFERENCE_STREAM_COALESCE_MS = env_int("INFERENCE_STREAM_COALESCE_MS", 40, minimum=0, maximum=1000)
 INFERENCE_STREAM_COALESCE_CHARS = env_int("INFERENCE_STREAM_COALESCE_CHARS", 96, minimum=1)
 INFERENCE_REPLAY_TTL_S = env_int("INFERENCE_REPLAY_TTL_S", 900, minimum=10)

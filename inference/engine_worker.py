@@ -1,0 +1,22 @@
+"""A vLLM worker extension: methods the engine host calls in every model process of its engine.
+
+It is imported inside vLLM's worker processes (`worker_extension_cls`), so it depends on vLLM alone,
+never on Django or the rest of the project.
+"""
+
+from __future__ import annotations
+
+
+class WorkerTuning:
+    def idle_after(self, seconds: float) -> int:
+        """Busy-wait for the scheduler's next step only `seconds` after the last one, then sleep
+        until notified (vLLM spins for one second). Returns how many queues it changed."""
+        import gc
+
+        from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+        # vLLM keeps no handle on its queues' wait conditions outside the worker's own objects.
+        readers = [obj for obj in gc.get_objects() if isinstance(obj, SpinCondition) and obj.is_reader]
+        for reader in readers:
+            reader.busy_loop_s = seconds
+        return len(readers)
