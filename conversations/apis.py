@@ -272,8 +272,7 @@ async def message_send_stream(request: HttpRequest, conversation_id: int | None 
         user, api_key, data = await sync_to_async(_send_request)(request)
         content = clean_message_content(data["content"])
         # Scored beside the send transaction, which takes the verdict before anything is queued.
-        check = InputCheck.start(content)
-        try:
+        with InputCheck.started(content) as check:
             sent = await sync_to_async(message_send)(
                 user=user,
                 content=content,
@@ -282,8 +281,6 @@ async def message_send_stream(request: HttpRequest, conversation_id: int | None 
                 api_key=api_key,
                 verdict=check,
             )
-        finally:
-            check.discard()
     except ClientError as exc:
         return _json_error(exc)
     response = StreamingHttpResponse(

@@ -100,13 +100,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             raise ClientError("'model' must be a model name.", code="invalid_request")
         text = clean_message_content(content.get("content"))
         # Scored beside the send transaction, which takes the verdict before anything is queued.
-        check = InputCheck.start(text)
-        try:
+        with InputCheck.started(text) as check:
             sent = await database_sync_to_async(message_send)(
                 user=self.user, content=text, conversation_id=conversation_id, model=model, verdict=check
             )
-        finally:
-            check.discard()  # a refused message's scores are not needed; a used check is done anyway
         if sent.conversation_created:
             await self.send_json(
                 {

@@ -10,7 +10,7 @@ from django.utils import timezone
 from accounts.services import request_admit, request_limits
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
-from conversations.prompts import Turn, assemble_prompt
+from conversations.prompts import AssembledPrompt, Turn, assemble_prompt
 from conversations.selectors import conversation_get_for_user, conversation_has_message_in_progress
 from inference.models import Generation, ModelDeployment
 from inference.selectors import deployment_get
@@ -138,9 +138,20 @@ def _message_save(
 
     # The plan first: a model it does not include is refused before anything is loaded for it.
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)
+    # The prompt does not depend on the verdict, so it is assembled while the scores may still be
+    # coming. A message too long for the window is refused, unless moderation blocks it first.
+    tokenizer = tokenizer_for(deployment.model_path)
+    new_turn = Turn(role=Message.Role.USER, content=content, token_count=count_tokens(tokenizer, content))
+    prompt, too_long = None, None
+    try:
+        prompt = _prompt_for(
+            conversation=conversation, deployment=deployment, limits=limits, new_turn=new_turn, history=not created
+        )
+    except ClientError as exc:
+        too_long = exc
     if isinstance(verdict, InputCheck):
         verdict = verdict.verdict(tier_id=limits.tier.id)
-    # Before any tokenizing or GPU time: a blocked message is kept (flagged) and goes no further.
+    # Before anything is saved, charged or queued: a blocked message is kept (flagged) and goes no further.
     if verdict.blocks:
         user_message = Message.objects.create(
             conversation=conversation, role=Message.Role.USER, content=content, status=Message.Status.FLAGGED
@@ -149,9 +160,10 @@ def _message_save(
         Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now())
         return SentMessage(conversation, created, user_message, None, None, blocked_reason=verdict.explanation())
 
-    tokenizer = tokenizer_for(deployment.model_path)
+    if too_long is not None:
+        raise too_long
     user_message = Message.objects.create(
-        conversation=conversation, role=Message.Role.USER, content=content, token_count=count_tokens(tokenizer, content)
+        conversation=conversation, role=Message.Role.USER, content=content, token_count=new_turn.token_count
     )
     warning = ""
     if verdict.action == "warn":
@@ -165,6 +177,7 @@ def _message_save(
         answer=assistant_message,
         api_key=api_key,
         limits=limits,
+        prompt=prompt,
     )
     return SentMessage(conversation, created, user_message, assistant_message, generation, warning=warning)
 
@@ -205,29 +218,15 @@ def _answer_queue(
     answer: Message,
     api_key: Any = None,
     limits: Any = None,
+    prompt: AssembledPrompt | None = None,
 ) -> Generation:
-    """Assemble the prompt from the history before `answer`, pass the plan's gate, queue the answer's
-    generation, and save `answer` pending. The window and the answer's budget are the plan's;
-    flagged messages never go into a prompt."""
+    """Pass the plan's gate, queue the answer's generation, and save `answer` pending. `prompt` is
+    the one assembled for it; without it, the prompt is assembled from the history before `answer`."""
     limits = limits or request_limits(user=user, deployment=deployment, api_key=api_key)
-    tokenizer = tokenizer_for(deployment.model_path)
-    earlier = conversation.messages.filter(role__in=[Message.Role.USER, Message.Role.ASSISTANT])
-    if answer.pk is not None:
-        earlier = earlier.filter(id__lt=answer.id)
-    history = [
-        Turn(role=m.role, content=m.content, token_count=m.token_count)
-        for m in earlier.exclude(role=Message.Role.ASSISTANT, content="")
-        .exclude(status=Message.Status.FLAGGED)
-        .order_by("created_at", "id")
-    ]
-    prompt = assemble_prompt(
-        system_prompt=deployment.system_prompt,
-        turns=history,
-        render=lambda messages: render_chat(tokenizer, messages),
-        max_context=limits.max_context,
-        max_output=limits.max_output,
-        min_output=settings.INFERENCE_MIN_OUTPUT_TOKENS,
-    )
+    if prompt is None:
+        prompt = _prompt_for(
+            conversation=conversation, deployment=deployment, limits=limits, before=answer if answer.pk else None
+        )
     # Refuse before anything is queued: a full queue first (so it costs no rate-limit budget), then
     # the plan's quotas and rate limits.
     generation_admit(deployment=deployment)
@@ -260,6 +259,42 @@ def _answer_queue(
     answer.save()
     Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now())
     return generation
+
+
+def _prompt_for(
+    *,
+    conversation: Conversation,
+    deployment: ModelDeployment,
+    limits: Any,
+    before: Message | None = None,
+    new_turn: Turn | None = None,
+    history: bool = True,
+) -> AssembledPrompt:
+    """The prompt for the conversation's next answer: its history (before `before`, if given; none
+    for a conversation this transaction created) and `new_turn`, not yet saved. The window and the
+    answer's budget are the plan's; flagged messages never go into a prompt."""
+    tokenizer = tokenizer_for(deployment.model_path)
+    turns: list[Turn] = []
+    if history:
+        earlier = conversation.messages.filter(role__in=[Message.Role.USER, Message.Role.ASSISTANT])
+        if before is not None:
+            earlier = earlier.filter(id__lt=before.id)
+        turns = [
+            Turn(role=m.role, content=m.content, token_count=m.token_count)
+            for m in earlier.exclude(role=Message.Role.ASSISTANT, content="")
+            .exclude(status=Message.Status.FLAGGED)
+            .order_by("created_at", "id")
+        ]
+    if new_turn is not None:
+        turns.append(new_turn)
+    return assemble_prompt(
+        system_prompt=deployment.system_prompt,
+        turns=turns,
+        render=lambda messages: render_chat(tokenizer, messages),
+        max_context=limits.max_context,
+        max_output=limits.max_output,
+        min_output=settings.INFERENCE_MIN_OUTPUT_TOKENS,
+    )
 
 
 def _title_from(content: str) -> str:

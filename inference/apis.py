@@ -28,7 +28,7 @@ from chatsite.errors import ClientError, validated_json_body
 from inference import openai_format as wire
 from inference.services import completion_create, generation_request_stop, newest_user_text
 from inference.streaming import follow_streams
-from moderation.services import input_moderate_async
+from moderation.services import InputCheck
 
 
 class ChatCompletionInputSerializer(serializers.Serializer):
@@ -131,11 +131,11 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     try:
         user, api_key = await database_sync_to_async(_authenticate)(request)
         data = validated_json_body(request.body, ChatCompletionInputSerializer)
-        # Classified beside the database thread, which every request in this process shares.
-        verdict = await input_moderate_async(user=user, text=newest_user_text(data))
-        generations = await database_sync_to_async(completion_create)(
-            user=user, api_key=api_key, request=data, verdict=verdict
-        )
+        # Scored beside the queueing transaction, which takes the verdict before anything is queued.
+        with InputCheck.started(newest_user_text(data)) as check:
+            generations = await database_sync_to_async(completion_create)(
+                user=user, api_key=api_key, request=data, verdict=check
+            )
     except ClientError as exc:
         return _error(exc)
     ids = [str(g.id) for g in generations]

@@ -143,33 +143,34 @@ def newest_user_text(request: dict[str, Any]) -> str:
 
 
 def completion_create(*, user: Any, api_key: Any, request: dict[str, Any], verdict: Any = None) -> list[Generation]:
-    """Moderate the newest user message, then queue the completion (see _completion_queue).
+    """Moderate the newest user message and queue the completion (see _completion_queue).
 
-    Classified before the transaction opens, so no lock is held while the classifier runs, unless
-    the caller passes the `verdict` on `newest_user_text(request)` (the API view classifies off the
-    database thread). A blocked request is refused with 400 `content_policy_violation` and nothing
-    is queued.
+    `verdict` is input moderation's verdict on `newest_user_text(request)`, or an `InputCheck`
+    scoring it beside the transaction (the API view starts one; the verdict is then taken under the
+    tier the transaction reads); without one, the text is classified before the transaction opens,
+    so no lock is held while the classifier runs. A blocked request is refused with 400
+    `content_policy_violation` and nothing is queued.
     """
     from moderation.services import input_moderate
 
     if verdict is None:
         verdict = input_moderate(user=user, text=newest_user_text(request))
-    if verdict.blocks:
-        raise ClientError(verdict.explanation(), code="content_policy_violation", param="messages")
-    return _completion_queue(user=user, api_key=api_key, request=request)
+    return _completion_queue(user=user, api_key=api_key, request=request, verdict=verdict)
 
 
 @transaction.atomic
-def _completion_queue(*, user: Any, api_key: Any, request: dict[str, Any]) -> list[Generation]:
+def _completion_queue(*, user: Any, api_key: Any, request: dict[str, Any], verdict: Any) -> list[Generation]:
     """Queue the generations of one OpenAI chat completion (`n` of them), after every check.
 
     The client owns the whole conversation here, system prompt included, so nothing is dropped to
     fit: a prompt that does not fit the window (with the answer asked for) is refused, as OpenAI does.
     The same gate as the chat page applies: the plan's models, limits, quotas and the queue bound.
+    The input check's verdict is taken once the prompt is rendered, which does not depend on it.
     """
     from accounts.services import request_admit, request_limits
     from inference.selectors import deployment_get
     from inference.tokenizers import render_chat, tokenizer_for
+    from moderation.services import InputCheck
 
     try:
         deployment = deployment_get(name=request["model"])
@@ -177,6 +178,10 @@ def _completion_queue(*, user: Any, api_key: Any, request: dict[str, Any]) -> li
         raise ClientError(exc.message, code=exc.code, status=400, param="model") from None
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)
     prompt = render_chat(tokenizer_for(deployment.model_path), request["messages"])
+    if isinstance(verdict, InputCheck):
+        verdict = verdict.verdict(tier_id=limits.tier.id)
+    if verdict.blocks:
+        raise ClientError(verdict.explanation(), code="content_policy_violation", param="messages")
     asked = request.get("max_completion_tokens") or request.get("max_tokens")
     needed = len(prompt) + (asked or settings.INFERENCE_MIN_OUTPUT_TOKENS)
     if needed > limits.max_context:

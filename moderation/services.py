@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import re
 import uuid
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,32 +128,14 @@ def input_moderate(*, user: Any, text: str) -> Verdict:
     return verdict_from_scores(scores=_input_scores(text), policy=policy)
 
 
-async def input_moderate_async(*, user: Any, text: str) -> Verdict:
-    """`input_moderate` for the event loop: the policy through the database thread, the scoring in a
-    thread of its own, so one message's classifying never queues the database work of other sockets
-    behind it (all of a process's database calls share one thread).
-
-    Plain `sync_to_async`, not Channels' wrapper: that one closes the thread's connection when it
-    is old, which inside an HTTP request would pull it from under the request's own work.
-    """
-    from asgiref.sync import sync_to_async
-
-    policy = await sync_to_async(policy_for_user)(user=user)
-    if not policy.moderate_input:
-        return ALLOW
-    # Messages arriving together (eight sockets sending at once) are scored in one pass.
-    scores = await input_scorer().score(text)
-    return verdict_from_scores(scores=scores, policy=policy)
-
-
 class InputCheck:
     """Input moderation started before the send transaction and finished inside it.
 
     The message is scored (off the event loop, batched with messages sent together) while the
-    transaction does what does not depend on the verdict: the conversation, the plan's limits. The
-    transaction then takes the verdict under the policy of the tier it has just read, waiting for the
-    scores only if that policy checks input. Nothing in the scoring touches the database, so the
-    transaction, which holds the process's database thread, cannot wait on itself.
+    transaction does what does not depend on the verdict: the conversation, the plan's limits, the
+    prompt. The transaction then takes the verdict under the policy of the tier it has just read,
+    waiting for the scores only if that policy checks input. Nothing in the scoring touches the
+    database, so the transaction, which holds the process's database thread, cannot wait on itself.
     """
 
     def __init__(self, scores: concurrent.futures.Future) -> None:
@@ -162,6 +146,16 @@ class InputCheck:
         """Begin scoring `text` now; call it on the event loop that will serve the scores."""
         loop = asyncio.get_running_loop()
         return cls(asyncio.run_coroutine_threadsafe(input_scorer().score(text), loop))
+
+    @classmethod
+    @contextlib.contextmanager
+    def started(cls, text: str) -> Iterator[InputCheck]:
+        """`start`, and `discard` on the way out: a refused message's scores are not needed."""
+        check = cls.start(text)
+        try:
+            yield check
+        finally:
+            check.discard()
 
     def verdict(self, *, tier_id: int | None) -> Verdict:
         policy = policy_for_tier(tier_id=tier_id)

@@ -107,6 +107,34 @@ def test_a_check_scored_beside_the_transaction_is_judged_under_the_tier_it_reads
     assert Flag.objects.get().user == bob
 
 
+def test_a_blocked_message_too_long_for_the_window_is_still_kept_flagged(alice):
+    # The prompt is assembled before the verdict is taken; its refusal must not hide the message.
+    long_and_harmful = " ".join([BOMB] * 300)
+    sent = message_send(user=alice, content=long_and_harmful, verdict=_check_scored(long_and_harmful))
+    assert sent.blocked and sent.generation is None
+    assert Message.objects.get().status == Message.Status.FLAGGED
+    assert Flag.objects.get().user == alice
+    with pytest.raises(ClientError) as refused:  # the same length, harmless: refused, nothing saved
+        message_send(user=alice, content=" ".join(["overflow"] * 2500), verdict=_check_scored("overflow"))
+    assert refused.value.code == "context_length_exceeded"
+    assert Message.objects.count() == 1
+
+
+def test_a_completion_checked_beside_its_transaction_is_judged_under_the_tier_it_reads(alice, bob, make_policy):
+    from inference.defaults import DEFAULT_DEPLOYMENT_NAME
+    from inference.services import completion_create
+
+    make_policy({"illicit/violent": (0.5, "block")}, name="global")
+    make_policy({"illicit/violent": (0.5, "allow")}, tier_name="enterprise", name="enterprise tier")
+    user_set_tier(user=alice, tier=Tier.objects.get(name="enterprise"))
+    request = {"model": DEFAULT_DEPLOYMENT_NAME, "messages": [{"role": "user", "content": BOMB}]}
+    assert completion_create(user=alice, api_key=None, request=request, verdict=_check_scored(BOMB))
+    with pytest.raises(ClientError) as refused:
+        completion_create(user=bob, api_key=None, request=request, verdict=_check_scored(BOMB))
+    assert refused.value.code == "content_policy_violation" and refused.value.status == 400
+    assert not Generation.objects.filter(user=bob).exists()
+
+
 def test_a_tier_that_does_not_check_input_never_waits_for_the_scores(alice, make_policy, monkeypatch):
     from moderation import services
 
@@ -236,8 +264,15 @@ async def test_messages_sent_together_are_classified_together(alice, monkeypatch
     monkeypatch.setattr(services, "score_many", counted)
     # The policy read first, once: the test is about the scoring, which must not see the sends staggered.
     policy = await sync_to_async(policy_for_user)(user=alice)
-    monkeypatch.setattr(services, "policy_for_user", lambda *, user: policy)
+    monkeypatch.setattr(services, "policy_for_tier", lambda *, tier_id: policy)
     texts = [f"Tell me about the history of the town of Sample number {i}." for i in range(7)] + [BOMB]
-    verdicts = await asyncio.gather(*(services.input_moderate_async(user=alice, text=text) for text in texts))
+    # As eight sockets do: each starts its check on the loop, then its transaction takes the verdict.
+    # (Their own threads: the loop's default executor runs the scoring, which they wait for.)
+    checks = [services.InputCheck.start(text) for text in texts]
+    loop = asyncio.get_running_loop()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(texts)) as transactions:
+        verdicts = await asyncio.gather(
+            *(loop.run_in_executor(transactions, lambda c=check: c.verdict(tier_id=None)) for check in checks)
+        )
     assert sum(passes) == len(texts) and len(passes) < len(texts)
     assert [verdict.blocks for verdict in verdicts] == [False] * 7 + [True]
