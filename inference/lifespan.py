@@ -1,4 +1,5 @@
-"""ASGI lifespan: start loading the local engines when the server starts, shut them down when it stops.
+"""ASGI lifespan: start loading the local engines and the moderation classifiers when the server
+starts, shut the engines down when it stops.
 
 Servers without lifespan support (daphne) start them on the first chat socket instead.
 """
@@ -14,6 +15,7 @@ from django.conf import settings
 from inference.dispatch import local_backend
 from inference.engine import engine_hosts
 from inference.workers import reap_forever
+from moderation.services import classifiers_prepare
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +25,8 @@ async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
+            # Every message is checked before it is queued: load the classifiers before the first.
+            classifiers_prepare()
             try:
                 if settings.INFERENCE_BACKEND == "local":
                     await local_backend.start()

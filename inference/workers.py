@@ -72,7 +72,11 @@ class WorkerRuntime:
         from inference.runner import Runner
         from inference.selectors import deployment_get, engine_spec_for
         from inference.streaming import engine_status_broadcast
+        from moderation.services import classifiers_prepare
 
+        # Answers are moderated as they stream: load the classifiers while the engines load, not
+        # in the middle of the first answer (a load takes seconds, and the stream waits for it).
+        classifiers_prepare()
         self.runner = Runner(worker_name=self.name, loop=self.loop)
         specs = await database_sync_to_async(
             lambda: [engine_spec_for(deployment_get(name=n)) for n in self.deployments]
@@ -93,6 +97,7 @@ class WorkerRuntime:
 
     async def _heartbeat(self) -> None:
         from inference.engine import engine_hosts
+        from moderation.services import classifiers_loaded
 
         client = _async_redis()
         ttl = settings.INFERENCE_WORKER_HEARTBEAT_TTL_S
@@ -104,6 +109,7 @@ class WorkerRuntime:
                     "active": self.runner.active,
                     "engine_requests": sum(h.unfinished_requests() for h in hosts.values()),
                     "engines": {n: h.state.value for n, h in hosts.items()},
+                    "moderation": "ready" if classifiers_loaded() else "loading",
                 }
                 now = time.time()
                 async with client.pipeline(transaction=False) as pipe:

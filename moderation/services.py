@@ -29,6 +29,7 @@ from moderation.classifiers import (
     CATEGORIES,
     PROMPT_INJECTION,
     Scores,
+    embedder,
     score_many,
     warm_up_in_background,
 )
@@ -101,6 +102,11 @@ ALLOW = Verdict(action=Action.ALLOW)
 def classifiers_prepare() -> None:
     """Start loading the classifiers in the background (once per process); returns at once."""
     warm_up_in_background()
+
+
+def classifiers_loaded() -> bool:
+    """Whether this process can score a text without first loading the embedding model."""
+    return embedder.loaded
 
 
 def verdict_from_scores(*, scores: Scores, policy: PolicySnapshot) -> Verdict:

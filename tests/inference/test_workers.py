@@ -33,6 +33,8 @@ async def test_a_worker_killed_mid_answer_ends_the_message_with_a_clear_error(en
     doomed = CeleryWorker(deployments=["smollm2-doomed"], name="doomed")
     try:
         await doomed.wait_ready()
+        # Before its first answer, it has loaded the classifiers that answer's sentences need.
+        assert await _moderation_becomes_ready(doomed), "the worker should load moderation at boot"
         socket, _ = await open_socket(alice)
         await socket.send_json_to(
             {"type": "message.send", "model": "smollm2-doomed", "content": "Write a long story about a storm at sea."}
@@ -69,6 +71,15 @@ async def test_a_worker_killed_mid_answer_ends_the_message_with_a_clear_error(en
     regenerating = await next_event(socket)
     assert regenerating["type"] == "message.regenerating"
     await socket.disconnect()
+
+
+async def _moderation_becomes_ready(worker: CeleryWorker, *, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (worker.status() or {}).get("moderation") == "ready":
+            return True
+        await asyncio.sleep(0.5)
+    return False
 
 
 async def test_concurrent_generations_on_one_worker_share_the_engine(engine, make_user):
