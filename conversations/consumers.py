@@ -167,15 +167,23 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         key = str(generation.id)
         self.following[key] = max(after_seq, self.following.get(key, 0))
         await self.channel_layer.group_add(generation_group(key), self.channel_name)
+        if await self._forward_buffered(key) or key not in self.following:
+            return
+        generation = await self._own_generation(key)
+        if not generation.is_finished:
+            return  # not begun yet: all of it will come live
+        # Finished, and nothing was buffered when we looked: either the stream ran its whole course
+        # while the row was read (its events are buffered now, its end is recorded before it is
+        # announced), or it ended so long ago that its buffer expired, and then the row answers.
+        if not await self._forward_buffered(key):
+            await self._send_final_from_row(generation)
+
+    async def _forward_buffered(self, key: str) -> bool:
+        """Forward what the replay buffer holds of this stream; False when it holds nothing."""
         buffered = await replay_buffer().read(key, 0)
         for event in buffered:
             await self._forward(event)
-        if key in self.following and not buffered:
-            generation = await self._own_generation(key)
-            if generation.is_finished:
-                # Finished with nothing buffered: the buffer has expired, so the row answers. (While
-                # anything is buffered, the runner's own final events are still to come.)
-                await self._send_final_from_row(generation)
+        return bool(buffered)
 
     async def _send_final_from_row(self, generation: Generation) -> None:
         key = str(generation.id)

@@ -8,6 +8,9 @@ from channels.db import database_sync_to_async
 from conversations.models import Message
 from conversations.services import message_send
 from inference.models import Generation
+from inference.openai_format import usage
+from inference.services import generation_finish
+from inference.streaming import StreamPublisher, replay_buffer
 from tests.conftest import drain_until_finished, next_event, open_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -153,6 +156,47 @@ async def test_a_reconnecting_client_resumes_from_the_last_seq_it_saw(engine, al
     answer = await Message.objects.aget(id=accepted["assistant_message"]["id"])
     assert answer.content == "".join(e["text"] for e in seen + resumed)
     await second.disconnect()
+
+
+@pytest.mark.engine
+async def test_a_stream_that_ends_while_a_follower_joins_reaches_it_whole(
+    engine, alice, default_deployment, monkeypatch
+):
+    """The follower finds the buffer empty (the answer has not begun), the answer then runs its whole
+    course, and the follower finds the row finished: it still gets every event, once and in order.
+
+    The engine is up first only so that its start-up, which ends answers left running by an earlier
+    server, does not end this one; the answer itself is published here, at the moment that matters."""
+    generation = await Generation.objects.acreate(
+        user=alice, deployment=default_deployment, prompt_token_ids=[1], sampling={}, status=Generation.Status.RUNNING
+    )
+    buffer = replay_buffer()
+    read = buffer.read
+    looked = []
+
+    async def read_then_stream(generation_id, after_seq):
+        events = await read(generation_id, after_seq)
+        if not looked:  # the whole answer happens right after the follower's first look
+            looked.append(events)
+            publisher = StreamPublisher(generation.id)
+            await publisher.add_text("Hello")
+            await publisher.add_text(" there.")
+            await database_sync_to_async(generation_finish)(
+                generation_id=generation.id, status=Generation.Status.COMPLETE, text=publisher.text, completion_tokens=2
+            )
+            await publisher.finish(status="complete", finish_reason="stop", usage=usage(1, 2))
+        return events
+
+    monkeypatch.setattr(buffer, "read", read_then_stream)
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to({"type": "generation.resume", "generation": str(generation.id), "after_seq": 0})
+    events = await drain_until_finished(socket)
+    assert looked == [[]]
+    assert [e["type"] for e in events] == ["generation.delta", "generation.delta", "generation.done"]
+    assert [e["seq"] for e in events] == [1, 2, 3]
+    assert "".join(e["text"] for e in events[:2]) == "Hello there."
+    assert await socket.receive_nothing(timeout=0.3)
+    await socket.disconnect()
 
 
 @pytest.mark.engine
