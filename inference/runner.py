@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import logging
+import time
 from contextlib import aclosing
 from typing import Any
 
@@ -30,11 +31,17 @@ from moderation.services import CONTENT_FILTER, ContentFiltered, output_flag_cre
 logger = logging.getLogger(__name__)
 
 
+# How long a stop that came before its stream began is kept for it (see Runner.abort).
+EARLY_STOP_KEPT_S = 30.0
+
+
 class Runner:
     def __init__(self, *, worker_name: str, loop: asyncio.AbstractEventLoop) -> None:
         self.worker_name = worker_name
         self.loop = loop
         self._streams: dict[str, asyncio.Task] = {}
+        # Stops that came before their stream began (generation id -> when): see `abort`.
+        self._early_stops: dict[str, float] = {}
 
     @property
     def active(self) -> int:
@@ -55,8 +62,20 @@ class Runner:
         self.loop.call_soon_threadsafe(self.abort, str(generation_id))
 
     def abort(self, generation_id: str) -> bool:
-        task = self._streams.get(str(generation_id))
-        if task is None or task.done():
+        """Stop a generation's stream; True when this runner had it streaming.
+
+        A stop can arrive after the claim has committed but before the stream has begun (the claim
+        read no stop request, and the stop found the row running): it is kept a while, and the
+        stream is stopped as it begins. Every worker hears every stop, so most are not its own.
+        """
+        key = str(generation_id)
+        task = self._streams.get(key)
+        if task is None:
+            now = time.monotonic()
+            self._early_stops = {k: t for k, t in self._early_stops.items() if now - t < EARLY_STOP_KEPT_S}
+            self._early_stops[key] = now
+            return False
+        if task.done():
             return False
         task.cancel()
         return True
@@ -105,6 +124,8 @@ class Runner:
 
         stream = asyncio.create_task(pump(), name=f"generation-{key}")
         self._streams[key] = stream
+        if self._early_stops.pop(key, None) is not None:
+            stream.cancel()
         # The message shows as streaming once the engine request is under way, not before it starts.
         marking = asyncio.ensure_future(database_sync_to_async(generation_mark_started)(generation=generation))
         marking.add_done_callback(_log_failure)
