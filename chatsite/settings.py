@@ -186,6 +186,13 @@ CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 32_000, minimum=1)
 # CPU threads for the moderation classifiers' forward pass. One: a short text gains nothing from more,
 # and a multi-threaded pass stalls at every barrier when an engine on the same cores holds them.
 MODERATION_CPU_THREADS = env_int("MODERATION_CPU_THREADS", 1, minimum=1)
+# The moderation embedder's dtype: "auto" times float32 and bfloat16 (where the CPU has native bf16)
+# at load and keeps the faster, since which one wins differs from CPU to CPU.
+MODERATION_EMBEDDER_DTYPE = env_str("MODERATION_EMBEDDER_DTYPE", "auto").lower()
+if MODERATION_EMBEDDER_DTYPE not in {"auto", "float32", "bfloat16"}:
+    raise ImproperlyConfigured(
+        f"MODERATION_EMBEDDER_DTYPE must be 'auto', 'float32' or 'bfloat16', got {MODERATION_EMBEDDER_DTYPE!r}"
+    )
 # An optional guard model (Llama Guard) behind an OpenAI-compatible endpoint: an extra input classifier.
 MODERATION_GUARD_URL = env_url("MODERATION_GUARD_URL", ("http", "https"))
 MODERATION_GUARD_MODEL = env_str("MODERATION_GUARD_MODEL", "meta-llama/Llama-Guard-3-8B")

