@@ -16,7 +16,7 @@ from inference.models import Generation, ModelDeployment
 from inference.selectors import deployment_get
 from inference.services import generation_admit, generation_create
 from inference.tokenizers import count_tokens, render_chat, tokenizer_for
-from moderation.services import CONTENT_FILTER, InputCheck, Verdict, flag_create, input_moderate
+from moderation.services import CONTENT_FILTER, InputCheck, Verdict, flag_create, input_moderate, verdict_under_tier
 
 TITLE_LENGTH = 60
 
@@ -149,8 +149,7 @@ def _message_save(
         )
     except ClientError as exc:
         too_long = exc
-    if isinstance(verdict, InputCheck):
-        verdict = verdict.verdict(tier_id=limits.tier.id)
+    verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
     # Before anything is saved, charged or queued: a blocked message is kept (flagged) and goes no further.
     if verdict.blocks:
         user_message = Message.objects.create(

@@ -170,7 +170,7 @@ def _completion_queue(*, user: Any, api_key: Any, request: dict[str, Any], verdi
     from accounts.services import request_admit, request_limits
     from inference.selectors import deployment_get
     from inference.tokenizers import render_chat, tokenizer_for
-    from moderation.services import InputCheck
+    from moderation.services import verdict_under_tier
 
     try:
         deployment = deployment_get(name=request["model"])
@@ -178,8 +178,7 @@ def _completion_queue(*, user: Any, api_key: Any, request: dict[str, Any], verdi
         raise ClientError(exc.message, code=exc.code, status=400, param="model") from None
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)
     prompt = render_chat(tokenizer_for(deployment.model_path), request["messages"])
-    if isinstance(verdict, InputCheck):
-        verdict = verdict.verdict(tier_id=limits.tier.id)
+    verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
     if verdict.blocks:
         raise ClientError(verdict.explanation(), code="content_policy_violation", param="messages")
     asked = request.get("max_completion_tokens") or request.get("max_tokens")
