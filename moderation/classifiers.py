@@ -106,7 +106,7 @@ class Embedder:
 
     Input moderation sits in front of every message, so one text must cost a few milliseconds, and
     it runs in a thread beside the process's other work. The encoder with its mean pooling is
-    traced once into a frozen TorchScript graph (float32; oneDNN fuses its layers), so a pass is one
+    traced once into a frozen TorchScript graph (oneDNN fuses its layers), so a pass is one
     call that releases the GIL for its whole length. Called op by op from Python, a pass needs the
     GIL back about a hundred times, and each time another thread is running Python (the send
     transaction, a stream's publishing) it waits up to the interpreter's switch interval: measured
@@ -172,14 +172,18 @@ class Embedder:
             return self._model(batch["input_ids"], batch["attention_mask"]).numpy()
 
 
-def _candidate_dtypes(settings: Any) -> list[str]:
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes in bfloat16 itself; without it, bf16 matmuls are emulated and slow."""
     import torch
 
+    # A private probe, hence the getattr.
+    return getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+
+
+def _candidate_dtypes(settings: Any) -> list[str]:
     if settings.MODERATION_EMBEDDER_DTYPE != "auto":
         return [settings.MODERATION_EMBEDDER_DTYPE]
-    # A private probe, hence the getattr: without native bf16, bf16 matmuls are emulated and slow.
-    native_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-    return ["float32", "bfloat16"] if native_bf16 else ["float32"]
+    return ["float32", "bfloat16"] if cpu_has_native_bf16() else ["float32"]
 
 
 def _frozen_graph(encoder: Any, dtype: str, example: Any) -> Any:

