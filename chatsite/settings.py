@@ -107,6 +107,9 @@ else:
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
         }
     }
+# Threads (each with its own connection) that run async code's database calls side by side on
+# PostgreSQL, per process (chatsite/database.py). SQLite uses one.
+DATABASE_ASYNC_THREADS = env_int("DATABASE_ASYNC_THREADS", 8, minimum=1, maximum=64)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "accounts.User"

@@ -16,10 +16,10 @@ import logging
 import uuid
 from typing import Any
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from chatsite.database import db_async
 from chatsite.errors import ClientError
 from conversations.services import clean_message_content, message_regenerate, message_send
 from inference import openai_format as wire
@@ -50,7 +50,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         # Input moderation needs its embedding model; load it now, off the loop, not on the first send.
         classifiers_prepare()
         deployment = settings.INFERENCE_DEFAULT_DEPLOYMENT
-        state = await database_sync_to_async(engine_state)(deployment)
+        state = await db_async(engine_state)(deployment)
         await self.send_json({"type": "engine.status", "deployment": deployment, "state": state})
 
     async def disconnect(self, code: int) -> None:
@@ -101,7 +101,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         text = clean_message_content(content.get("content"))
         # Scored beside the send transaction, which takes the verdict before anything is queued.
         with InputCheck.started(text) as check:
-            sent = await database_sync_to_async(message_send)(
+            sent = await db_async(message_send)(
                 user=self.user, content=text, conversation_id=conversation_id, model=model, verdict=check
             )
         if sent.conversation_created:
@@ -134,20 +134,18 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if sent.warning:
             accepted["warning"] = sent.warning
         await self.send_json(accepted)
-        await self._follow(sent.generation, after_seq=0)
+        await self._follow(sent.generation, after_seq=0, fresh=True)
 
     async def _message_regenerate(self, content: dict[str, Any]) -> None:
-        answer, generation = await database_sync_to_async(message_regenerate)(
-            user=self.user, message_id=content.get("message")
-        )
+        answer, generation = await db_async(message_regenerate)(user=self.user, message_id=content.get("message"))
         await self.send_json(
             {"type": "message.regenerating", "assistant_message": {"id": answer.id}, "generation": str(generation.id)}
         )
-        await self._follow(generation, after_seq=0)
+        await self._follow(generation, after_seq=0, fresh=True)
 
     async def _generation_stop(self, content: dict[str, Any]) -> None:
         generation = await self._own_generation(content.get("generation"))
-        ended = await database_sync_to_async(generation_request_stop)(generation=generation)
+        ended = await db_async(generation_request_stop)(generation=generation)
         if ended is not None:
             # No engine had it yet, so no runner will announce the end: announce it to every tab.
             publisher = await StreamPublisher.continuing(ended.id)
@@ -162,12 +160,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     # --- following a stream ---------------------------------------------------------------------
 
-    async def _follow(self, generation: Generation, *, after_seq: int) -> None:
-        """Join the stream, then replay what was missed; _forward drops what arrives twice."""
+    async def _follow(self, generation: Generation, *, after_seq: int, fresh: bool = False) -> None:
+        """Join the stream, then replay what was missed; _forward drops what arrives twice.
+
+        `fresh`: the generation was queued by this very request, so whatever it has published
+        before the join is in the buffer, which cannot have expired yet, and the rest comes live.
+        Its row is not read: that read would wait behind other sockets' database calls while the
+        first text is already here."""
         key = str(generation.id)
         self.following[key] = max(after_seq, self.following.get(key, 0))
         await self.channel_layer.group_add(generation_group(key), self.channel_name)
-        if await self._forward_buffered(key) or key not in self.following:
+        if await self._forward_buffered(key) or key not in self.following or fresh:
             return
         generation = await self._own_generation(key)
         if not generation.is_finished:
@@ -229,9 +232,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def _own_generation(self, generation_id: Any) -> Generation:
         generation = None
         if isinstance(generation_id, str) and _is_uuid(generation_id):
-            generation = await database_sync_to_async(generation_get_for_user)(
-                generation_id=generation_id, user=self.user
-            )
+            generation = await db_async(generation_get_for_user)(generation_id=generation_id, user=self.user)
         if generation is None:
             raise ClientError("That answer does not exist.", code="not_found", status=404)
         return generation

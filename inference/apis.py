@@ -12,7 +12,6 @@ import asyncio
 import time
 from typing import Any
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -24,6 +23,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.authentication import ApiKeyAuthentication, HasScope, require_scope
+from chatsite.database import db_async
 from chatsite.errors import ClientError, validated_json_body
 from inference import openai_format as wire
 from inference.services import completion_create, generation_request_stop, newest_user_text
@@ -129,13 +129,11 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _error(ClientError("Use POST.", code="method_not_allowed", status=405))
     try:
-        user, api_key = await database_sync_to_async(_authenticate)(request)
+        user, api_key = await db_async(_authenticate)(request)
         data = validated_json_body(request.body, ChatCompletionInputSerializer)
         # Scored beside the queueing transaction, which takes the verdict before anything is queued.
         with InputCheck.started(newest_user_text(data)) as check:
-            generations = await database_sync_to_async(completion_create)(
-                user=user, api_key=api_key, request=data, verdict=check
-            )
+            generations = await db_async(completion_create)(user=user, api_key=api_key, request=data, verdict=check)
     except ClientError as exc:
         return _error(exc)
     ids = [str(g.id) for g in generations]
@@ -155,7 +153,7 @@ async def _stopping_on_disconnect(ids: list[str]):
         async for event in follow_streams(ids, idle_timeout=settings.INFERENCE_GENERATION_TIMEOUT_S + 60):
             yield event
     except asyncio.CancelledError:
-        await asyncio.shield(database_sync_to_async(_stop_all)(ids))
+        await asyncio.shield(db_async(_stop_all)(ids))
         raise
 
 

@@ -27,8 +27,7 @@ class LocalBackend:
         Returns once loading has begun, not when it ends: a message sent meanwhile waits in the
         runner for the engine instead of failing.
         """
-        from channels.db import database_sync_to_async
-
+        from chatsite.database import db_async
         from inference.runner import Runner
         from inference.selectors import deployment_get, engine_spec_for
         from inference.streaming import engine_status_broadcast
@@ -37,7 +36,7 @@ class LocalBackend:
         if self.runner is not None and self.runner.loop is loop:
             return
         self.runner = Runner(worker_name=f"local:{socket.gethostname()}:{os.getpid()}", loop=loop)
-        specs = await database_sync_to_async(
+        specs = await db_async(
             lambda: [engine_spec_for(deployment_get(name=name)) for name in settings.INFERENCE_LOCAL_DEPLOYMENTS]
         )()
         for spec in specs:
@@ -49,8 +48,7 @@ class LocalBackend:
 
     async def _recover(self) -> None:
         """Pick up what a previous run of this process left: re-run queued work, end orphaned streams."""
-        from channels.db import database_sync_to_async
-
+        from chatsite.database import db_async
         from inference.models import Generation
         from inference.services import generation_finish
 
@@ -64,9 +62,9 @@ class LocalBackend:
             queued = list(qs.filter(status=Generation.Status.QUEUED).values_list("id", flat=True))
             return running, queued
 
-        running, queued = await database_sync_to_async(orphans)()
+        running, queued = await db_async(orphans)()
         for generation_id in running:
-            await database_sync_to_async(generation_finish)(
+            await db_async(generation_finish)(
                 generation_id=generation_id,
                 status="failed",
                 text="",

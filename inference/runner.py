@@ -17,9 +17,9 @@ import time
 from contextlib import aclosing
 from typing import Any
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 
+from chatsite.database import db_async
 from inference import openai_format as wire
 from inference.engine import EngineRequestError, EngineUnavailable, engine_host_for
 from inference.models import Generation
@@ -81,9 +81,7 @@ class Runner:
         return True
 
     async def run(self, generation_id: Any) -> None:
-        generation = await database_sync_to_async(generation_claim)(
-            generation_id=generation_id, worker=self.worker_name
-        )
+        generation = await db_async(generation_claim)(generation_id=generation_id, worker=self.worker_name)
         if generation is None:
             logger.info("generation %s was already claimed or ended; skipping", generation_id)
             return
@@ -96,7 +94,7 @@ class Runner:
         progress = {"prompt_tokens": len(generation.prompt_token_ids), "completion_tokens": 0, "finish_reason": ""}
         # Output moderation: scores each completed sentence; raises ContentFiltered to cut the answer.
         # Its policy is read while the engine works on the first token, not before the request starts.
-        monitor_loading = asyncio.ensure_future(database_sync_to_async(output_monitor_for)(generation=generation))
+        monitor_loading = asyncio.ensure_future(db_async(output_monitor_for)(generation=generation))
         # An answer that ends before its first token (a stop, an engine error) never awaits it.
         monitor_loading.add_done_callback(lambda future: future.cancelled() or future.exception())
         filtered: ContentFiltered | None = None
@@ -127,7 +125,7 @@ class Runner:
         if self._early_stops.pop(key, None) is not None:
             stream.cancel()
         # The message shows as streaming once the engine request is under way, not before it starts.
-        marking = asyncio.ensure_future(database_sync_to_async(generation_mark_started)(generation=generation))
+        marking = asyncio.ensure_future(db_async(generation_mark_started)(generation=generation))
         marking.add_done_callback(_log_failure)
         status, error_code, error_message = Generation.Status.COMPLETE, "", ""
         try:
@@ -173,7 +171,7 @@ class Runner:
         """Record the end, then announce it, so whoever hears `done` finds the row final."""
         # A cut answer keeps only the text that passed moderation, and the client is told to show that.
         text = filtered.shown_text if filtered is not None else publisher.text
-        finished = await database_sync_to_async(generation_finish)(
+        finished = await db_async(generation_finish)(
             generation_id=generation.id,
             status=status,
             text=text,
@@ -187,7 +185,7 @@ class Runner:
             logger.warning("generation %s had already been ended elsewhere", generation.id)
             return
         if filtered is not None:
-            await database_sync_to_async(output_flag_create)(
+            await db_async(output_flag_create)(
                 generation_id=generation.id, user_id=generation.user_id, filtered=filtered
             )
         if status == Generation.Status.FAILED:

@@ -22,8 +22,9 @@ import threading
 import time
 from typing import Any
 
-from channels.db import database_sync_to_async
 from django.conf import settings
+
+from chatsite.database import db_async
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +79,7 @@ class WorkerRuntime:
         # in the middle of the first answer (a load takes seconds, and the stream waits for it).
         classifiers_prepare()
         self.runner = Runner(worker_name=self.name, loop=self.loop)
-        specs = await database_sync_to_async(
-            lambda: [engine_spec_for(deployment_get(name=n)) for n in self.deployments]
-        )()
+        specs = await db_async(lambda: [engine_spec_for(deployment_get(name=n)) for n in self.deployments])()
         for spec in specs:
             host = engine_host_for(spec)
             host.add_listener(engine_status_broadcast)
@@ -252,10 +251,10 @@ async def reap_once() -> int:
         ]
 
     reaped = 0
-    for generation_id, worker in await database_sync_to_async(orphans)():
+    for generation_id, worker in await db_async(orphans)():
         publisher = await StreamPublisher.continuing(generation_id)
         message = "The server working on this answer stopped. Your message is saved: regenerate to try again."
-        finished = await database_sync_to_async(generation_finish)(
+        finished = await db_async(generation_finish)(
             generation_id=generation_id,
             status="failed",
             text=publisher.text,
@@ -276,7 +275,7 @@ async def reap_forever(interval: float = 2.0) -> None:
     while True:
         try:
             await reap_once()
-            await database_sync_to_async(generation_promote_waiting)()
+            await db_async(generation_promote_waiting)()
         except Exception:
             logger.exception("reaper failed")
         await asyncio.sleep(interval)

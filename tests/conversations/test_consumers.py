@@ -1,10 +1,15 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
 
+from chatsite.database import database_calls_concurrent, db_async
+from conversations.consumers import ChatConsumer
 from conversations.models import Message
 from conversations.services import message_send
 from inference.models import Generation
@@ -247,3 +252,27 @@ async def test_a_failed_answer_is_regenerated_over_the_socket(engine, alice):
     answer = await Message.objects.aget(id=sent.assistant_message.id)
     assert answer.status == Message.Status.COMPLETE and answer.content
     await socket.disconnect()
+
+
+async def test_a_stream_just_queued_is_followed_without_waiting_for_the_database(alice, default_deployment):
+    """Eight messages sent at once: while the others' transactions hold every database thread, a
+    socket whose message was just queued joins its stream at once, so its first text is not held
+    up (its handler must return before the socket can forward anything)."""
+    generation = await Generation.objects.acreate(
+        user=alice, deployment=default_deployment, prompt_token_ids=[1], sampling={}
+    )
+    consumer = ChatConsumer()
+    consumer.channel_layer = get_channel_layer()
+    consumer.channel_name = await consumer.channel_layer.new_channel()
+    consumer.user, consumer.following = alice, {}
+    release = threading.Event()
+    threads = settings.DATABASE_ASYNC_THREADS if database_calls_concurrent() else 1
+    busy = [asyncio.ensure_future(db_async(release.wait)()) for _ in range(threads)]
+    try:
+        await asyncio.wait_for(consumer._follow(generation, after_seq=0, fresh=True), timeout=3)
+    finally:
+        release.set()
+        await asyncio.gather(*busy)
+    await StreamPublisher(generation.id).add_text("Hello")
+    event = await asyncio.wait_for(consumer.channel_layer.receive(consumer.channel_name), timeout=5)
+    assert (event["type"], event["seq"], event["text"]) == ("generation.delta", 1, "Hello")
