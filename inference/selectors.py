@@ -22,6 +22,18 @@ def deployment_get(*, name: str | None = None) -> ModelDeployment:
         ) from None
 
 
+def deployment_get_cached(*, deployment_id: int) -> ModelDeployment:
+    """A deployment by id, read once per process: for a worker, whose engines were built from
+    these rows when it started, so an edit reaches them only with a restart anyway."""
+    deployment = _deployments.get(deployment_id)
+    if deployment is None:
+        deployment = _deployments[deployment_id] = ModelDeployment.objects.get(id=deployment_id)
+    return deployment
+
+
+_deployments: dict[int, ModelDeployment] = {}
+
+
 def engine_spec_for(deployment: ModelDeployment) -> EngineSpec:
     return EngineSpec(
         name=deployment.name,

@@ -4,7 +4,7 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from chatsite.errors import ClientError
@@ -60,16 +60,40 @@ def generation_create(
 def generation_claim(*, generation_id: Any, worker: str) -> Generation | None:
     """Move a queued generation to running for `worker`; None when someone else already has it.
 
-    The conditional update is the lock: of two deliveries of the same task only one claims it. Two
-    statements and no transaction around them, as it sits between a message and its first token;
-    the claimed row cannot change under the read (only its runner ends it).
+    The conditional update is the lock: of two deliveries of the same task only one claims it. One
+    statement (`UPDATE … RETURNING`, which Django's ORM cannot write) and no transaction, as it sits
+    between a message and its first token; the deployment comes from the process's cache.
     """
-    claimed = Generation.objects.filter(id=generation_id, status=Generation.Status.QUEUED, stop_requested=False).update(
-        status=Generation.Status.RUNNING, worker=worker, started_at=timezone.now()
-    )
+    from inference.selectors import deployment_get_cached
+
+    fields = {name: Generation._meta.get_field(name) for name in ("id", "status", "worker", "started_at")}
+    values = {
+        "running": Generation.Status.RUNNING.value,
+        "worker": worker,
+        "now": fields["started_at"].get_db_prep_value(timezone.now(), connection),
+        "id": fields["id"].get_db_prep_value(generation_id, connection),
+        "queued": Generation.Status.QUEUED.value,
+    }
+    claimed = list(Generation.objects.raw(_claim_sql(), values))
     if not claimed:
         return None
-    return Generation.objects.select_related("deployment", "user").get(id=generation_id)
+    generation = claimed[0]
+    generation.deployment = deployment_get_cached(deployment_id=generation.deployment_id)
+    return generation
+
+
+def _claim_sql() -> str:
+    quote = connection.ops.quote_name
+
+    def column(name: str) -> str:
+        return quote(Generation._meta.get_field(name).column)
+
+    return (
+        f"UPDATE {quote(Generation._meta.db_table)}"
+        f" SET {column('status')} = %(running)s, {column('worker')} = %(worker)s, {column('started_at')} = %(now)s"
+        f" WHERE {column('id')} = %(id)s AND {column('status')} = %(queued)s AND NOT {column('stop_requested')}"
+        " RETURNING *"
+    )
 
 
 @transaction.atomic
