@@ -167,12 +167,16 @@ class CeleryWorker:
         self.deployments = deployments
 
     async def wait_ready(self) -> None:
+        """Its engines are up and its moderation classifiers loaded. Until they are, a stream's
+        first sentence waits for them while the engine writes on, and then the whole backlog is
+        published in a rush: a test that stops an answer after its first deltas finds it ended."""
         from inference.workers import worker_engine_state
 
         deadline = time.monotonic() + settings.INFERENCE_ENGINE_START_TIMEOUT_S
         while time.monotonic() < deadline:
             assert self.process.poll() is None, f"the worker exited; see {self.log.name}"
-            if all(worker_engine_state(d) == "ready" for d in self.deployments):
+            engines_ready = all(worker_engine_state(d) == "ready" for d in self.deployments)
+            if engines_ready and (self.status() or {}).get("moderation") == "ready":
                 return
             await asyncio.sleep(0.5)
         raise TimeoutError(f"the worker's engine did not become ready; see {self.log.name}")

@@ -123,7 +123,9 @@ async def test_stop_ends_the_generation_in_the_engine_and_keeps_the_partial_text
     events = await drain_until_finished(socket)
     done = events[-1]
     assert done["type"] == "generation.done"
-    assert done["status"] == "stopped"
+    assert done["status"] == "stopped", (
+        f"the answer ended on its own first: {done}, {len(events)} events after the stop"
+    )
     streamed = "".join(e["text"] for e in deltas + events if e["type"] == "generation.delta")
     answer = await Message.objects.aget(id=accepted["assistant_message"]["id"])
     assert answer.status == Message.Status.STOPPED
