@@ -141,7 +141,8 @@ class InputCheck:
     transaction does what does not depend on the verdict: the conversation, the plan's limits, the
     prompt. The transaction then takes the verdict under the policy of the tier it has just read,
     waiting for the scores only if that policy checks input. Nothing in the scoring touches the
-    database, so the transaction, which holds the process's database thread, cannot wait on itself.
+    database, so the transaction, which holds a database thread (on SQLite the process's only
+    one), cannot wait on itself.
     """
 
     def __init__(self, scores: concurrent.futures.Future) -> None:
