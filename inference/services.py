@@ -66,12 +66,11 @@ def generation_claim(*, generation_id: Any, worker: str) -> Generation | None:
     """
     from inference.selectors import deployment_get_cached
 
-    fields = {name: Generation._meta.get_field(name) for name in ("id", "status", "worker", "started_at")}
     values = {
         "running": Generation.Status.RUNNING.value,
         "worker": worker,
-        "now": fields["started_at"].get_db_prep_value(timezone.now(), connection),
-        "id": fields["id"].get_db_prep_value(generation_id, connection),
+        "now": Generation._meta.get_field("started_at").get_db_prep_value(timezone.now(), connection),
+        "id": Generation._meta.pk.get_db_prep_value(generation_id, connection),
         "queued": Generation.Status.QUEUED.value,
     }
     claimed = list(Generation.objects.raw(_claim_sql(), values))
