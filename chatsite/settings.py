@@ -153,7 +153,7 @@ if REDIS_URL:
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000, "expiry": 60},
         }
     }
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    CACHES = {"default": {"BACKEND": "chatsite.cache.RedisCache", "LOCATION": REDIS_URL}}
 else:
     # The embedded default only: one process, so an in-memory layer is enough. Streams are coalesced,
     # but a slow reader must still not make publishing fail.

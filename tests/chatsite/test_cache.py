@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from django.core.cache import caches
+
+REDIS_TEST_URL = "redis://127.0.0.1:6379/2"
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def redis_cache(settings):
+    """The production cache backend on the real Redis server (database 2, emptied before and after)."""
+    redis = pytest.importorskip("redis")
+    client = redis.Redis.from_url(REDIS_TEST_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        pytest.skip("Redis is not running at 127.0.0.1:6379")
+    client.flushdb()
+    settings.CACHES = {"default": {"BACKEND": "chatsite.cache.RedisCache", "LOCATION": REDIS_TEST_URL}}
+    yield client
+    client.flushdb()
+
+
+def _connections_received(client) -> int:
+    return client.info("stats")["total_connections_received"]
+
+
+async def test_sockets_and_generations_share_one_redis_connection_for_the_cache(redis_cache):
+    # Each WebSocket and each generation runs in an async context of its own, and Django builds a
+    # cache object per context: with Django's own backend every one of them opened a connection.
+    def read() -> object:
+        return caches["default"].get("moderation:policy:version")
+
+    async def in_a_new_context() -> None:
+        await asyncio.to_thread(read)
+
+    await asyncio.to_thread(read)  # the one connection this process needs
+    before = _connections_received(redis_cache)
+    for _ in range(10):
+        await asyncio.create_task(in_a_new_context())
+    assert _connections_received(redis_cache) == before
+
+
+def test_the_cache_still_reads_and_writes(redis_cache):
+    cache = caches["default"]
+    cache.set("greeting", {"text": "hello"}, timeout=30)
+    assert cache.get("greeting") == {"text": "hello"}
+    cache.delete("greeting")
+    assert cache.get("greeting") is None
