@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
+
+_loading = threading.Lock()
+
+
+def tokenizer_for(model_path: str) -> Any:
+    # One load at a time: the first messages after a start arrive together, on several database
+    # threads, and each would otherwise load its own copy (about half a second each, mostly holding
+    # the GIL) before the cache kept one of them.
+    with _loading:
+        return _tokenizer_load(model_path)
 
 
 @functools.lru_cache(maxsize=8)
-def tokenizer_for(model_path: str) -> Any:
+def _tokenizer_load(model_path: str) -> Any:
     from chatsite.imports import ML_IMPORTS
 
     with ML_IMPORTS:

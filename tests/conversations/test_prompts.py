@@ -88,3 +88,16 @@ def test_stale_token_counts_cannot_push_the_prompt_past_the_window(tokenizer):
     turns = [Turn(role=t.role, content=t.content, token_count=1) for t in turns_of(tokenizer, 40)]
     prompt = assemble(tokenizer, turns)
     assert len(prompt.token_ids) <= WINDOW - 512
+
+
+def test_threads_asking_for_a_tokenizer_at_once_load_it_once_and_share_it():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from inference.tokenizers import _tokenizer_load
+
+    path = str(settings.INFERENCE_MODELS_DIR / DEFAULT_DEPLOYMENT_FIELDS["model"])
+    _tokenizer_load.cache_clear()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        tokenizers = list(pool.map(tokenizer_for, [path] * 4))
+    assert all(t is tokenizers[0] for t in tokenizers)
+    assert _tokenizer_load.cache_info().misses == 1
