@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -24,10 +25,13 @@ class PolicySnapshot:
 
 # Policies are read for every message and change rarely, so each tier's snapshot is kept in the shared
 # cache (Redis in the production topology) under a version that any change to a policy or a rule moves
-# (moderation/receivers.py): no process reads a snapshot older than the change. The timeout only bounds
-# what a change that sends no signals (a bulk update in a shell) leaves behind.
+# (moderation/receivers.py): no process reads a snapshot older than the change. Each process also keeps
+# the snapshots it has read, under the same keys, so a message costs one cache read (the version), not
+# two. The timeout only bounds what a change that sends no signals (a bulk update in a shell) leaves
+# behind: twice over, once in the shared cache and once in a process.
 POLICY_VERSION_KEY = "moderation:policy:version"
 POLICY_CACHE_TIMEOUT_S = 60
+_snapshots: dict[str, tuple[float, PolicySnapshot]] = {}  # key -> (when read, snapshot)
 
 
 def policy_for_user(*, user: Any) -> PolicySnapshot:
@@ -47,11 +51,18 @@ def policy_for_tier(*, tier_id: int | None) -> PolicySnapshot:
     if version is None:
         version = policy_cache_invalidate()
     key = f"moderation:policy:{version}:{tier_id or 'none'}"
+    now = time.monotonic()
+    held = _snapshots.get(key)
+    if held is not None and now - held[0] < POLICY_CACHE_TIMEOUT_S:
+        return held[1]
     snapshot = cache.get(key)
     if snapshot is None:
         # Read after the version: a change committed since is either in this read or moves the version.
         snapshot = _policy_for_tier_from_db(tier_id=tier_id)
         cache.set(key, snapshot, timeout=POLICY_CACHE_TIMEOUT_S)
+    if len(_snapshots) >= 256:  # older versions' snapshots, never read again
+        _snapshots.clear()
+    _snapshots[key] = (now, snapshot)
     return snapshot
 
 
