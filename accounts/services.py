@@ -142,6 +142,8 @@ class Admission:
     tier: Tier
     max_tokens: int
     priority: int
+    # What the request took from its rate-limit buckets: (bucket key, capacity, amount), one a minute each.
+    charges: tuple[tuple[str, int, int], ...] = ()
 
 
 def request_limits(*, user: Any, deployment: Any, api_key: ApiKey | None = None) -> RequestLimits:
@@ -211,10 +213,12 @@ def request_admit(
             max_tokens = min(max_tokens, left - prompt_tokens)
 
     subject = f"key:{api_key.id}" if api_key is not None else f"user:{user.id}"
+    charges = []
     if tier.requests_per_minute:
         decision = bucket_consume(key=f"{subject}:requests", capacity=tier.requests_per_minute, period_s=MINUTE_S)
         if not decision.allowed:
             raise _rate_limited(f"{tier.requests_per_minute} requests a minute", decision.retry_after)
+        charges.append((f"{subject}:requests", tier.requests_per_minute, 1))
     if tier.tokens_per_minute:
         if prompt_tokens + max_tokens > tier.tokens_per_minute:
             max_tokens = max(1, tier.tokens_per_minute - prompt_tokens)
@@ -228,7 +232,15 @@ def request_admit(
             if tier.requests_per_minute:
                 bucket_refund(key=f"{subject}:requests", capacity=tier.requests_per_minute, period_s=MINUTE_S, amount=1)
             raise _rate_limited(f"{tier.tokens_per_minute:,} tokens a minute", decision.retry_after)
-    return Admission(tier=tier, max_tokens=max_tokens, priority=limits.priority)
+        charges.append((f"{subject}:tokens", tier.tokens_per_minute, prompt_tokens + max_tokens))
+    return Admission(tier=tier, max_tokens=max_tokens, priority=limits.priority, charges=tuple(charges))
+
+
+def admission_refund(*, admission: Admission) -> None:
+    """Give back what an admitted request took from its rate limits, when it goes no further after
+    all (input moderation blocked the message it was admitted for)."""
+    for key, capacity, amount in admission.charges:
+        bucket_refund(key=key, capacity=capacity, period_s=MINUTE_S, amount=amount)
 
 
 def _quota_periods(tier: Tier, now: dt.datetime):

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from accounts.services import request_admit, request_limits
+from accounts.services import Admission, admission_refund, request_admit, request_limits
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
 from conversations.prompts import AssembledPrompt, Turn, assemble_prompt
@@ -114,6 +114,14 @@ def message_send(
     )
 
 
+@dataclass(frozen=True)
+class _QueuedAnswer:
+    user_message: Message
+    answer: Message
+    generation: Generation
+    admission: Admission
+
+
 @transaction.atomic
 def _message_save(
     *, user: Any, content: str, conversation_id: Any, model: str | None, verdict: Verdict | InputCheck, api_key: Any
@@ -138,47 +146,81 @@ def _message_save(
 
     # The plan first: a model it does not include is refused before anything is loaded for it.
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)
-    # The prompt does not depend on the verdict, so it is assembled while the scores may still be
-    # coming. A message too long for the window is refused, unless moderation blocks it first.
-    tokenizer = tokenizer_for(deployment.model_path)
-    new_turn = Turn(role=Message.Role.USER, content=content, token_count=count_tokens(tokenizer, content))
-    prompt, too_long = None, None
+    # What an allowed message needs (its prompt, its rows, its generation and its charge on the rate
+    # limits) does not depend on the verdict, so it is done while the scores may still be coming, in
+    # a savepoint. A blocked message rolls that back (the dispatch registered in it goes too) and
+    # gets its charge back. A refusal (too long for the window, a limit reached) waits for the
+    # verdict as well: a message moderation blocks is kept flagged whatever else is wrong with it.
+    queued, refused = None, None
     try:
-        prompt = _prompt_for(
-            conversation=conversation, deployment=deployment, limits=limits, new_turn=new_turn, history=not created
-        )
-    except ClientError as exc:
-        too_long = exc
-    verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
-    # Before anything is saved, charged or queued: a blocked message is kept (flagged) and goes no further.
+        with transaction.atomic():
+            try:
+                queued = _message_queue(
+                    user=user,
+                    conversation=conversation,
+                    deployment=deployment,
+                    content=content,
+                    limits=limits,
+                    api_key=api_key,
+                    history=not created,
+                )
+            except ClientError as exc:
+                refused = exc
+            verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
+            if refused is not None or verdict.blocks:
+                transaction.set_rollback(True)
+    except BaseException:
+        if queued is not None:
+            admission_refund(admission=queued.admission)
+        raise
     if verdict.blocks:
+        if queued is not None:
+            admission_refund(admission=queued.admission)
         user_message = Message.objects.create(
             conversation=conversation, role=Message.Role.USER, content=content, status=Message.Status.FLAGGED
         )
         flag_create(user=user, message=user_message, source="input", text=content, verdict=verdict)
         Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now())
         return SentMessage(conversation, created, user_message, None, None, blocked_reason=verdict.explanation())
+    if refused is not None:
+        raise refused
+    warning = ""
+    if verdict.action == "warn":
+        flag_create(user=user, message=queued.user_message, source="input", text=content, verdict=verdict)
+        warning = verdict.warning()
+    return SentMessage(conversation, created, queued.user_message, queued.answer, queued.generation, warning=warning)
 
-    if too_long is not None:
-        raise too_long
+
+def _message_queue(
+    *,
+    user: Any,
+    conversation: Conversation,
+    deployment: ModelDeployment,
+    content: str,
+    limits: Any,
+    api_key: Any,
+    history: bool,
+) -> _QueuedAnswer:
+    """The user's message saved, and its answer queued, as if moderation lets it through."""
+    tokenizer = tokenizer_for(deployment.model_path)
+    new_turn = Turn(role=Message.Role.USER, content=content, token_count=count_tokens(tokenizer, content))
+    prompt = _prompt_for(
+        conversation=conversation, deployment=deployment, limits=limits, new_turn=new_turn, history=history
+    )
     user_message = Message.objects.create(
         conversation=conversation, role=Message.Role.USER, content=content, token_count=new_turn.token_count
     )
-    warning = ""
-    if verdict.action == "warn":
-        flag_create(user=user, message=user_message, source="input", text=content, verdict=verdict)
-        warning = verdict.warning()
-    assistant_message = Message(conversation=conversation, role=Message.Role.ASSISTANT, parent=user_message)
-    generation = _answer_queue(
+    answer = Message(conversation=conversation, role=Message.Role.ASSISTANT, parent=user_message)
+    generation, admission = _answer_queue(
         user=user,
         conversation=conversation,
         deployment=deployment,
-        answer=assistant_message,
+        answer=answer,
         api_key=api_key,
         limits=limits,
         prompt=prompt,
     )
-    return SentMessage(conversation, created, user_message, assistant_message, generation, warning=warning)
+    return _QueuedAnswer(user_message, answer, generation, admission)
 
 
 @transaction.atomic
@@ -205,7 +247,9 @@ def message_regenerate(*, user: Any, message_id: Any) -> tuple[Message, Generati
         )
     if conversation.messages.filter(id__gt=answer.id).exists():
         raise ClientError("Only the newest answer can be regenerated.", code="not_latest", status=409)
-    generation = _answer_queue(user=user, conversation=conversation, deployment=conversation.deployment, answer=answer)
+    generation, _ = _answer_queue(
+        user=user, conversation=conversation, deployment=conversation.deployment, answer=answer
+    )
     return answer, generation
 
 
@@ -218,7 +262,7 @@ def _answer_queue(
     api_key: Any = None,
     limits: Any = None,
     prompt: AssembledPrompt | None = None,
-) -> Generation:
+) -> tuple[Generation, Admission]:
     """Pass the plan's gate, queue the answer's generation, and save `answer` pending. `prompt` is
     the one assembled for it; without it, the prompt is assembled from the history before `answer`."""
     limits = limits or request_limits(user=user, deployment=deployment, api_key=api_key)
@@ -257,7 +301,7 @@ def _answer_queue(
     answer.error_code = ""
     answer.save()
     Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now())
-    return generation
+    return generation, admission
 
 
 def _prompt_for(

@@ -276,3 +276,35 @@ async def test_messages_sent_together_are_classified_together(alice, monkeypatch
         )
     assert sum(passes) == len(texts) and len(passes) < len(texts)
     assert [verdict.blocks for verdict in verdicts] == [False] * 7 + [True]
+
+
+def test_a_blocked_message_costs_none_of_the_rate_limits(alice):
+    # Its answer is queued and charged while the scores are coming; the block gives the charge back.
+    Tier.objects.filter(name="free").update(requests_per_minute=1, tokens_per_minute=5000)
+    for _ in range(3):
+        assert message_send(user=alice, content=BOMB, verdict=_check_scored(BOMB)).blocked
+    sent = message_send(user=alice, content="What is the capital of France?")
+    assert not sent.blocked and sent.generation is not None
+    assert Generation.objects.count() == 1
+
+
+def test_a_blocked_message_dispatches_nothing_though_its_answer_was_queued_first(
+    alice, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        sent = message_send(user=alice, content=BOMB, verdict=_check_scored(BOMB))
+    assert sent.blocked
+    assert callbacks == []
+    assert list(Message.objects.values_list("role", "status")) == [(Message.Role.USER, Message.Status.FLAGGED)]
+    assert not Generation.objects.exists()
+
+
+def test_a_check_that_never_answers_gives_the_rate_limit_charge_back(alice, monkeypatch):
+    from moderation import services
+
+    Tier.objects.filter(name="free").update(requests_per_minute=1, tokens_per_minute=None)
+    monkeypatch.setattr(services, "INPUT_CHECK_TIMEOUT_S", 0.1)
+    with pytest.raises(ClientError) as refused:
+        message_send(user=alice, content="Hello there", verdict=InputCheck(concurrent.futures.Future()))
+    assert refused.value.code == "moderation_unavailable"
+    assert not message_send(user=alice, content="Hello again").blocked
