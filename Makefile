@@ -15,7 +15,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 # A Redis database of the tests' own: the suite empties it when it starts.
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: run test install install-dev model migrate lint topology topology-database benchmark benchmark-moderation clean
+.PHONY: run test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-moderation clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,9 @@ test: install-dev model
 
 benchmark: model topology-database
 	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) benchmarks/stream_overhead.py
+
+benchmark-send: model topology-database
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) benchmarks/send_latency.py
 
 benchmark-moderation: install
 	$(PY) benchmarks/moderation_latency.py

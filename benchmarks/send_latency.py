@@ -1,0 +1,112 @@
+"""How long the web process takes to accept a chat message, without the engine.
+
+The chat socket's path from a message to its dispatch: the input check scoring the text in a thread
+while `message_send`'s transaction runs on PostgreSQL, then the Celery task sent through Redis. It
+runs in this process, as it does in a web process, at concurrency 1 (one message after another)
+and 8 (eight messages sent together), and prints:
+
+- c=1: the time from the message to its dispatch, p50 and p90;
+- c=8: when the first, the fourth and the last of the eight were dispatched (medians over rounds);
+- the new connections to Redis per message (a process should need none once it is warm).
+
+No worker consumes the tasks: each generation is ended right away, outside the timing, and the
+Redis database is emptied at the end. Needs PostgreSQL and Redis: `make benchmark-send`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a CPU does in two sentences.",
+    "Give me three tips for sleeping better.",
+    "What is photosynthesis?",
+    "Name three famous painters.",
+    "How do I boil an egg?",
+    "Why is the sky blue?",
+]
+ALONE = 60
+TOGETHER_ROUNDS = 20
+WARM_UP = 2
+
+
+def setup_django():
+    import django
+
+    django.setup()
+    from django.conf import settings
+
+    if settings.INFERENCE_BACKEND != "celery":
+        sys.exit("Set DATABASE_URL (PostgreSQL) and REDIS_URL: the benchmark measures the production topology.")
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+async def main() -> None:
+    import redis
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+
+    from accounts.models import Tier
+    from accounts.services import user_set_tier
+    from chatsite.database import db_async
+    from conversations.services import message_send
+    from inference.models import Generation
+    from moderation.services import InputCheck
+
+    user, _ = await asyncio.to_thread(get_user_model().objects.get_or_create, username="benchmark-send")
+    # The plan with the highest limits, so no send is refused over the run.
+    await asyncio.to_thread(user_set_tier, user=user, tier=await Tier.objects.aget(name="enterprise"))
+    # The classifiers load on first use, as in a web process: in the warm-up, outside the figures.
+    client = redis.Redis.from_url(settings.REDIS_URL)
+
+    async def send(text: str, started: float) -> float:
+        # As the chat socket does it: a task of its own (a context of its own), the check beside.
+        with InputCheck.started(text) as check:
+            sent = await db_async(message_send)(user=user, content=text, verdict=check)
+        took = time.perf_counter() - started
+        await asyncio.to_thread(Generation.objects.filter(id=sent.generation.id).update, status="stopped")
+        return took * 1000
+
+    connections_before = client.info("stats")["total_connections_received"]
+    alone = []
+    for i in range(ALONE + WARM_UP):
+        took = await asyncio.create_task(send(PROMPTS[i % len(PROMPTS)], time.perf_counter()))
+        if i >= WARM_UP:
+            alone.append(took)
+        await asyncio.sleep(0.05)
+    together = []
+    for i in range(TOGETHER_ROUNDS + WARM_UP):
+        started = time.perf_counter()
+        done = sorted(await asyncio.gather(*(send(text, started) for text in PROMPTS)))
+        if i >= WARM_UP:
+            together.append(done)
+        await asyncio.sleep(0.2)
+    messages = ALONE + WARM_UP + (TOGETHER_ROUNDS + WARM_UP) * len(PROMPTS)
+    new_connections = client.info("stats")["total_connections_received"] - connections_before
+    client.flushdb()
+
+    alone.sort()
+    print(
+        f"c=1 accepted and dispatched: p50 {statistics.median(alone):.1f} ms, p90 {alone[len(alone) * 9 // 10]:.1f} ms"
+    )
+    first, fourth, last = (statistics.median(r[k] for r in together) for k in (0, 3, -1))
+    print(f"c=8 dispatched: first {first:.1f} ms, fourth {fourth:.1f} ms, last {last:.1f} ms")
+    print(f"new Redis connections per message: {new_connections / messages:.2f}")
+
+
+if __name__ == "__main__":
+    setup_django()
+    asyncio.run(main())
