@@ -229,8 +229,7 @@ def request_admit(
             amount=prompt_tokens + max_tokens,
         )
         if not decision.allowed:
-            if tier.requests_per_minute:
-                bucket_refund(key=f"{subject}:requests", capacity=tier.requests_per_minute, period_s=MINUTE_S, amount=1)
+            _charges_refund(charges)
             raise _rate_limited(f"{tier.tokens_per_minute:,} tokens a minute", decision.retry_after)
         charges.append((f"{subject}:tokens", tier.tokens_per_minute, prompt_tokens + max_tokens))
     return Admission(tier=tier, max_tokens=max_tokens, priority=limits.priority, charges=tuple(charges))
@@ -239,7 +238,11 @@ def request_admit(
 def admission_refund(*, admission: Admission) -> None:
     """Give back what an admitted request took from its rate limits, when it goes no further after
     all (input moderation blocked the message it was admitted for)."""
-    for key, capacity, amount in admission.charges:
+    _charges_refund(admission.charges)
+
+
+def _charges_refund(charges: list[tuple[str, int, int]] | tuple[tuple[str, int, int], ...]) -> None:
+    for key, capacity, amount in charges:
         bucket_refund(key=key, capacity=capacity, period_s=MINUTE_S, amount=amount)
 
 

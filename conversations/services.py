@@ -151,7 +151,7 @@ def _message_save(
     # a savepoint. A blocked message rolls that back (the dispatch registered in it goes too) and
     # gets its charge back. A refusal (too long for the window, a limit reached) waits for the
     # verdict as well: a message moderation blocks is kept flagged whatever else is wrong with it.
-    queued, refused = None, None
+    queued, refused, kept = None, None, False
     try:
         with transaction.atomic():
             try:
@@ -169,13 +169,11 @@ def _message_save(
             verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
             if refused is not None or verdict.blocks:
                 transaction.set_rollback(True)
-    except BaseException:
-        if queued is not None:
+        kept = refused is None and not verdict.blocks
+    finally:  # a charge the answer does not keep (blocked, refused, failed) is given back
+        if queued is not None and not kept:
             admission_refund(admission=queued.admission)
-        raise
     if verdict.blocks:
-        if queued is not None:
-            admission_refund(admission=queued.admission)
         user_message = Message.objects.create(
             conversation=conversation, role=Message.Role.USER, content=content, status=Message.Status.FLAGGED
         )
