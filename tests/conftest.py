@@ -72,6 +72,24 @@ def mallory(make_user):
     return make_user("mallory")
 
 
+REDIS_TEST_URL = "redis://127.0.0.1:6379/2"
+
+
+@pytest.fixture
+def redis_url(settings):
+    """The real Redis server, database 2 only (rate limits, the cache), emptied before and after."""
+    redis = pytest.importorskip("redis")
+    client = redis.Redis.from_url(REDIS_TEST_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        pytest.skip("Redis is not running at 127.0.0.1:6379")
+    client.flushdb()
+    settings.REDIS_URL = REDIS_TEST_URL
+    yield REDIS_TEST_URL
+    client.flushdb()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def moderation_classifiers_loaded():
     """Every message goes through input moderation; load its embedding model once, up front (≈6 s),

@@ -9,23 +9,6 @@ from accounts.services import user_set_tier
 from inference.models import Generation
 from inference.services import generation_claim, generation_finish
 
-REDIS_TEST_URL = "redis://127.0.0.1:6379/2"
-
-
-@pytest.fixture
-def redis_url(settings):
-    """Rate limits on the real Redis server, database 2 only, emptied before and after."""
-    redis = pytest.importorskip("redis")
-    client = redis.Redis.from_url(REDIS_TEST_URL)
-    try:
-        client.ping()
-    except redis.ConnectionError:
-        pytest.skip("Redis is not running at 127.0.0.1:6379")
-    client.flushdb()
-    settings.REDIS_URL = REDIS_TEST_URL
-    yield REDIS_TEST_URL
-    client.flushdb()
-
 
 @pytest.fixture
 def put_on_tier():

@@ -5,24 +5,16 @@ import asyncio
 import pytest
 from django.core.cache import caches
 
-REDIS_TEST_URL = "redis://127.0.0.1:6379/2"
-
 pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
-def redis_cache(settings):
-    """The production cache backend on the real Redis server (database 2, emptied before and after)."""
-    redis = pytest.importorskip("redis")
-    client = redis.Redis.from_url(REDIS_TEST_URL)
-    try:
-        client.ping()
-    except redis.ConnectionError:
-        pytest.skip("Redis is not running at 127.0.0.1:6379")
-    client.flushdb()
-    settings.CACHES = {"default": {"BACKEND": "chatsite.cache.RedisCache", "LOCATION": REDIS_TEST_URL}}
-    yield client
-    client.flushdb()
+def redis_cache(redis_url, settings):
+    """The production cache backend on the real Redis server; a client to watch the server with."""
+    import redis
+
+    settings.CACHES = {"default": {"BACKEND": "chatsite.cache.RedisCache", "LOCATION": redis_url}}
+    return redis.Redis.from_url(redis_url)
 
 
 def _connections_received(client) -> int:
