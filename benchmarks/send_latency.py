@@ -26,32 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain what a CPU does in two sentences.",
-    "Give me three tips for sleeping better.",
-    "What is photosynthesis?",
-    "Name three famous painters.",
-    "How do I boil an egg?",
-    "Why is the sky blue?",
-]
+# The stack benchmark's prompts and set-up (migrations, the production topology required).
+from benchmarks.stream_overhead import PROMPTS, setup_django  # noqa: E402
+
 ALONE = 60
 TOGETHER_ROUNDS = 20
 WARM_UP = 2
-
-
-def setup_django():
-    import django
-
-    django.setup()
-    from django.conf import settings
-
-    if settings.INFERENCE_BACKEND != "celery":
-        sys.exit("Set DATABASE_URL (PostgreSQL) and REDIS_URL: the benchmark measures the production topology.")
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
 
 
 async def main() -> None:
