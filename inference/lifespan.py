@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 
+from chatsite.heap import heap_freeze_when_warm
 from inference.dispatch import local_backend
 from inference.engine import engine_hosts
 from inference.workers import reap_forever
@@ -21,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 
 async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    reaper = None
+    reaper, freezing = None, None
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
@@ -38,10 +39,13 @@ async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 logger.exception("start-up failed")
                 await send({"type": "lifespan.startup.failed", "message": str(exc)})
                 return
+            # Out of the garbage collector's sight once loaded (chatsite/heap.py).
+            freezing = asyncio.get_running_loop().create_task(heap_freeze_when_warm())
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
-            if reaper is not None:
-                reaper.cancel()
+            for task in (reaper, freezing):
+                if task is not None:
+                    task.cancel()
             for host in engine_hosts().values():
                 await host.aclose()
             await send({"type": "lifespan.shutdown.complete"})

@@ -2,8 +2,9 @@
 
 A worker process owns one event loop in a daemon thread. On it live the engine hosts (one vLLM
 AsyncLLM per deployment the worker consumes), the runner, a heartbeat, an abort listener and the
-reaper. Celery's threads each block on one generation's future while the loop interleaves them all
-in the one engine, so concurrent tasks batch together.
+reaper. Once the engines and the classifiers have loaded, the start-up heap is frozen out of the
+garbage collector's sight (chatsite/heap.py). Celery's threads each block on one generation's
+future while the loop interleaves them all in the one engine, so concurrent tasks batch together.
 
 Liveness: every second a worker refreshes `chatsite:worker:<name>` (expiring after
 INFERENCE_WORKER_HEARTBEAT_TTL_S) and its engines' states. The reaper, run by every worker and every
@@ -14,6 +15,7 @@ client, so a worker killed mid-answer never leaves a message pending.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -25,6 +27,7 @@ from typing import Any
 from django.conf import settings
 
 from chatsite.database import db_async
+from chatsite.heap import heap_freeze_when_warm
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +88,7 @@ class WorkerRuntime:
             host.add_listener(engine_status_broadcast)
             host.start()
         self._tasks = [
+            self.loop.create_task(heap_freeze_when_warm()),
             self.loop.create_task(self._heartbeat()),
             self.loop.create_task(self._listen_for_aborts()),
             self.loop.create_task(reap_forever()),
@@ -109,6 +113,7 @@ class WorkerRuntime:
                     "engine_requests": sum(h.unfinished_requests() for h in hosts.values()),
                     "engines": {n: h.state.value for n, h in hosts.items()},
                     "moderation": "ready" if classifiers_loaded() else "loading",
+                    "heap_frozen_objects": gc.get_freeze_count(),
                 }
                 now = time.time()
                 async with client.pipeline(transaction=False) as pipe:

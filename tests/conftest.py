@@ -119,12 +119,13 @@ class LocalEngine:
 
 
 @pytest.fixture(scope="session")
-async def engine(django_db_setup, django_db_blocker):
+async def engine(django_db_setup, django_db_blocker, clean_redis):
     """The real vLLM engine on the default model, started once for the whole run (≈40 s on a CPU).
 
     Embedded default: it lives on the session's event loop, which every async test shares, exactly as
     it lives on the server's loop. Production topology (REDIS_URL set): it lives in a real Celery
-    worker process, and every engine test goes web → Celery → Redis channel layer → socket.
+    worker process, and every engine test goes web → Celery → Redis channel layer → socket. It starts
+    after Redis is emptied, which would otherwise drop its worker's first heartbeat.
     """
     with django_db_blocker.unblock():
         # Earlier transactional tests may have flushed the migration's row.
@@ -195,6 +196,13 @@ class CeleryWorker:
             assert self.process.poll() is None, f"the worker exited; see {self.log.name}"
             engines_ready = all(worker_engine_state(d) == "ready" for d in self.deployments)
             if engines_ready and (self.status() or {}).get("moderation") == "ready":
+                # Its heap is frozen just after (chatsite/heap.py): wait for that collection's pause
+                # here rather than in a test. That it happens at all is a test of its own.
+                heap_deadline = time.monotonic() + 30
+                while time.monotonic() < heap_deadline:
+                    if (self.status() or {}).get("heap_frozen_objects"):
+                        break
+                    await asyncio.sleep(0.5)
                 return
             await asyncio.sleep(0.5)
         raise TimeoutError(f"the worker's engine did not become ready; see {self.log.name}")

@@ -1,0 +1,57 @@
+"""Keeping the garbage collector off what a serving process loaded at start-up.
+
+A web or worker process holds millions of objects once it has loaded Django, the moderation
+classifiers and, in a worker, vLLM's front end. CPython's full (oldest-generation) collection walks
+every one of them while holding the GIL: 0.3–0.6 s in a loaded worker, during which the engine's
+event loop and every stream on it stand still. Those objects live as long as the process, so once
+the process is warm they are moved out of the collector's sight (`gc.freeze`, as vLLM does in its
+own engine process); a full collection then walks only what was allocated since. Reference
+counting still frees everything as before; only cycles among the frozen objects are never
+collected, and those were loaded to stay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
+
+_frozen = False
+
+
+def heap_freeze() -> float:
+    """Collect once, then freeze every object left; returns the seconds it took."""
+    global _frozen
+    started = time.perf_counter()
+    gc.collect()
+    gc.freeze()
+    _frozen = True
+    return time.perf_counter() - started
+
+
+def heap_frozen() -> bool:
+    return _frozen
+
+
+def process_warm() -> bool:
+    """The classifiers are loaded and no engine this process hosts is still loading."""
+    from inference.engine import EngineState, engine_hosts
+    from moderation.services import classifiers_loaded
+
+    return classifiers_loaded() and all(host.state is not EngineState.LOADING for host in engine_hosts().values())
+
+
+async def heap_freeze_when_warm(warm: Callable[[], bool] = process_warm, *, poll_s: float = 0.5) -> None:
+    """Freeze the heap once `warm()` says start-up is over (once per process)."""
+    while True:
+        if warm():
+            break
+        await asyncio.sleep(poll_s)
+    if _frozen:
+        return
+    took = heap_freeze()
+    logger.info("start-up heap frozen (%d objects) in %.0f ms", gc.get_freeze_count(), took * 1000)
