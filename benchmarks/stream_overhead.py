@@ -101,12 +101,14 @@ def sampling(deployment) -> dict:
 
 
 async def engine_direct(deployment) -> dict[int, list[tuple[Sample, float]]]:
+    from chatsite.heap import heap_freeze
     from inference.engine import EngineHost
     from inference.selectors import engine_spec_for
 
     host = EngineHost(engine_spec_for(deployment))
     host.start()
     await host.wait_ready(timeout=900)
+    heap_freeze()  # as the stack's processes do once warm, so neither side pauses for a full collection
     counter = iter(range(10**6))
 
     async def one(prompt: str) -> Sample:
