@@ -16,6 +16,7 @@ import logging
 import uuid
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
@@ -52,6 +53,20 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         deployment = settings.INFERENCE_DEFAULT_DEPLOYMENT
         state = await db_async(engine_state)(deployment)
         await self.send_json({"type": "engine.status", "deployment": deployment, "state": state})
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """channels' dispatch, without its database check before every event.
+
+        channels runs `close_old_connections` on the process's one shared sync thread before each
+        handler: a hop to that thread for every delta a socket forwards, waiting behind whatever sync
+        work is queued there. This consumer never uses that thread's connections; its database calls
+        go through `db_async`, which checks the connection of the thread it runs on
+        (chatsite/database.py). A closing socket still gets channels' check (`websocket_disconnect`).
+        """
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def disconnect(self, code: int) -> None:
         if not hasattr(self, "following"):

@@ -4,6 +4,7 @@ import asyncio
 import threading
 
 import pytest
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -203,6 +204,31 @@ async def test_a_stream_that_ends_while_a_follower_joins_reaches_it_whole(
     assert [e["seq"] for e in events] == [1, 2, 3]
     assert "".join(e["text"] for e in events[:2]) == "Hello there."
     assert await socket.receive_nothing(timeout=0.3)
+    await socket.disconnect()
+
+
+async def test_a_stream_is_forwarded_while_the_shared_sync_thread_is_busy(alice, default_deployment):
+    """Deltas reach the socket without a hop to the process's one shared sync thread: channels checks
+    database connections there before every event a consumer handles, so any sync work queued on
+    that thread (another socket's, Django's) held up every stream of the process."""
+    generation = await Generation.objects.acreate(
+        user=alice, deployment=default_deployment, prompt_token_ids=[1], sampling={}
+    )
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to({"type": "generation.resume", "generation": str(generation.id), "after_seq": 0})
+    publisher = StreamPublisher(generation.id)
+    await publisher.add_text("Hello")
+    assert (await next_event(socket, timeout=5))["seq"] == 1  # it follows the stream
+    release = threading.Event()
+    busy = asyncio.ensure_future(sync_to_async(release.wait, thread_sensitive=True)())
+    try:
+        await publisher.add_text(" there.")
+        await publisher.flush()
+        event = await next_event(socket, timeout=3)
+    finally:
+        release.set()
+        await busy
+    assert (event["type"], event["seq"], event["text"]) == ("generation.delta", 2, " there.")
     await socket.disconnect()
 
 
