@@ -1,9 +1,9 @@
 """Keeping the garbage collector off what a serving process loaded at start-up.
 
-A web or worker process holds millions of objects once it has loaded Django, the moderation
-classifiers and, in a worker, vLLM's front end. CPython's full (oldest-generation) collection walks
-every one of them while holding the GIL: 0.3–0.6 s in a loaded worker, during which the engine's
-event loop and every stream on it stand still. Those objects live as long as the process, so once
+A web or worker process holds hundreds of thousands of objects (about 800,000 in a worker) once it
+has loaded Django, the moderation classifiers and, in a worker, vLLM's front end. CPython's full
+(oldest-generation) collection walks every one of them while holding the GIL: 0.3–0.7 s measured,
+during which the process's event loop and every stream on it stand still. Those objects live as long as the process, so once
 the process is warm they are moved out of the collector's sight (`gc.freeze`, as vLLM does in its
 own engine process); a full collection then walks only what was allocated since. Reference
 counting still frees everything as before; only cycles among the frozen objects are never

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -198,11 +199,7 @@ class CeleryWorker:
             if engines_ready and (self.status() or {}).get("moderation") == "ready":
                 # Its heap is frozen just after (chatsite/heap.py): wait for that collection's pause
                 # here rather than in a test. That it happens at all is a test of its own.
-                heap_deadline = time.monotonic() + 30
-                while time.monotonic() < heap_deadline:
-                    if (self.status() or {}).get("heap_frozen_objects"):
-                        break
-                    await asyncio.sleep(0.5)
+                await self.status_once(lambda status: status.get("heap_frozen_objects"), timeout=30)
                 return
             await asyncio.sleep(0.5)
         raise TimeoutError(f"the worker's engine did not become ready; see {self.log.name}")
@@ -211,6 +208,16 @@ class CeleryWorker:
         from inference.workers import worker_status
 
         return worker_status(f"{self.node}:{self.process.pid}")
+
+    async def status_once(self, holds: Callable[[dict[str, Any]], Any], *, timeout: float) -> dict[str, Any]:
+        """Its heartbeat's status as soon as `holds` is true of it, or the last one seen after `timeout`
+        seconds ({} while it has none)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.status() or {}
+            if holds(status) or time.monotonic() >= deadline:
+                return status
+            await asyncio.sleep(0.5)
 
     async def engine_requests(self) -> int:
         await asyncio.sleep(1.2)  # one heartbeat

@@ -76,22 +76,13 @@ async def test_a_worker_killed_mid_answer_ends_the_message_with_a_clear_error(en
 async def test_a_warm_worker_has_frozen_its_start_up_heap(engine):
     # Otherwise a full collection walks everything vLLM, Django and the classifiers loaded: half a
     # second, with every stream on the worker's loop standing still.
-    frozen = 0
-    for _ in range(20):  # the heartbeat that reports it comes within a second
-        frozen = (engine.status() or {}).get("heap_frozen_objects", 0)
-        if frozen:
-            break
-        await asyncio.sleep(0.5)
-    assert frozen > 100_000
+    status = await engine.status_once(lambda status: status.get("heap_frozen_objects"), timeout=10)
+    assert status.get("heap_frozen_objects", 0) > 100_000
 
 
 async def _moderation_becomes_ready(worker: CeleryWorker, *, timeout: float = 60) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (worker.status() or {}).get("moderation") == "ready":
-            return True
-        await asyncio.sleep(0.5)
-    return False
+    status = await worker.status_once(lambda status: status.get("moderation") == "ready", timeout=timeout)
+    return status.get("moderation") == "ready"
 
 
 async def test_concurrent_generations_on_one_worker_share_the_engine(engine, make_user):
