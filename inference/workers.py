@@ -15,7 +15,6 @@ client, so a worker killed mid-answer never leaves a message pending.
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import os
@@ -27,7 +26,7 @@ from typing import Any
 from django.conf import settings
 
 from chatsite.database import db_async
-from chatsite.heap import heap_freeze_when_warm
+from chatsite.heap import heap_freeze_when_warm, heap_frozen_count
 
 logger = logging.getLogger(__name__)
 
@@ -98,26 +97,33 @@ class WorkerRuntime:
         """Run one generation to its end, blocking the calling (Celery) thread meanwhile."""
         self.runner.submit_threadsafe(generation_id).result()
 
-    async def _heartbeat(self) -> None:
+    def status(self) -> dict[str, Any]:
+        """What the heartbeat publishes. It runs on the engine loop every second, so nothing here may
+        take long: every stream on the loop waits while it runs."""
         from inference.engine import engine_hosts
         from moderation.services import classifiers_loaded
+
+        hosts = engine_hosts()
+        return {
+            "pid": os.getpid(),
+            "active": self.runner.active if self.runner is not None else 0,
+            "engine_requests": sum(h.unfinished_requests() for h in hosts.values()),
+            "engines": {n: h.state.value for n, h in hosts.items()},
+            "moderation": "ready" if classifiers_loaded() else "loading",
+            "heap_frozen_objects": heap_frozen_count(),
+        }
+
+    async def _heartbeat(self) -> None:
+        from inference.engine import engine_hosts
 
         client = _async_redis()
         ttl = settings.INFERENCE_WORKER_HEARTBEAT_TTL_S
         while True:
             try:
                 hosts = engine_hosts()
-                payload = {
-                    "pid": os.getpid(),
-                    "active": self.runner.active,
-                    "engine_requests": sum(h.unfinished_requests() for h in hosts.values()),
-                    "engines": {n: h.state.value for n, h in hosts.items()},
-                    "moderation": "ready" if classifiers_loaded() else "loading",
-                    "heap_frozen_objects": gc.get_freeze_count(),
-                }
                 now = time.time()
                 async with client.pipeline(transaction=False) as pipe:
-                    pipe.set(WORKER_KEY.format(name=self.name), json.dumps(payload), ex=ttl)
+                    pipe.set(WORKER_KEY.format(name=self.name), json.dumps(self.status()), ex=ttl)
                     for name, host in hosts.items():
                         key = ENGINE_STATE_KEY.format(deployment=name, state=host.state.value)
                         pipe.zadd(key, {self.name: now})

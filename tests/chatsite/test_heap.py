@@ -14,7 +14,7 @@ from moderation.classifiers import warm_up
 @pytest.fixture
 def thawed(monkeypatch):
     """Whatever a test freezes is given back to the collector after it."""
-    monkeypatch.setattr(heap, "_frozen", False)
+    monkeypatch.setattr(heap, "_frozen_count", 0)
     yield
     gc.unfreeze()
 
@@ -37,6 +37,26 @@ async def test_the_heap_is_frozen_once_the_process_is_warm(thawed):
     # A full collection no longer walks it; reference counting still owns it.
     assert not _in_collector_sight(loaded)
     assert loaded == [[1, 2, 3]]
+
+
+def test_a_workers_status_reports_the_frozen_heap_without_walking_it(thawed, monkeypatch):
+    # gc.get_freeze_count() walks every frozen object with the GIL held (75 ms in a worker); the
+    # heartbeat builds this status on the engine loop every second, with every stream waiting.
+    from inference.workers import WorkerRuntime
+
+    assert heap.heap_frozen_count() == 0
+    heap.heap_freeze()
+    frozen = heap.heap_frozen_count()
+    assert frozen > 1000
+
+    def walk() -> int:
+        raise AssertionError("the frozen heap was walked")
+
+    monkeypatch.setattr(gc, "get_freeze_count", walk)
+    runtime = WorkerRuntime(name="w", deployments=[])
+    status = runtime.status()
+    runtime.loop.close()
+    assert status["heap_frozen_objects"] == frozen
 
 
 async def test_the_heap_is_frozen_once_per_process(thawed):
