@@ -217,6 +217,7 @@ def _message_queue(
         api_key=api_key,
         limits=limits,
         prompt=prompt,
+        touch_conversation=history,
     )
     return _QueuedAnswer(user_message, answer, generation, admission)
 
@@ -260,9 +261,13 @@ def _answer_queue(
     api_key: Any = None,
     limits: Any = None,
     prompt: AssembledPrompt | None = None,
+    touch_conversation: bool = True,
 ) -> tuple[Generation, Admission]:
     """Pass the plan's gate, queue the answer's generation, and save `answer` pending. `prompt` is
-    the one assembled for it; without it, the prompt is assembled from the history before `answer`."""
+    the one assembled for it; without it, the prompt is assembled from the history before `answer`.
+    `touch_conversation`: move the conversation to the top of its owner's list; a conversation
+    this transaction created is there already, and the update would be one more round trip on the
+    way to the first token."""
     limits = limits or request_limits(user=user, deployment=deployment, api_key=api_key)
     if prompt is None:
         prompt = _prompt_for(
@@ -298,7 +303,8 @@ def _answer_queue(
     answer.finish_reason = ""
     answer.error_code = ""
     answer.save()
-    Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now())
+    if touch_conversation:
+        Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now())
     return generation, admission
 
 

@@ -52,6 +52,16 @@ def test_it_refuses_another_users_conversation(alice, bob):
     assert bobs.messages.count() == 2
 
 
+def test_a_new_message_moves_its_conversation_to_the_top_of_the_list(alice):
+    older = message_send(user=alice, content="First conversation").conversation
+    _finish(older)
+    newer = message_send(user=alice, content="Second conversation").conversation
+    _finish(newer)
+    assert list(Conversation.objects.filter(user=alice)) == [newer, older]
+    message_send(user=alice, content="Back to the first", conversation_id=older.id)
+    assert list(Conversation.objects.filter(user=alice)) == [older, newer]
+
+
 def test_a_second_message_waits_for_the_answer_in_progress(alice):
     sent = message_send(user=alice, content="First")
     with pytest.raises(ClientError) as refused:
