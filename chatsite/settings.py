@@ -145,6 +145,9 @@ if TRUSTED_PROXY := env_bool("DJANGO_BEHIND_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 if REDIS_URL:
+    # The list-based layer: a message waits in Redis until its reader takes it. The pub/sub layer
+    # (one PUBLISH per message, at most once) cost less CPU, but its saving did not show in the
+    # benchmark and two CI runs with it saw stops land seconds late (docs/performance.md).
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
@@ -179,6 +182,9 @@ INFERENCE_CPU_SCHEDULER_NICE = env_int("INFERENCE_CPU_SCHEDULER_NICE", 10, minim
 INFERENCE_CPU_WORKER_SPIN_MS = env_int("INFERENCE_CPU_WORKER_SPIN_MS", 100, minimum=0, maximum=1000)
 INFERENCE_STREAM_COALESCE_MS = env_int("INFERENCE_STREAM_COALESCE_MS", 40, minimum=0, maximum=1000)
 INFERENCE_STREAM_COALESCE_CHARS = env_int("INFERENCE_STREAM_COALESCE_CHARS", 96, minimum=1)
+# How long a followed stream may stay quiet before its follower looks in the replay buffer for events
+# live delivery may have dropped (an ending, say, or all that was sent while a connection was down).
+INFERENCE_STREAM_RESYNC_S = env_float("INFERENCE_STREAM_RESYNC_S", 5.0, minimum=0.05)
 INFERENCE_REPLAY_TTL_S = env_int("INFERENCE_REPLAY_TTL_S", 900, minimum=10)
 INFERENCE_MIN_OUTPUT_TOKENS = env_int("INFERENCE_MIN_OUTPUT_TOKENS", 32, minimum=1)
 INFERENCE_ENGINE_START_TIMEOUT_S = env_float("INFERENCE_ENGINE_START_TIMEOUT_S", 600, minimum=1)

@@ -11,8 +11,10 @@ moderation holds a message back (it is saved, flagged, and never reaches the mod
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -28,7 +30,13 @@ from inference.dispatch import engine_state, local_backend
 from inference.models import Generation
 from inference.selectors import generation_get_for_user
 from inference.services import generation_request_stop
-from inference.streaming import ENGINE_STATUS_GROUP, StreamPublisher, generation_group, replay_buffer
+from inference.streaming import (
+    ENGINE_STATUS_GROUP,
+    TERMINAL_EVENTS,
+    StreamPublisher,
+    events_after,
+    generation_group,
+)
 from moderation.services import InputCheck, classifiers_prepare
 
 logger = logging.getLogger(__name__)
@@ -37,6 +45,12 @@ MAX_FRAME_BYTES = 256 * 1024
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._heard: dict[str, float] = {}  # generation id -> when its last event was passed on
+        self._forwarding = asyncio.Lock()  # one stream event at a time, in seq order
+        self._resync: asyncio.Future | None = None
+
     async def connect(self) -> None:
         self.user = self.scope.get("user")
         if self.user is None or not self.user.is_authenticated:
@@ -45,6 +59,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         # generation id -> the last seq this socket has passed on
         self.following: dict[str, int] = {}
         await self.accept()
+        self._resync = asyncio.ensure_future(self._resync_quiet_streams())
         await self.channel_layer.group_add(ENGINE_STATUS_GROUP, self.channel_name)
         if settings.INFERENCE_BACKEND == "local":
             await local_backend.start()
@@ -71,6 +86,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if not hasattr(self, "following"):
             return
+        if self._resync is not None:
+            self._resync.cancel()
         await self.channel_layer.group_discard(ENGINE_STATUS_GROUP, self.channel_name)
         for generation_id in list(self.following):
             await self.channel_layer.group_discard(generation_group(generation_id), self.channel_name)
@@ -184,6 +201,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         first text is already here."""
         key = str(generation.id)
         self.following[key] = max(after_seq, self.following.get(key, 0))
+        self._heard[key] = time.monotonic()
         await self.channel_layer.group_add(generation_group(key), self.channel_name)
         if await self._forward_buffered(key) or key not in self.following or fresh:
             return
@@ -198,7 +216,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def _forward_buffered(self, key: str) -> bool:
         """Forward what the replay buffer holds of this stream; False when it holds nothing."""
-        buffered = await replay_buffer().read(key, 0)
+        buffered = await events_after(key, 0)
         for event in buffered:
             await self._forward(event)
         return bool(buffered)
@@ -218,15 +236,49 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self._forward({**event, "generation": key, "seq": seq, "text": generation.text})
 
     async def _forward(self, event: dict[str, Any]) -> None:
+        """Pass a stream's event on once, in order. A `seq` beyond the next one means live delivery
+        skipped some (it delivers at most once): the ones between come from the replay buffer first."""
+        async with self._forwarding:
+            key = event.get("generation")
+            last = self.following.get(key)
+            if last is not None and event["seq"] > last + 1:
+                missed = await events_after(key, last, before_seq=event["seq"])
+                if missed:
+                    logger.warning("stream %s: live delivery skipped %d events", key, len(missed))
+                for event_missed in missed:
+                    await self._pass_on(event_missed)
+            await self._pass_on(event)
+
+    async def _pass_on(self, event: dict[str, Any]) -> None:
         key = event.get("generation")
         last = self.following.get(key)
         if last is None or event["seq"] <= last:
             return
         self.following[key] = event["seq"]
+        self._heard[key] = time.monotonic()
         await self.send_json(event)
-        if event["type"] in ("generation.done", "generation.error"):
+        if event["type"] in TERMINAL_EVENTS:
             self.following.pop(key, None)
+            self._heard.pop(key, None)
             await self.channel_layer.group_discard(generation_group(key), self.channel_name)
+
+    async def _resync_quiet_streams(self) -> None:
+        """Look in the replay buffer for what a stream that has gone quiet may have lost live: an
+        ending that live delivery dropped would otherwise leave the answer unfinished on screen."""
+        interval = settings.INFERENCE_STREAM_RESYNC_S
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for key in [k for k in self.following if now - self._heard.get(k, now) >= interval]:
+                self._heard[key] = now
+                try:
+                    found = await events_after(key, self.following.get(key, 0))
+                    if found:
+                        logger.warning("stream %s: %d events found only by the quiet resync", key, len(found))
+                    for event in found:
+                        await self._forward(event)
+                except Exception:  # the next round tries again; the socket itself must live on
+                    logger.exception("resyncing stream %s failed", key)
 
     # --- channel-layer events -------------------------------------------------------------------
 

@@ -4,18 +4,27 @@ Protocol: every event for generation G goes to group "generation.G" with a `seq`
 per event. Each event is first appended to the replay buffer, then sent to the group. A follower
 joins the group *before* reading the buffer and drops anything with a `seq` it has already passed,
 so joining mid-stream (a reload, a second tab, a reconnect) never misses or repeats text.
+
+The buffer, not the channel layer, is what a follower relies on. Live delivery is the fast path and
+may skip events: channels-redis drops a group message for a channel that is full or gone, and any
+layer loses what was sent while a connection was down. So a follower that receives a `seq` beyond the next one first takes the ones between
+from the buffer (`events_after`), and one whose stream has gone quiet for INFERENCE_STREAM_RESYNC_S
+looks there too, which is how an ending that live delivery dropped still arrives.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
 from django.conf import settings
+
+logger = logging.getLogger(__name__)
 
 
 def generation_group(generation_id: Any) -> str:
@@ -182,31 +191,69 @@ async def engine_status_broadcast(deployment: str, state: str) -> None:
 TERMINAL_EVENTS = ("generation.done", "generation.error")
 
 
+async def events_after(generation_id: str, after_seq: int, *, before_seq: int | None = None) -> list[dict[str, Any]]:
+    """The buffered events of a stream after `after_seq` (and before `before_seq`), in `seq` order."""
+    events = await replay_buffer().read(generation_id, after_seq)
+    return sorted(
+        (event for event in events if before_seq is None or event["seq"] < before_seq), key=lambda e: e["seq"]
+    )
+
+
 async def follow_streams(generation_ids: list[str], *, idle_timeout: float) -> AsyncIterator[dict[str, Any]]:
     """Every event of these generations, each exactly once and in order, until all have ended.
 
     The same join-then-replay protocol as the chat socket, for callers without a consumer of their
     own (the OpenAI-compatible API): join each group on a fresh channel, replay the buffers, then
-    read live events, dropping any `seq` already passed. Raises TimeoutError after `idle_timeout`
-    seconds without an event.
+    read live events, dropping any `seq` already passed and taking from the buffers what live
+    delivery skipped. Raises TimeoutError after `idle_timeout` seconds without an event.
     """
     layer = get_channel_layer()
     channel = await layer.new_channel()
     last = dict.fromkeys(generation_ids, 0)
     open_ids = set(generation_ids)
+    resync_s = settings.INFERENCE_STREAM_RESYNC_S
+    # One receive for the channel at a time, kept across quiet spells: a cancelled receive may lose
+    # the message it was taking.
+    receiving: asyncio.Future | None = None
     try:
         for generation_id in generation_ids:
             await layer.group_add(generation_group(generation_id), channel)
-        backlog = [event for generation_id in generation_ids for event in await replay_buffer().read(generation_id, 0)]
+        backlog = [event for generation_id in generation_ids for event in await events_after(generation_id, 0)]
+        quiet_since = time.monotonic()
         while open_ids:
-            event = backlog.pop(0) if backlog else await asyncio.wait_for(layer.receive(channel), idle_timeout)
+            if backlog:
+                event = backlog.pop(0)
+            else:
+                receiving = receiving or asyncio.ensure_future(layer.receive(channel))
+                done, _ = await asyncio.wait({receiving}, timeout=resync_s)
+                if not done:
+                    if time.monotonic() - quiet_since >= idle_timeout:
+                        raise TimeoutError(f"no event for {idle_timeout:.0f} s")
+                    for generation_id in sorted(open_ids):
+                        found = await events_after(generation_id, last[generation_id])
+                        if found:
+                            logger.warning(
+                                "stream %s: %d events found only by the quiet resync", generation_id, len(found)
+                            )
+                        backlog += found
+                    continue
+                event, receiving = receiving.result(), None
             generation_id = event.get("generation")
             if generation_id not in last or event["seq"] <= last[generation_id]:
                 continue
+            if event["seq"] > last[generation_id] + 1:
+                missed = await events_after(generation_id, last[generation_id], before_seq=event["seq"])
+                if missed:  # live delivery skipped these: them first, then this one again
+                    logger.warning("stream %s: live delivery skipped %d events", generation_id, len(missed))
+                    backlog[:0] = [*missed, event]
+                    continue
             last[generation_id] = event["seq"]
+            quiet_since = time.monotonic()
             if event["type"] in TERMINAL_EVENTS:
                 open_ids.discard(generation_id)
             yield event
     finally:
+        if receiving is not None:
+            receiving.cancel()
         for generation_id in generation_ids:
             await layer.group_discard(generation_group(generation_id), channel)

@@ -17,7 +17,7 @@ from inference.models import Generation
 from inference.openai_format import usage
 from inference.services import generation_finish
 from inference.streaming import StreamPublisher, replay_buffer
-from tests.conftest import drain_until_finished, next_event, open_socket
+from tests.conftest import DropsLiveSends, drain_until_finished, next_event, open_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -211,14 +211,7 @@ async def test_a_stream_is_forwarded_while_the_shared_sync_thread_is_busy(alice,
     """Deltas reach the socket without a hop to the process's one shared sync thread: channels checks
     database connections there before every event a consumer handles, so any sync work queued on
     that thread (another socket's, Django's) held up every stream of the process."""
-    generation = await Generation.objects.acreate(
-        user=alice, deployment=default_deployment, prompt_token_ids=[1], sampling={}
-    )
-    socket, _ = await open_socket(alice)
-    await socket.send_json_to({"type": "generation.resume", "generation": str(generation.id), "after_seq": 0})
-    publisher = StreamPublisher(generation.id)
-    await publisher.add_text("Hello")
-    assert (await next_event(socket, timeout=5))["seq"] == 1  # it follows the stream
+    socket, publisher = await _following_a_stream(alice, default_deployment)
     release = threading.Event()
     busy = asyncio.ensure_future(sync_to_async(release.wait, thread_sensitive=True)())
     try:
@@ -229,6 +222,40 @@ async def test_a_stream_is_forwarded_while_the_shared_sync_thread_is_busy(alice,
         release.set()
         await busy
     assert (event["type"], event["seq"], event["text"]) == ("generation.delta", 2, " there.")
+    await socket.disconnect()
+
+
+async def test_a_socket_takes_what_live_delivery_skipped_from_the_buffer(alice, default_deployment):
+    """Live delivery may drop an event (a full channel, a lost connection): one that never arrives
+    live is taken from the replay buffer when the next one shows the gap, so the socket still passes
+    on every event once, in order."""
+    socket, publisher = await _following_a_stream(alice, default_deployment)
+    layer, publisher._layer = publisher._layer, DropsLiveSends()
+    await publisher.add_text(" there")
+    await publisher.flush()
+    publisher._layer = layer
+    await publisher.add_text(" again.")
+    await publisher.finish(status="complete", finish_reason="stop", usage=usage(1, 3))
+    events = await drain_until_finished(socket, timeout=5)
+    assert [(e["seq"], e["type"]) for e in events] == [
+        (2, "generation.delta"),
+        (3, "generation.delta"),
+        (4, "generation.done"),
+    ]
+    assert "".join(e["text"] for e in events[:2]) == " there again."
+    assert await socket.receive_nothing(timeout=0.3)
+    await socket.disconnect()
+
+
+async def test_a_socket_finds_an_ending_live_delivery_dropped(alice, default_deployment, settings):
+    """Nothing comes after a stream's last event to show the gap: a stream that has gone quiet is
+    looked up in the buffer, or the answer would never finish on screen."""
+    settings.INFERENCE_STREAM_RESYNC_S = 0.2
+    socket, publisher = await _following_a_stream(alice, default_deployment)
+    publisher._layer = DropsLiveSends()
+    await publisher.finish(status="complete", finish_reason="stop", usage=usage(1, 1))
+    events = await drain_until_finished(socket, timeout=5)
+    assert [(e["seq"], e["type"], e["status"]) for e in events] == [(2, "generation.done", "complete")]
     await socket.disconnect()
 
 
@@ -304,3 +331,16 @@ async def test_a_stream_just_queued_is_followed_without_waiting_for_the_database
     await StreamPublisher(generation.id).add_text("Hello")
     event = await asyncio.wait_for(consumer.channel_layer.receive(consumer.channel_name), timeout=5)
     assert (event["type"], event["seq"], event["text"]) == ("generation.delta", 1, "Hello")
+
+
+async def _following_a_stream(user, deployment):
+    """A socket of `user` following a new stream, and the stream's publisher, once the socket has
+    passed on its first text (seq 1, "Hello")."""
+    generation = await Generation.objects.acreate(user=user, deployment=deployment, prompt_token_ids=[1], sampling={})
+    socket, _ = await open_socket(user)
+    await socket.send_json_to({"type": "generation.resume", "generation": str(generation.id), "after_seq": 0})
+    publisher = StreamPublisher(generation.id, coalesce_ms=0)
+    await publisher.add_text("Hello")
+    first = await next_event(socket, timeout=5)
+    assert (first["seq"], first["text"]) == (1, "Hello")  # it follows the stream
+    return socket, publisher

@@ -1,0 +1,78 @@
+"""Following streams outside a socket (the API's server-sent events): once each, in order, whatever
+live delivery loses. Runs on the in-memory layer, and on channels-redis when REDIS_URL is set."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from inference import streaming
+from inference.openai_format import usage
+from inference.streaming import StreamPublisher, follow_streams
+from tests.conftest import DropsLiveSends
+
+
+async def test_a_follower_takes_what_live_delivery_dropped_from_the_buffer():
+    publisher, events, first = await _followed_from_its_first_text(coalesce_ms=0)
+    layer, publisher._layer = publisher._layer, DropsLiveSends()
+    await publisher.add_text(" there")
+    publisher._layer = layer
+    await publisher.finish(status="complete", finish_reason="stop", usage=usage(1, 2))
+    rest = await asyncio.wait_for(_collect(events), timeout=5)
+    assert [(e["seq"], e["type"]) for e in [first, *rest]] == [
+        (1, "generation.delta"),
+        (2, "generation.delta"),
+        (3, "generation.done"),
+    ]
+
+
+async def test_a_follower_finds_an_ending_live_delivery_dropped(settings):
+    settings.INFERENCE_STREAM_RESYNC_S = 0.2
+    publisher, events, _ = await _followed_from_its_first_text()
+    publisher._layer = DropsLiveSends()
+    await publisher.finish(status="complete", finish_reason="stop", usage=usage(1, 1))
+    rest = await asyncio.wait_for(_collect(events), timeout=3)
+    assert [(e["seq"], e["type"]) for e in rest] == [(2, "generation.done")]
+
+
+async def test_a_follower_keeps_receiving_live_after_a_quiet_spell(settings, monkeypatch):
+    # Waiting out a quiet spell must not cancel the follower's receive: a cancelled receive may
+    # lose the message it was taking (and channels-redis's pub/sub layer unsubscribes the channel).
+    settings.INFERENCE_STREAM_RESYNC_S = 0.1
+    publisher, events, _ = await _followed_from_its_first_text(coalesce_ms=0)
+
+    async def nothing_buffered(*args, **kwargs) -> list:
+        return []
+
+    monkeypatch.setattr(streaming, "events_after", nothing_buffered)  # from here on, live delivery only
+    following = asyncio.ensure_future(_collect(events))
+    await asyncio.sleep(0.5)
+    await publisher.add_text(" again")
+    await publisher.finish(status="complete", finish_reason="stop", usage=usage(1, 2))
+    rest = await asyncio.wait_for(following, timeout=3)
+    assert [e["seq"] for e in rest] == [2, 3]
+
+
+async def test_a_follower_gives_up_after_its_idle_timeout(settings):
+    settings.INFERENCE_STREAM_RESYNC_S = 0.1
+    events = follow_streams([str(uuid.uuid4())], idle_timeout=0.3)
+    try:
+        await asyncio.wait_for(anext(events), timeout=3)
+    except TimeoutError as exc:
+        assert "no event" in str(exc)
+    else:
+        raise AssertionError("a follower with nothing to follow should time out")
+
+
+async def _followed_from_its_first_text(**publisher_options):
+    """A new stream's publisher, a follower of it, and the first text it got (from the buffer, after
+    the follower had joined the stream)."""
+    generation_id = str(uuid.uuid4())
+    publisher = StreamPublisher(generation_id, **publisher_options)
+    await publisher.add_text("Hello")
+    events = follow_streams([generation_id], idle_timeout=10)
+    return publisher, events, await anext(events)
+
+
+async def _collect(events) -> list[dict]:
+    return [event async for event in events]
