@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -311,16 +312,22 @@ async def test_a_client_that_disconnects_stops_the_answer(chat_server, alice):
         httpx.AsyncClient(base_url=chat_server, headers={"Authorization": f"Bearer {key}"}, timeout=120) as client,
         client.stream("POST", send_url(), json={"content": "Write a very long story about the sea."}) as response,
     ):
+        sent_at = time.monotonic()
         deltas = 0
         async for line in response.aiter_lines():
             deltas += line == "event: delta"
             if deltas >= 2:
                 break
+    left_at = time.monotonic()
     for _ in range(100):
         generation = await Generation.objects.aget(user=alice)
         if generation.is_finished:
             break
         await asyncio.sleep(0.1)
-    assert generation.status == Generation.Status.STOPPED
+    assert generation.status == Generation.Status.STOPPED, (
+        f"second delta {left_at - sent_at:.2f} s after the send; the answer then ended"
+        f" {generation.status} after {generation.completion_tokens} tokens"
+    )
     answer = await Message.objects.aget(generation=generation)
     assert answer.status == Message.Status.STOPPED
+

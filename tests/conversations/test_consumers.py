@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -112,6 +113,7 @@ async def test_stop_ends_the_generation_in_the_engine_and_keeps_the_partial_text
     await socket.send_json_to(
         {"type": "message.send", "content": "Write a very long story about a dragon who learns to bake bread."}
     )
+    sent_at = time.monotonic()
     accepted = None
     deltas = []
     while len(deltas) < 3:
@@ -120,19 +122,26 @@ async def test_stop_ends_the_generation_in_the_engine_and_keeps_the_partial_text
             accepted = event
         elif event["type"] == "generation.delta":
             deltas.append(event)
+    stopped_at = time.monotonic()
     await socket.send_json_to({"type": "generation.stop", "generation": accepted["generation"]})
     events = await drain_until_finished(socket)
     done = events[-1]
-    assert done["type"] == "generation.done"
-    assert done["status"] == "stopped", (
-        f"the answer ended on its own first: {done}, {len(events)} events after the stop"
+    timeline = (
+        f"third delta {stopped_at - sent_at:.2f} s after the send, done {time.monotonic() - stopped_at:.2f} s"
+        f" after the stop, {len(events)} events between: {done}"
     )
+    assert done["type"] == "generation.done", timeline
+    assert done["status"] == "stopped", f"the answer ended on its own first: {timeline}"
     streamed = "".join(e["text"] for e in deltas + events if e["type"] == "generation.delta")
     answer = await Message.objects.aget(id=accepted["assistant_message"]["id"])
     assert answer.status == Message.Status.STOPPED
     assert answer.content == streamed and streamed
-    # The engine itself no longer works on it, well before max_tokens would have ended it.
-    assert done["usage"]["completion_tokens"] < 400
+    # The stop ended it, not its token budget. How many tokens the engine writes between the stop
+    # and the abort depends on the machine's load, so no count is asserted: only that it was cut.
+    generation = await Generation.objects.aget(id=accepted["generation"])
+    assert generation.finish_reason == "abort"
+    assert done["usage"]["completion_tokens"] < generation.sampling["max_tokens"], timeline
+    # The engine itself no longer works on it.
     for _ in range(100):
         if not await engine.engine_requests():
             break
