@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from contextlib import aclosing
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -311,52 +312,59 @@ async def _blocked(sent):
 
 
 async def _stream(sent):
-    generation_id = str(sent.generation.id)
-    yield sse(
-        "message.accepted",
-        {
-            "conversation": sent.conversation.id,
-            "conversation_created": sent.conversation_created,
-            "user_message": sent.user_message.id,
-            "assistant_message": sent.assistant_message.id,
-            "generation": generation_id,
-            "warning": sent.warning,
-        },
-    )
+    """The answer's events as server-sent events. If the response ends before the answer does (the
+    client went away: the task is cancelled, or the response is closed at one of its yields), the
+    answer is stopped rather than spend the engine on nobody."""
     from inference.streaming import follow_streams
 
+    generation_id = str(sent.generation.id)
+    followed_to_the_end = False
     try:
-        async for event in follow_streams([generation_id], idle_timeout=settings.INFERENCE_GENERATION_TIMEOUT_S + 60):
-            if event["type"] == "generation.delta":
-                yield sse("delta", {"seq": event["seq"], "text": event["text"]})
-            elif event["type"] == "generation.done":
-                yield sse(
-                    "done",
-                    {
-                        "seq": event["seq"],
-                        "message": sent.assistant_message.id,
-                        "status": event.get("status"),
-                        "finish_reason": event.get("finish_reason"),
-                        "usage": event.get("usage") or {},
-                        # Set when output moderation cut the answer: the text to keep instead.
-                        **({"text": event["text"]} if "text" in event else {}),
-                    },
-                )
-            else:
-                yield sse(
-                    "error",
-                    {
-                        "seq": event["seq"],
-                        "code": event.get("code"),
-                        "message": event.get("message") or "The answer failed.",
-                    },
-                )
+        yield sse(
+            "message.accepted",
+            {
+                "conversation": sent.conversation.id,
+                "conversation_created": sent.conversation_created,
+                "user_message": sent.user_message.id,
+                "assistant_message": sent.assistant_message.id,
+                "generation": generation_id,
+                "warning": sent.warning,
+            },
+        )
+        async with aclosing(
+            follow_streams([generation_id], idle_timeout=settings.INFERENCE_GENERATION_TIMEOUT_S + 60)
+        ) as events:
+            async for event in events:
+                yield _answer_sse(sent, event)
+        followed_to_the_end = True
     except TimeoutError:
+        followed_to_the_end = True
         yield sse("error", {"code": "timeout", "message": "The answer took too long."})
-    except asyncio.CancelledError:
-        # The client went away: stop the answer rather than spend the engine on nobody.
-        await asyncio.shield(sync_to_async(_stop)(sent.generation.id))
-        raise
+    finally:
+        if not followed_to_the_end:
+            await asyncio.shield(sync_to_async(_stop)(sent.generation.id))
+
+
+def _answer_sse(sent, event: dict[str, Any]) -> str:
+    if event["type"] == "generation.delta":
+        return sse("delta", {"seq": event["seq"], "text": event["text"]})
+    if event["type"] == "generation.done":
+        return sse(
+            "done",
+            {
+                "seq": event["seq"],
+                "message": sent.assistant_message.id,
+                "status": event.get("status"),
+                "finish_reason": event.get("finish_reason"),
+                "usage": event.get("usage") or {},
+                # Set when output moderation cut the answer: the text to keep instead.
+                **({"text": event["text"]} if "text" in event else {}),
+            },
+        )
+    return sse(
+        "error",
+        {"seq": event["seq"], "code": event.get("code"), "message": event.get("message") or "The answer failed."},
+    )
 
 
 def _stop(generation_id: Any) -> None:

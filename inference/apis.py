@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import aclosing
 from typing import Any
 
 from django.conf import settings
@@ -147,14 +148,18 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     return await _complete(ids, meta)
 
 
-async def _stopping_on_disconnect(ids: list[str]):
-    """Follow the streams; if the client goes away (the task is cancelled), stop the generations."""
+async def _stopping_when_abandoned(ids: list[str]):
+    """Follow the streams. If the response stops following them before they have all ended, stop
+    the ones still running: the client went away (the task is cancelled, or the response closed at
+    one of its own yields), or the response ended early on a failed choice."""
+    followed_to_the_end = False
     try:
         async for event in follow_streams(ids, idle_timeout=settings.INFERENCE_GENERATION_TIMEOUT_S + 60):
             yield event
-    except asyncio.CancelledError:
-        await asyncio.shield(db_async(_stop_all)(ids))
-        raise
+        followed_to_the_end = True
+    finally:
+        if not followed_to_the_end:
+            await asyncio.shield(db_async(_stop_all)(ids))
 
 
 def _stop_all(ids: list[str]) -> None:
@@ -173,25 +178,28 @@ async def _stream(ids: list[str], meta: dict[str, Any], include_usage: bool):
             )
         )
     usage = wire.usage(0, 0)
-    async for event in _stopping_on_disconnect(ids):
-        i = index[event["generation"]]
-        if event["type"] == "generation.delta":
-            yield wire.sse(
-                wire.chunk(**meta, choices=[wire.delta_choice(i, content=event["text"])], include_usage=include_usage)
-            )
-        elif event["type"] == "generation.done":
-            reason = wire.finish_reason(event.get("finish_reason"))
-            yield wire.sse(
-                wire.chunk(**meta, choices=[wire.delta_choice(i, finish=reason)], include_usage=include_usage)
-            )
-            usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
-        else:
-            yield wire.sse(
-                wire.error_body(
-                    message=event.get("message", "The generation failed."), status=500, code=event.get("code")
+    async with aclosing(_stopping_when_abandoned(ids)) as events:
+        async for event in events:
+            i = index[event["generation"]]
+            if event["type"] == "generation.delta":
+                yield wire.sse(
+                    wire.chunk(
+                        **meta, choices=[wire.delta_choice(i, content=event["text"])], include_usage=include_usage
+                    )
                 )
-            )
-            return
+            elif event["type"] == "generation.done":
+                reason = wire.finish_reason(event.get("finish_reason"))
+                yield wire.sse(
+                    wire.chunk(**meta, choices=[wire.delta_choice(i, finish=reason)], include_usage=include_usage)
+                )
+                usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
+            else:
+                yield wire.sse(
+                    wire.error_body(
+                        message=event.get("message", "The generation failed."), status=500, code=event.get("code")
+                    )
+                )
+                return
     if include_usage:
         yield wire.sse(wire.chunk(**meta, choices=[], usage=usage, include_usage=True))
     yield wire.sse("[DONE]")
@@ -201,20 +209,21 @@ async def _complete(ids: list[str], meta: dict[str, Any]) -> JsonResponse:
     index = {generation_id: i for i, generation_id in enumerate(ids)}
     texts, reasons = [""] * len(ids), ["stop"] * len(ids)
     usage = wire.usage(0, 0)
-    async for event in _stopping_on_disconnect(ids):
-        i = index[event["generation"]]
-        if event["type"] == "generation.delta":
-            texts[i] += event["text"]
-        elif event["type"] == "generation.done":
-            reasons[i] = wire.finish_reason(event.get("finish_reason"))
-            usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
-        else:
-            return JsonResponse(
-                wire.error_body(
-                    message=event.get("message", "The generation failed."), status=500, code=event.get("code")
-                ),
-                status=500,
-            )
+    async with aclosing(_stopping_when_abandoned(ids)) as events:
+        async for event in events:
+            i = index[event["generation"]]
+            if event["type"] == "generation.delta":
+                texts[i] += event["text"]
+            elif event["type"] == "generation.done":
+                reasons[i] = wire.finish_reason(event.get("finish_reason"))
+                usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
+            else:
+                return JsonResponse(
+                    wire.error_body(
+                        message=event.get("message", "The generation failed."), status=500, code=event.get("code")
+                    ),
+                    status=500,
+                )
     return JsonResponse(wire.completion(**meta, texts=texts, reasons=reasons, usage=usage))
 
 

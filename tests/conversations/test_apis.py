@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -331,3 +332,30 @@ async def test_a_client_that_disconnects_stops_the_answer(chat_server, alice):
     answer = await Message.objects.aget(generation=generation)
     assert answer.status == Message.Status.STOPPED
 
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_answer_stream_closed_at_one_of_its_yields_stops_the_answer(alice, default_deployment):
+    """A client that goes away ends the response either by cancelling it inside the stream or by
+    closing it at the event it waits to send: either way the answer is stopped."""
+    from conversations.apis import _stream
+    from inference.streaming import StreamPublisher
+
+    generation = await Generation.objects.acreate(
+        user=alice, deployment=default_deployment, prompt_token_ids=[1], sampling={}
+    )
+    sent = SimpleNamespace(
+        generation=generation,
+        conversation=SimpleNamespace(id=1),
+        conversation_created=True,
+        user_message=SimpleNamespace(id=1),
+        assistant_message=SimpleNamespace(id=2),
+        warning="",
+    )
+    stream = _stream(sent)
+    assert (await anext(stream)).startswith("event: message.accepted")
+    await StreamPublisher(generation.id, coalesce_ms=0).add_text("Hello")
+    assert (await anext(stream)).startswith("event: delta")
+    await stream.aclose()
+    generation = await Generation.objects.aget(id=generation.id)
+    assert generation.stop_requested
+    assert generation.status == Generation.Status.STOPPED

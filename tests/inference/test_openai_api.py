@@ -201,3 +201,22 @@ async def test_moderations_answer_in_the_openai_shape(chat_server, alice, key_fo
     }
     with pytest.raises(openai.BadRequestError):
         await client.moderations.create(input=[])
+
+
+async def test_a_completion_stream_closed_at_one_of_its_yields_stops_the_generation(alice, default_deployment):
+    """A client that goes away ends the response either by cancelling it inside the stream or by
+    closing it at the chunk it waits to send: either way the generation is stopped."""
+    from inference import apis
+    from inference.streaming import StreamPublisher
+
+    generation = await Generation.objects.acreate(
+        user=alice, deployment=default_deployment, prompt_token_ids=[1], sampling={}
+    )
+    stream = apis._stream([str(generation.id)], {"completion_id": "chatcmpl-t", "created": 0, "model": MODEL}, False)
+    assert b'"assistant"' in await anext(stream)
+    await StreamPublisher(generation.id, coalesce_ms=0).add_text("Hello")
+    assert b"Hello" in await anext(stream)
+    await stream.aclose()
+    generation = await Generation.objects.aget(id=generation.id)
+    assert generation.stop_requested
+    assert generation.status == Generation.Status.STOPPED
