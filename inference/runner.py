@@ -47,6 +47,10 @@ class Runner:
     def active(self) -> int:
         return len(self._streams)
 
+    def streaming_ids(self) -> list[str]:
+        """The generations whose engine streams this runner is reading now."""
+        return list(self._streams)
+
     def submit_threadsafe(self, generation_id: Any) -> concurrent.futures.Future:
         """Schedule a generation from any thread; the returned future ends when the generation does.
 

@@ -52,6 +52,11 @@ def generation_get_for_user(*, generation_id, user) -> Generation | None:
     return Generation.objects.select_related("deployment").filter(id=generation_id, user=user).first()
 
 
+def generation_ids_stop_requested(*, ids: list[str]) -> list[str]:
+    """Those of these generations someone has asked to stop."""
+    return [str(i) for i in Generation.objects.filter(id__in=ids, stop_requested=True).values_list("id", flat=True)]
+
+
 def generation_queued_count(*, deployment: ModelDeployment) -> int:
     return Generation.objects.filter(deployment=deployment, status=Generation.Status.QUEUED).count()
 

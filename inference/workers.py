@@ -31,6 +31,7 @@ from chatsite.heap import heap_freeze_when_warm, heap_frozen_count
 logger = logging.getLogger(__name__)
 
 ABORT_CHANNEL = "chatsite:abort"
+ABORT_LISTENER_NAME = "chatsite-abort-listener"  # its Redis connection's name (CLIENT LIST)
 WORKER_KEY = "chatsite:worker:{name}"
 ENGINE_STATE_KEY = "chatsite:engine:{deployment}:{state}"  # sorted set: worker -> last seen
 
@@ -137,14 +138,31 @@ class WorkerRuntime:
         while True:
             try:
                 # Its own connection with no read timeout: it waits, idle, for the next abort.
-                pubsub = _async_redis(socket_timeout=None).pubsub()
+                pubsub = _async_redis(socket_timeout=None, client_name=ABORT_LISTENER_NAME).pubsub()
                 await pubsub.subscribe(ABORT_CHANNEL)
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
                         self.runner.abort(message["data"].decode())
+                    elif message.get("type") == "subscribe":
+                        await self._abort_stops_missed()
             except Exception:
                 logger.exception("abort listener failed; reconnecting")
                 await asyncio.sleep(1)
+
+    async def _abort_stops_missed(self) -> None:
+        """Redis pub/sub delivers at most once: a stop published while the listener was connecting
+        (at boot, or after a lost connection) never reaches it. Once it is subscribed again (Redis
+        confirms it), every stop published from then on arrives, and the web process marks a stop in
+        the database before it publishes one: so the stops missed before are all in the database."""
+        from inference.selectors import generation_ids_stop_requested
+
+        streaming = self.runner.streaming_ids()
+        if streaming:
+            for generation_id in await db_async(generation_ids_stop_requested)(ids=streaming):
+                logger.info(
+                    "generation %s: applying a stop published while the abort listener reconnected", generation_id
+                )
+                self.runner.abort(generation_id)
 
     def stop(self) -> None:
         from inference.engine import engine_hosts

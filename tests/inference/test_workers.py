@@ -85,6 +85,38 @@ async def _moderation_becomes_ready(worker: CeleryWorker, *, timeout: float = 60
     return status.get("moderation") == "ready"
 
 
+async def test_a_stop_whose_publication_was_lost_lands_once_the_abort_listener_is_back(engine, alice):
+    """Redis pub/sub delivers at most once: a stop published while a worker's abort listener was
+    reconnecting never reaches it. The web process marks the stop in the database first, and the
+    listener looks there each time it has subscribed again."""
+    import redis
+
+    from inference.workers import ABORT_LISTENER_NAME
+
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to({"type": "message.send", "content": "Write a very long story about a lighthouse."})
+    accepted, deltas = None, 0
+    while deltas < 2:
+        event = await next_event(socket)
+        if event["type"] == "message.accepted":
+            accepted = event
+        elif event["type"] == "generation.delta":
+            deltas += 1
+    # The stop as the web process records it, its publication lost...
+    await Generation.objects.filter(id=accepted["generation"]).aupdate(stop_requested=True)
+    # ...while the listener's connection dropped (only its own: Celery's broker connections live on).
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    listeners = [c for c in client.client_list(_type="pubsub") if c["name"] == ABORT_LISTENER_NAME]
+    assert listeners, "the worker's abort listener should be subscribed, under its name"
+    for listener in listeners:
+        client.client_kill_filter(_id=listener["id"])
+    events = await drain_until_finished(socket, timeout=60)
+    assert (events[-1]["type"], events[-1]["status"]) == ("generation.done", "stopped"), events[-1]
+    generation = await Generation.objects.aget(id=accepted["generation"])
+    assert generation.finish_reason == "abort"
+    await socket.disconnect()
+
+
 async def test_concurrent_generations_on_one_worker_share_the_engine(engine, make_user):
     """N answers at once on one worker run together in its engine, not one after another."""
     users = [await database_sync_to_async(make_user)(f"user{i}") for i in range(4)]
