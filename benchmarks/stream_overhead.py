@@ -4,11 +4,20 @@ In one run, the same prompts at concurrency 1 and 8, with the same sampling (gre
   (a) straight into a vLLM AsyncLLM in this process;
   (b) through the whole production stack: WebSocket → web process (uvicorn) → PostgreSQL → Celery
       (Redis broker) → GPU worker process → Redis channel layer → web process → WebSocket client.
-The engine runs in one process at a time, so (a) and (b) never compete for the CPU.
+Both engines are loaded for the whole run and the two sides take turns: at concurrency 1 prompt
+by prompt, at concurrency 8 batch by batch (three batches a round), the side that goes first
+swapping every round. So a stretch in which the machine runs slower or faster falls on both sides
+alike (on these machines the engine alone drifts by 10-15 % within minutes, more than the overhead
+measured). Only one side works at a time, and each request starts on a quiet machine: after a
+pause longer than the engine's busy-wait after a step (`INFERENCE_CPU_WORKER_SPIN_MS`), so neither
+side's request finds the other's engine still spinning.
 
 Prints TTFT p50/p99, inter-token latency, output tokens/s, their ratios, and a final line
   RESULT ttft_added_p50_ms=<x> ttft_added_p99_ms=<y> throughput_ratio_c8=<z>
-(added TTFT at concurrency 1, the throughput ratio at concurrency 8).
+(added TTFT at concurrency 1, the throughput ratio at concurrency 8). BENCH_ROUNDS sets the rounds.
+Then, through the stack, it stops answers after their first text and prints how long each stop took
+to end its answer (stop sent to `generation.done` received: the web process, the abort broadcast,
+the worker cancelling the engine request and recording the end).
 
 Needs PostgreSQL and Redis: `make benchmark` (or set DATABASE_URL and REDIS_URL and run this file).
 """
@@ -24,6 +33,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +54,12 @@ PROMPTS = [
     "How do I boil an egg?",
     "Why is the sky blue?",
 ]
-ROUNDS = 2
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+# A c=8 batch takes a few seconds and its rate swings by 10-20 % from one to the next, so each round
+# runs several (a c=1 pass over the prompts takes tens of seconds).
+BATCHES_PER_ROUND = 3
+# Before each request, beyond the engine's busy-wait after a step (INFERENCE_CPU_WORKER_SPIN_MS).
+QUIET_MARGIN_S = 0.15
 
 
 @dataclass
@@ -100,15 +116,30 @@ def sampling(deployment) -> dict:
 # --- (a) the engine alone ------------------------------------------------------------------------
 
 
-async def engine_direct(deployment) -> dict[int, list[tuple[Sample, float]]]:
-    from chatsite.heap import heap_freeze
+One = Callable[[str], Awaitable[Sample]]
+
+
+@dataclass
+class Stopped:
+    seconds: float  # from the stop sent to its `generation.done` received
+    status: str
+    tokens: int
+
+
+@dataclass
+class Stack:
+    one: One
+    stopped: Callable[[str], Awaitable[Stopped]]  # a message stopped after its first text
+
+
+@asynccontextmanager
+async def engine_direct(deployment) -> AsyncIterator[One]:
     from inference.engine import EngineHost
     from inference.selectors import engine_spec_for
 
     host = EngineHost(engine_spec_for(deployment))
     host.start()
     await host.wait_ready(timeout=900)
-    heap_freeze()  # as the stack's processes do once warm, so neither side pauses for a full collection
     counter = iter(range(10**6))
 
     async def one(prompt: str) -> Sample:
@@ -124,24 +155,37 @@ async def engine_direct(deployment) -> dict[int, list[tuple[Sample, float]]]:
             tokens = delta.completion_tokens
         return Sample(first or 0.0, time.perf_counter() - started, tokens)
 
-    await one("Hello!")  # warm-up
-    results = await run_levels(one)
-    await host.aclose()
-    return results
+    try:
+        yield one
+    finally:
+        await host.aclose()
 
 
-async def run_levels(one) -> dict[int, list[tuple[Sample, float]]]:
-    """Per concurrency level, the samples and the wall time of each batch."""
-    results: dict[int, list[tuple[Sample, float]]] = {1: [], 8: []}
-    for _ in range(ROUNDS):
+Results = dict[int, list[tuple[Sample, float]]]
+
+
+async def run_paired(sides: dict[str, One]) -> dict[str, Results]:
+    """Per side and concurrency level, the samples and the wall time of each batch, the sides
+    taking turns request by request (c=1) and batch by batch (c=8)."""
+    from django.conf import settings
+
+    quiet_s = settings.INFERENCE_CPU_WORKER_SPIN_MS / 1000 + QUIET_MARGIN_S
+    results: dict[str, Results] = {name: {1: [], 8: []} for name in sides}
+    for round_ in range(ROUNDS):
+        order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
         for prompt in PROMPTS:
-            started = time.perf_counter()
-            sample = await one(prompt)
-            results[1].append((sample, time.perf_counter() - started))
-        started = time.perf_counter()
-        samples = await asyncio.gather(*(one(p) for p in PROMPTS))
-        wall = time.perf_counter() - started
-        results[8].extend((s, wall) for s in samples)
+            for name in order:
+                await asyncio.sleep(quiet_s)
+                started = time.perf_counter()
+                sample = await sides[name](prompt)
+                results[name][1].append((sample, time.perf_counter() - started))
+        for _ in range(BATCHES_PER_ROUND):
+            for name in order:
+                await asyncio.sleep(quiet_s)
+                started = time.perf_counter()
+                samples = await asyncio.gather(*(sides[name](p) for p in PROMPTS))
+                wall = time.perf_counter() - started
+                results[name][8].extend((s, wall) for s in samples)
     return results
 
 
@@ -160,7 +204,8 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen:
     )
 
 
-async def whole_stack(deployment) -> dict[int, list[tuple[Sample, float]]]:
+@asynccontextmanager
+async def whole_stack(deployment) -> AsyncIterator[Stack]:
     import websockets
     from django.contrib.auth import get_user_model
     from django.test import Client
@@ -211,6 +256,7 @@ async def whole_stack(deployment) -> dict[int, list[tuple[Sample, float]]]:
         ],
         logs / "bench-web.log",
     )
+    connections = AsyncExitStack()
     try:
         while worker_engine_state(DEPLOYMENT) != "ready":
             if worker.poll() is not None:
@@ -224,20 +270,25 @@ async def whole_stack(deployment) -> dict[int, list[tuple[Sample, float]]]:
         await asyncio.to_thread(client.force_login, user)
         cookie = f"sessionid={client.cookies['sessionid'].value}"
         url = f"ws://127.0.0.1:{port}/ws/chat/"
+        headers = {"Cookie": cookie, "Origin": f"http://127.0.0.1:{port}"}
         for _ in range(100):
             try:
-                async with websockets.connect(
-                    url, additional_headers={"Cookie": cookie, "Origin": f"http://127.0.0.1:{port}"}
-                ):
+                async with websockets.connect(url, additional_headers=headers):
                     break
             except OSError:
                 await asyncio.sleep(0.2)
+        # One socket per user, opened before anything is timed and kept for all of that user's
+        # messages, as the chat page keeps one for as long as it is open: the handshake is a page
+        # load's cost, not a message's. Eight users, so that eight messages can be in flight.
+        sockets: asyncio.Queue = asyncio.Queue()
+        for _ in range(len(PROMPTS)):
+            ws = await connections.enter_async_context(websockets.connect(url, additional_headers=headers))
+            await ws.recv()  # engine.status greeting
+            sockets.put_nowait(ws)
 
         async def one(prompt: str) -> Sample:
-            async with websockets.connect(
-                url, additional_headers={"Cookie": cookie, "Origin": f"http://127.0.0.1:{port}"}
-            ) as ws:
-                await ws.recv()  # engine.status greeting
+            ws = await sockets.get()
+            try:
                 started = time.perf_counter()
                 await ws.send(json.dumps({"type": "message.send", "model": DEPLOYMENT, "content": prompt}))
                 first = None
@@ -249,10 +300,30 @@ async def whole_stack(deployment) -> dict[int, list[tuple[Sample, float]]]:
                         return Sample(first or 0.0, time.perf_counter() - started, event["usage"]["completion_tokens"])
                     elif event["type"] in ("generation.error", "error"):
                         raise RuntimeError(event)
+            finally:
+                sockets.put_nowait(ws)
 
-        await one("Hello!")  # warm-up
-        return await run_levels(one)
+        async def stopped(prompt: str) -> Stopped:
+            ws = await sockets.get()
+            try:
+                await ws.send(json.dumps({"type": "message.send", "model": DEPLOYMENT, "content": prompt}))
+                stop_sent = None
+                while True:
+                    event = json.loads(await ws.recv())
+                    if event["type"] == "generation.delta" and stop_sent is None:
+                        stop_sent = time.perf_counter()
+                        await ws.send(json.dumps({"type": "generation.stop", "generation": event["generation"]}))
+                    elif event["type"] == "generation.done":
+                        seconds = time.perf_counter() - (stop_sent or time.perf_counter())
+                        return Stopped(seconds, event["status"], event["usage"]["completion_tokens"])
+                    elif event["type"] in ("generation.error", "error"):
+                        raise RuntimeError(event)
+            finally:
+                sockets.put_nowait(ws)
+
+        yield Stack(one, stopped)
     finally:
+        await connections.aclose()
         for process in (web, worker):
             os.killpg(process.pid, signal.SIGTERM)
         for process in (web, worker):
@@ -265,15 +336,20 @@ async def whole_stack(deployment) -> dict[int, list[tuple[Sample, float]]]:
 # --- report --------------------------------------------------------------------------------------
 
 
-def summarize(results: dict[int, list[tuple[Sample, float]]]) -> dict[int, dict[str, float]]:
+def batches(rows: list[tuple[Sample, float]]) -> list[tuple[int, float]]:
+    """The c=8 rows, batch by batch: the tokens of each batch and its wall time."""
+    size = len(PROMPTS)
+    return [(sum(s.tokens for s, _ in rows[i : i + size]), rows[i][1]) for i in range(0, len(rows), size)]
+
+
+def summarize(results: Results) -> dict[int, dict[str, float]]:
     out = {}
     for level, rows in results.items():
         samples = [s for s, _ in rows]
         if level == 1:
             throughput = sum(s.tokens for s in samples) / sum(w for _, w in rows)
         else:
-            walls = sorted({w for _, w in rows})
-            throughput = sum(s.tokens for s in samples) / sum(walls)
+            throughput = sum(s.tokens for s in samples) / sum(wall for _, wall in batches(rows))
         out[level] = {
             "ttft_p50_ms": 1000 * pct([s.ttft for s in samples], 50),
             "ttft_p99_ms": 1000 * pct([s.ttft for s in samples], 99),
@@ -284,16 +360,29 @@ def summarize(results: dict[int, list[tuple[Sample, float]]]) -> dict[int, dict[
     return out
 
 
+async def measure(deployment) -> tuple[dict[str, Results], list[Stopped]]:
+    from chatsite.heap import heap_freeze
+
+    print("starting the stack (web process, Celery worker) and the engine alone ...", flush=True)
+    async with whole_stack(deployment) as stack, engine_direct(deployment) as direct:
+        heap_freeze()  # as the stack's processes do once warm, so neither side pauses for a full collection
+        for one in (direct, stack.one):
+            await one("Hello!")  # warm-up
+        print("measuring, the two sides taking turns ...", flush=True)
+        results = await run_paired({"engine": direct, "stack": stack.one})
+        print("stopping answers after their first text ...", flush=True)
+        stops = [await stack.stopped(prompt) for prompt in PROMPTS]
+        return results, stops
+
+
 def main() -> None:
     deployment = setup_django()
     print(
         f"model {deployment.model_path}, greedy, max_tokens={MAX_TOKENS}, {len(PROMPTS)} prompts x {ROUNDS} rounds",
         flush=True,
     )
-    print("(a) engine direct ...", flush=True)
-    direct = summarize(asyncio.run(engine_direct(deployment)))
-    print("(b) whole stack over WebSocket ...", flush=True)
-    stack = summarize(asyncio.run(whole_stack(deployment)))
+    results, stops = asyncio.run(measure(deployment))
+    direct, stack = summarize(results["engine"]), summarize(results["stack"])
     print(f"\n{'':14}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL':>9}{'tokens':>8}{'tok/s':>8}")
     for level in (1, 8):
         for name, figures in (("engine", direct[level]), ("stack", stack[level])):
@@ -305,6 +394,19 @@ def main() -> None:
             f"c={level} ratio   TTFT p50 +{stack[level]['ttft_p50_ms'] - direct[level]['ttft_p50_ms']:.1f} ms, "
             f"throughput x{stack[level]['tok_s'] / direct[level]['tok_s']:.3f}"
         )
+    print(
+        "c=8 tokens/s round by round: "
+        + " | ".join(
+            f"{name} " + " ".join(f"{tokens / wall:.0f}" for tokens, wall in batches(results[name][8]))
+            for name in results
+        )
+    )
+    stop_ms = [1000 * stop.seconds for stop in stops]
+    print(
+        f"stop to done: p50 {pct(stop_ms, 50):.0f} ms, max {max(stop_ms):.0f} ms; "
+        f"{sum(stop.status == 'stopped' for stop in stops)}/{len(stops)} ended stopped, "
+        f"after {' '.join(str(stop.tokens) for stop in stops)} of {MAX_TOKENS} tokens"
+    )
     # Added latency is one user's (c=1): at c=8 the engine's own queueing hides the stack's share.
     added_p50 = stack[1]["ttft_p50_ms"] - direct[1]["ttft_p50_ms"]
     added_p99 = stack[1]["ttft_p99_ms"] - direct[1]["ttft_p99_ms"]
