@@ -147,7 +147,8 @@ if TRUSTED_PROXY := env_bool("DJANGO_BEHIND_PROXY", False):
 if REDIS_URL:
     # The list-based layer: a message waits in Redis until its reader takes it. The pub/sub layer
     # (one PUBLISH per message, at most once) cost less CPU, but its saving did not show in the
-    # benchmark and two CI runs with it saw stops land seconds late (docs/performance.md).
+    # benchmark, and in two CI runs with it answers ran on for seconds before their stop took effect
+    # (docs/production.md).
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",

@@ -7,9 +7,10 @@ so joining mid-stream (a reload, a second tab, a reconnect) never misses or repe
 
 The buffer, not the channel layer, is what a follower relies on. Live delivery is the fast path and
 may skip events: channels-redis drops a group message for a channel that is full or gone, and any
-layer loses what was sent while a connection was down. So a follower that receives a `seq` beyond the next one first takes the ones between
-from the buffer (`events_after`), and one whose stream has gone quiet for INFERENCE_STREAM_RESYNC_S
-looks there too, which is how an ending that live delivery dropped still arrives.
+layer loses what was sent while a connection was down. So a follower that receives a `seq` beyond
+the next one first takes the ones between from the buffer (`events_after`), and one whose stream
+has gone quiet for INFERENCE_STREAM_RESYNC_S looks there too, which is how an ending that live
+delivery dropped still arrives.
 """
 
 from __future__ import annotations
