@@ -16,6 +16,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.core.cache import cache
 
+from accounts import ratelimit
 from accounts.defaults import create_default_tiers
 from accounts.models import Tier, TierModelPrice
 from accounts.services import user_create
@@ -44,10 +45,22 @@ def default_deployment(request):
 
 @pytest.fixture(autouse=True)
 def fresh_rate_limits():
-    """Rate-limit buckets live in the cache; one test's requests must not count against the next's."""
-    cache.clear()
+    """One test's requests must not count against the next's."""
+    rate_limits_clear()
     yield
+    rate_limits_clear()
+
+
+def rate_limits_clear() -> None:
+    """Empty the cache and every rate-limit bucket: in the cache (embedded default), or under their
+    own prefix in Redis, where clearing the cache leaves them (chatsite/cache.py)."""
     cache.clear()
+    if settings.REDIS_URL:
+        import redis
+
+        from chatsite.cache import keys_delete
+
+        keys_delete(redis.Redis.from_url(settings.REDIS_URL), prefix=ratelimit.KEY_PREFIX)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from unittest.mock import patch
 
 import pytest
 from channels.db import database_sync_to_async
-from django.core.cache import cache
 from django.db import connections
 from hypothesis import given
 from hypothesis import settings as settings_hypothesis
@@ -25,7 +24,7 @@ from conversations.models import Message
 from conversations.services import message_send
 from inference.models import Generation
 from inference.selectors import deployment_get
-from tests.conftest import next_event, open_socket
+from tests.conftest import next_event, open_socket, rate_limits_clear
 
 
 def test_a_bucket_admits_its_capacity_then_says_when_to_come_back(db):
@@ -216,7 +215,7 @@ def test_a_bucket_never_admits_more_than_its_capacity_plus_what_refilled(steps):
     """Over any run of requests, admitted units <= capacity + refill rate x elapsed time."""
     capacity, period = 5, 10.0
     clock = [1_000.0]
-    cache.clear()
+    rate_limits_clear()
     admitted = 0
     with patch("accounts.ratelimit.time.time", lambda: clock[0]):
         for gap, amount in steps:

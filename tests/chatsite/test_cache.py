@@ -43,3 +43,19 @@ def test_the_cache_still_reads_and_writes(redis_cache):
     assert cache.get("greeting") == {"text": "hello"}
     cache.delete("greeting")
     assert cache.get("greeting") is None
+
+
+def test_clearing_the_cache_leaves_the_queues_and_streams_that_share_its_database(redis_cache):
+    cache = caches["default"]
+    cache.set_many({f"policy:{n}": n for n in range(2500)}, timeout=60)  # more than one batch to delete
+    redis_cache.rpush("gpu.default", "a queued task")  # Celery's queue for a deployment
+    redis_cache.rpush("chatsite:stream:g1", '{"seq": 1}')  # a replay buffer
+    redis_cache.set("chatsite:worker:w1", "alive")
+
+    assert cache.clear()
+
+    assert cache.get("policy:7") is None
+    assert not list(redis_cache.scan_iter(match="chatsite:cache:*"))
+    assert redis_cache.lrange("gpu.default", 0, -1) == [b"a queued task"]
+    assert redis_cache.lrange("chatsite:stream:g1", 0, -1) == [b'{"seq": 1}']
+    assert redis_cache.get("chatsite:worker:w1") == b"alive"
