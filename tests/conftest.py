@@ -1,12 +1,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -104,6 +109,42 @@ def redis_url(settings):
     client.flushdb()
 
 
+LEFTOVER_TASKS_WAIT_S = 20
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def tasks_ended_at_exit():
+    """Ends the tasks the run left on its loop, before the loop closes, and says which would not end.
+
+    The loop's close cancels what is left and waits for all of it without a limit, so one task
+    that will not end would hang the run after its last test. Here each gets LEFTOVER_TASKS_WAIT_S
+    to end once cancelled; one that still has not is reported with where it waits (a warning in the
+    run's summary) and taken off the loop's list, so the run ends and says why.
+    """
+    yield
+    current = asyncio.current_task()
+    left = [task for task in asyncio.all_tasks() if task is not current]
+    for task in left:
+        task.cancel()
+    if not left:
+        return
+    _, stuck = await asyncio.wait(left, timeout=LEFTOVER_TASKS_WAIT_S)
+    for task in stuck:
+        warnings.warn(f"a task would not end when cancelled: {task!r}\n{_await_chain(task)}", stacklevel=1)
+        # The loop's close would wait for it for ever; asyncio has no public way to let go of a task.
+        asyncio.tasks._unregister_task(task)
+
+
+def _await_chain(task: asyncio.Task) -> str:
+    """Where a task waits: each coroutine down its chain of awaits, then what the last one awaits."""
+    lines, awaited = [], task.get_coro()
+    while (frame := getattr(awaited, "cr_frame", None) or getattr(awaited, "ag_frame", None)) is not None:
+        lines.append(f"  {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None)
+    lines.append(f"  awaiting {awaited!r}")
+    return "\n".join(lines)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def moderation_classifiers_loaded():
     """Every message goes through input moderation; load its embedding model once, up front (≈6 s),
@@ -119,6 +160,79 @@ async def engines_shut_down_at_exit():
     yield
     for host in engine_hosts().values():
         await host.aclose()
+
+
+STALL_REPORT_S = 1.0
+stall_log = logging.getLogger("tests.loop_stalls")
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def loop_stalls_reported():
+    """Logs a warning whenever the test loop runs nothing for STALL_REPORT_S while a test is on it,
+    with what each thread of the process is doing, the CPU the process used meanwhile, the CPU time
+    the hypervisor took from this virtual machine meanwhile (steal) and the machine's load: a test
+    that fails on timing then says whether this process stood still, and whether it was busy or
+    starved (the warning is in the test's captured log)."""
+    loop = asyncio.get_running_loop()
+    loop_thread = threading.get_ident()
+    last_turn = [time.monotonic()]  # when the loop last ran a callback of the watcher's
+    done = threading.Event()
+
+    def turn() -> None:
+        last_turn[0] = time.monotonic()
+
+    def watch() -> None:
+        # The last turn the watcher saw, and the process's CPU and the stolen time when it saw it.
+        seen = (last_turn[0], time.process_time(), stolen_s())
+        stalled_since = None
+        while not done.wait(0.1):
+            if not loop.is_running():  # between tests: sync fixtures run with the loop stopped
+                last_turn[0], stalled_since = time.monotonic(), None
+            elif last_turn[0] == seen[0]:
+                quiet = time.monotonic() - seen[0]
+                if quiet >= STALL_REPORT_S and stalled_since is None:
+                    stalled_since = seen[0]
+                    stall_log.warning(
+                        "the test loop has run nothing for %.1f s; this process used %.2f s of CPU meanwhile, "
+                        "the hypervisor took %.2f s of CPU time from this machine, "
+                        "the machine's load average is %.1f; its threads are at:\n%s",
+                        quiet,
+                        time.process_time() - seen[1],
+                        stolen_s() - seen[2],
+                        os.getloadavg()[0],
+                        threads_now(),
+                    )
+            if last_turn[0] != seen[0]:
+                if stalled_since is not None:
+                    stall_log.warning("the test loop stood still for %.1f s", last_turn[0] - stalled_since)
+                    stalled_since = None
+                seen = (last_turn[0], time.process_time(), stolen_s())
+            loop.call_soon_threadsafe(turn)
+
+    def threads_now() -> str:
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        return "\n".join(
+            f"-- {names.get(ident, ident)}{' (the loop)' if ident == loop_thread else ''}:\n"
+            + "".join(traceback.format_stack(frame)[-6:])
+            for ident, frame in sys._current_frames().items()
+            if ident != threading.get_ident()
+        )
+
+    watcher = threading.Thread(target=watch, name="loop-stall-watch", daemon=True)
+    watcher.start()
+    yield
+    done.set()
+
+
+def stolen_s() -> float:
+    """CPU time the hypervisor has given to others while this machine's CPUs wanted to run, summed
+    over CPUs, since boot (the `steal` column of /proc/stat); 0 where there is no such column."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 class LocalEngine:
@@ -313,6 +427,21 @@ async def drain_until_finished(communicator, *, timeout: float = 60) -> list[dic
             return events
 
 
+_open_sockets: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+async def sockets_closed_after_each_test():
+    """Closes the sockets a test left open. A consumer left running would go on receiving from the
+    channel layer through the tests after it, and its pending receive kept the run from ending."""
+    yield
+    while _open_sockets:
+        communicator = _open_sockets.pop()
+        if not communicator.future.done():
+            with contextlib.suppress(Exception):
+                await communicator.disconnect(timeout=5)
+
+
 async def open_socket(user=None, *, origin: str = "http://localhost", path: str = "/ws/chat/"):
     """A WebsocketCommunicator through the real ASGI stack (origin check, session auth, routing).
 
@@ -329,11 +458,49 @@ async def open_socket(user=None, *, origin: str = "http://localhost", path: str 
         await database_sync_to_async(client.force_login)(user)
         headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
     communicator = WebsocketCommunicator(application, path, headers=headers)
-    connected, _ = await communicator.connect(timeout=10)
+    _open_sockets.append(communicator)  # a refused one too: its consumer runs until told of the close
+    connected, _ = await communicator.connect(timeout=30)
     if connected:
-        greeting = await communicator.receive_json_from(timeout=10)
+        greeting = await communicator.receive_json_from(timeout=30)
         assert greeting["type"] == "engine.status"
     return communicator, connected
+
+
+async def stopped_while_streaming(attempt: Callable[[], Any], *, tries: int = 3) -> Any:
+    """Run `attempt` until its answer was still streaming when it was stopped; returns what it saw.
+
+    `attempt` starts an answer, stops it mid-stream (a stop, a client gone) and returns what it saw
+    and whether the answer was still running then. A try whose answer had already ended says nothing
+    about stopping: this process may have stood still until the end (the loop-stall warning in the
+    log says so). The test asserts on the try that counted.
+    """
+    ended_first = []
+    for _ in range(tries):
+        seen, running = await attempt()
+        if running:
+            return seen
+        ended_first.append(seen)
+    pytest.fail(f"each answer had ended before it was stopped: {ended_first}")
+
+
+@pytest.fixture
+async def unclaimed_generation(alice, default_deployment):
+    """Alice's generation, queued but never dispatched: no engine runs it, a test publishes its events."""
+    from inference.models import Generation
+
+    return await Generation.objects.acreate(
+        user=alice, deployment=default_deployment, prompt_token_ids=[1], sampling={}
+    )
+
+
+@pytest.fixture
+def followers_give_up_at_once(settings, monkeypatch):
+    """A follower gives up after half a second without an event, not after an answer's time limit."""
+    from inference import streaming
+
+    settings.INFERENCE_GENERATION_TIMEOUT_S = 0
+    settings.INFERENCE_STREAM_RESYNC_S = 0.1
+    monkeypatch.setattr(streaming, "FOLLOW_GRACE_S", 0.5)
 
 
 def free_port() -> int:

@@ -18,7 +18,7 @@ from inference.models import Generation
 from inference.openai_format import usage
 from inference.services import generation_finish
 from inference.streaming import StreamPublisher, replay_buffer
-from tests.conftest import DropsLiveSends, drain_until_finished, next_event, open_socket
+from tests.conftest import DropsLiveSends, drain_until_finished, next_event, open_socket, stopped_while_streaming
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -107,9 +107,10 @@ async def test_a_message_streams_deltas_in_order_and_ends_with_done(engine, alic
     await socket.disconnect()
 
 
-@pytest.mark.engine
-async def test_stop_ends_the_generation_in_the_engine_and_keeps_the_partial_text(engine, alice):
-    socket, _ = await open_socket(alice)
+async def _stop_after_three_deltas(socket) -> tuple[tuple[dict, list[dict], list[dict], str], bool]:
+    """Ask for a long answer, stop it after its third delta, read on to its end. Returns the
+    acceptance, the deltas before the stop, the events after it and a timeline, and whether the
+    answer was still running when the stop was sent."""
     await socket.send_json_to(
         {"type": "message.send", "content": "Write a very long story about a dragon who learns to bake bread."}
     )
@@ -122,14 +123,22 @@ async def test_stop_ends_the_generation_in_the_engine_and_keeps_the_partial_text
             accepted = event
         elif event["type"] == "generation.delta":
             deltas.append(event)
+    running = not (await Generation.objects.aget(id=accepted["generation"])).is_finished
     stopped_at = time.monotonic()
     await socket.send_json_to({"type": "generation.stop", "generation": accepted["generation"]})
     events = await drain_until_finished(socket)
-    done = events[-1]
     timeline = (
         f"third delta {stopped_at - sent_at:.2f} s after the send, done {time.monotonic() - stopped_at:.2f} s"
-        f" after the stop, {len(events)} events between: {done}"
+        f" after the stop, {len(events)} events between: {events[-1]}"
     )
+    return (accepted, deltas, events, timeline), running
+
+
+@pytest.mark.engine
+async def test_stop_ends_the_generation_in_the_engine_and_keeps_the_partial_text(engine, alice):
+    socket, _ = await open_socket(alice)
+    accepted, deltas, events, timeline = await stopped_while_streaming(lambda: _stop_after_three_deltas(socket))
+    done = events[-1]
     assert done["type"] == "generation.done", timeline
     assert done["status"] == "stopped", f"the answer ended on its own first: {timeline}"
     streamed = "".join(e["text"] for e in deltas + events if e["type"] == "generation.delta")
