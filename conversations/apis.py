@@ -11,13 +11,11 @@ key or by session; a session request must carry a CSRF token, which DRF's Sessio
 
 from __future__ import annotations
 
-import asyncio
 import json
 from contextlib import aclosing
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -313,36 +311,30 @@ async def _blocked(sent):
 
 async def _stream(sent):
     """The answer's events as server-sent events. If the response ends before the answer does (the
-    client went away: the task is cancelled, or the response is closed at one of its yields), the
-    answer is stopped rather than spend the engine on nobody."""
-    from inference.streaming import follow_streams
+    client went away, or no event came for longer than an answer may take), the answer is stopped
+    rather than spend the engine on nobody (`stopped_if_abandoned`)."""
+    from inference.streaming import FOLLOW_TIMEOUT_MESSAGE, follow_streams, stopped_if_abandoned
 
     generation_id = str(sent.generation.id)
-    followed_to_the_end = False
     try:
-        yield sse(
-            "message.accepted",
-            {
-                "conversation": sent.conversation.id,
-                "conversation_created": sent.conversation_created,
-                "user_message": sent.user_message.id,
-                "assistant_message": sent.assistant_message.id,
-                "generation": generation_id,
-                "warning": sent.warning,
-            },
-        )
-        async with aclosing(
-            follow_streams([generation_id], idle_timeout=settings.INFERENCE_GENERATION_TIMEOUT_S + 60)
-        ) as events:
-            async for event in events:
-                yield _answer_sse(sent, event)
-        followed_to_the_end = True
+        async with stopped_if_abandoned([generation_id]) as following:
+            yield sse(
+                "message.accepted",
+                {
+                    "conversation": sent.conversation.id,
+                    "conversation_created": sent.conversation_created,
+                    "user_message": sent.user_message.id,
+                    "assistant_message": sent.assistant_message.id,
+                    "generation": generation_id,
+                    "warning": sent.warning,
+                },
+            )
+            async with aclosing(follow_streams([generation_id])) as events:
+                async for event in events:
+                    yield _answer_sse(sent, event)
+            following.ended = True
     except TimeoutError:
-        followed_to_the_end = True
-        yield sse("error", {"code": "timeout", "message": "The answer took too long."})
-    finally:
-        if not followed_to_the_end:
-            await asyncio.shield(sync_to_async(_stop)(sent.generation.id))
+        yield sse("error", {"code": "timeout", "message": FOLLOW_TIMEOUT_MESSAGE})
 
 
 def _answer_sse(sent, event: dict[str, Any]) -> str:
@@ -365,15 +357,6 @@ def _answer_sse(sent, event: dict[str, Any]) -> str:
         "error",
         {"seq": event["seq"], "code": event.get("code"), "message": event.get("message") or "The answer failed."},
     )
-
-
-def _stop(generation_id: Any) -> None:
-    from inference.models import Generation
-    from inference.services import generation_request_stop
-
-    generation = Generation.objects.filter(id=generation_id).first()
-    if generation is not None:
-        generation_request_stop(generation=generation)
 
 
 SEND_DESCRIPTION = (

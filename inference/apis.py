@@ -8,7 +8,6 @@ so the official client raises its own exception types.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from contextlib import aclosing
 from typing import Any
@@ -27,8 +26,8 @@ from accounts.authentication import ApiKeyAuthentication, HasScope, require_scop
 from chatsite.database import db_async
 from chatsite.errors import ClientError, validated_json_body
 from inference import openai_format as wire
-from inference.services import completion_create, generation_request_stop, newest_user_text
-from inference.streaming import follow_streams
+from inference.services import completion_create, newest_user_text
+from inference.streaming import FOLLOW_TIMEOUT_MESSAGE, follow_streams, stopped_if_abandoned
 from moderation.services import InputCheck
 
 
@@ -148,58 +147,31 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     return await _complete(ids, meta)
 
 
-async def _stopping_when_abandoned(ids: list[str]):
-    """Follow the streams. If the response stops following them before they have all ended, stop
-    the ones still running: the client went away (the task is cancelled, or the response closed at
-    one of its own yields), or the response ended early on a failed choice."""
-    followed_to_the_end = False
-    try:
-        async for event in follow_streams(ids, idle_timeout=settings.INFERENCE_GENERATION_TIMEOUT_S + 60):
-            yield event
-        followed_to_the_end = True
-    finally:
-        if not followed_to_the_end:
-            await asyncio.shield(db_async(_stop_all)(ids))
-
-
-def _stop_all(ids: list[str]) -> None:
-    from inference.models import Generation
-
-    for generation in Generation.objects.filter(id__in=ids):
-        generation_request_stop(generation=generation)
-
-
 async def _stream(ids: list[str], meta: dict[str, Any], include_usage: bool):
+    def chunk(i: int, **delta: Any) -> bytes:
+        return wire.sse(wire.chunk(**meta, choices=[wire.delta_choice(i, **delta)], include_usage=include_usage))
+
     index = {generation_id: i for i, generation_id in enumerate(ids)}
-    for i in range(len(ids)):
-        yield wire.sse(
-            wire.chunk(
-                **meta, choices=[wire.delta_choice(i, role="assistant", content="")], include_usage=include_usage
-            )
-        )
     usage = wire.usage(0, 0)
-    async with aclosing(_stopping_when_abandoned(ids)) as events:
-        async for event in events:
-            i = index[event["generation"]]
-            if event["type"] == "generation.delta":
-                yield wire.sse(
-                    wire.chunk(
-                        **meta, choices=[wire.delta_choice(i, content=event["text"])], include_usage=include_usage
-                    )
-                )
-            elif event["type"] == "generation.done":
-                reason = wire.finish_reason(event.get("finish_reason"))
-                yield wire.sse(
-                    wire.chunk(**meta, choices=[wire.delta_choice(i, finish=reason)], include_usage=include_usage)
-                )
-                usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
-            else:
-                yield wire.sse(
-                    wire.error_body(
-                        message=event.get("message", "The generation failed."), status=500, code=event.get("code")
-                    )
-                )
-                return
+    try:
+        async with stopped_if_abandoned(ids) as following:
+            for i in range(len(ids)):
+                yield chunk(i, role="assistant", content="")
+            async with aclosing(follow_streams(ids)) as events:
+                async for event in events:
+                    i = index[event["generation"]]
+                    if event["type"] == "generation.delta":
+                        yield chunk(i, content=event["text"])
+                    elif event["type"] == "generation.done":
+                        yield chunk(i, finish=wire.finish_reason(event.get("finish_reason")))
+                        usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
+                    else:  # a failed choice ends the response; the others are stopped
+                        yield wire.sse(_failure_body(event))
+                        return
+            following.ended = True
+    except TimeoutError:
+        yield wire.sse(wire.error_body(message=FOLLOW_TIMEOUT_MESSAGE, status=504, code="timeout"))
+        return
     if include_usage:
         yield wire.sse(wire.chunk(**meta, choices=[], usage=usage, include_usage=True))
     yield wire.sse("[DONE]")
@@ -209,22 +181,25 @@ async def _complete(ids: list[str], meta: dict[str, Any]) -> JsonResponse:
     index = {generation_id: i for i, generation_id in enumerate(ids)}
     texts, reasons = [""] * len(ids), ["stop"] * len(ids)
     usage = wire.usage(0, 0)
-    async with aclosing(_stopping_when_abandoned(ids)) as events:
-        async for event in events:
-            i = index[event["generation"]]
-            if event["type"] == "generation.delta":
-                texts[i] += event["text"]
-            elif event["type"] == "generation.done":
-                reasons[i] = wire.finish_reason(event.get("finish_reason"))
-                usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
-            else:
-                return JsonResponse(
-                    wire.error_body(
-                        message=event.get("message", "The generation failed."), status=500, code=event.get("code")
-                    ),
-                    status=500,
-                )
+    try:
+        async with stopped_if_abandoned(ids) as following, aclosing(follow_streams(ids)) as events:
+            async for event in events:
+                i = index[event["generation"]]
+                if event["type"] == "generation.delta":
+                    texts[i] += event["text"]
+                elif event["type"] == "generation.done":
+                    reasons[i] = wire.finish_reason(event.get("finish_reason"))
+                    usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
+                else:  # a failed choice fails the request; the others are stopped
+                    return JsonResponse(_failure_body(event), status=500)
+            following.ended = True
+    except TimeoutError:
+        return JsonResponse(wire.error_body(message=FOLLOW_TIMEOUT_MESSAGE, status=504, code="timeout"), status=504)
     return JsonResponse(wire.completion(**meta, texts=texts, reasons=reasons, usage=usage))
+
+
+def _failure_body(event: dict[str, Any]) -> dict[str, Any]:
+    return wire.error_body(message=event.get("message", "The generation failed."), status=500, code=event.get("code"))
 
 
 def _add_usage(total: dict[str, int], usage: dict[str, int], *, first: bool) -> dict[str, int]:

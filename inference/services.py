@@ -160,6 +160,12 @@ def generation_request_stop(*, generation: Generation) -> Generation | None:
     return ended
 
 
+def generations_request_stop(*, generation_ids: list[Any]) -> None:
+    """Ask each of these generations to stop (those already ended stay as they are)."""
+    for generation in Generation.objects.filter(id__in=generation_ids):
+        generation_request_stop(generation=generation)
+
+
 def newest_user_text(request: dict[str, Any]) -> str:
     """What input moderation judges in a chat completion: its newest user message (validation ensures one)."""
     return next(m["content"] for m in reversed(request["messages"]) if m["role"] == "user")

@@ -16,10 +16,12 @@ delivery dropped still arrives.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
@@ -200,14 +202,26 @@ async def events_after(generation_id: str, after_seq: int, *, before_seq: int | 
     )
 
 
-async def follow_streams(generation_ids: list[str], *, idle_timeout: float) -> AsyncIterator[dict[str, Any]]:
+# How much longer than an answer's time limit a follower waits without an event: time for the
+# runner, or the reaper when a worker died, to end the answer and say so.
+FOLLOW_GRACE_S = 60.0
+# What a response that gave up on a silent stream tells its client.
+FOLLOW_TIMEOUT_MESSAGE = "The answer took too long."
+
+
+async def follow_streams(
+    generation_ids: list[str], *, idle_timeout: float | None = None
+) -> AsyncIterator[dict[str, Any]]:
     """Every event of these generations, each exactly once and in order, until all have ended.
 
     The same join-then-replay protocol as the chat socket, for callers without a consumer of their
     own (the OpenAI-compatible API): join each group on a fresh channel, replay the buffers, then
     read live events, dropping any `seq` already passed and taking from the buffers what live
-    delivery skipped. Raises TimeoutError after `idle_timeout` seconds without an event.
+    delivery skipped. Raises TimeoutError after `idle_timeout` seconds without an event (by
+    default, INFERENCE_GENERATION_TIMEOUT_S + FOLLOW_GRACE_S).
     """
+    if idle_timeout is None:
+        idle_timeout = settings.INFERENCE_GENERATION_TIMEOUT_S + FOLLOW_GRACE_S
     layer = get_channel_layer()
     channel = await layer.new_channel()
     last = dict.fromkeys(generation_ids, 0)
@@ -258,3 +272,26 @@ async def follow_streams(generation_ids: list[str], *, idle_timeout: float) -> A
             receiving.cancel()
         for generation_id in generation_ids:
             await layer.group_discard(generation_group(generation_id), channel)
+
+
+@dataclass
+class Following:
+    ended: bool = False  # the response followed its streams to their ends
+
+
+@contextlib.asynccontextmanager
+async def stopped_if_abandoned(generation_ids: list[str]) -> AsyncIterator[Following]:
+    """Around a response that follows `generation_ids`, from its first byte: unless it marks that it
+    followed them to their ends (`following.ended = True`), the ones still running are stopped when
+    it ends, so the engine spends no time on nobody. It ends early when the client goes away (the
+    task is cancelled, or the response is closed at one of its yields, the first included), when
+    `follow_streams` times out, or when it gives up on a failed stream."""
+    from chatsite.database import db_async
+    from inference.services import generations_request_stop
+
+    following = Following()
+    try:
+        yield following
+    finally:
+        if not following.ended:
+            await asyncio.shield(db_async(generations_request_stop)(generation_ids=generation_ids))

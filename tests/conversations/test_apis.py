@@ -17,6 +17,7 @@ from accounts.services import api_key_create
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create
 from inference.models import Generation, ModelDeployment
+from tests.conftest import stopped_while_streaming
 
 ALL_SCOPES = tuple(ApiKey.Scope.values)
 MEGABYTE = "x" * 1_000_000
@@ -309,19 +310,24 @@ async def test_a_message_streams_its_answer_and_is_saved_complete(chat_server, a
 @pytest.mark.django_db(transaction=True)
 async def test_a_client_that_disconnects_stops_the_answer(chat_server, alice):
     key = await database_sync_to_async(lambda: api_key_create(user=alice, name="t", scopes=["chat"]).key)()
-    async with (
-        httpx.AsyncClient(base_url=chat_server, headers={"Authorization": f"Bearer {key}"}, timeout=120) as client,
-        client.stream("POST", send_url(), json={"content": "Write a very long story about the sea."}) as response,
-    ):
-        sent_at = time.monotonic()
-        deltas = 0
-        async for line in response.aiter_lines():
-            deltas += line == "event: delta"
-            if deltas >= 2:
-                break
-    left_at = time.monotonic()
+
+    async def leave_after_two_deltas() -> tuple[tuple[float, float], bool]:
+        async with (
+            httpx.AsyncClient(base_url=chat_server, headers={"Authorization": f"Bearer {key}"}, timeout=120) as client,
+            client.stream("POST", send_url(), json={"content": "Write a very long story about the sea."}) as response,
+        ):
+            sent_at = time.monotonic()
+            deltas = 0
+            async for line in response.aiter_lines():
+                deltas += line == "event: delta"
+                if deltas >= 2:
+                    break
+            running = not (await Generation.objects.filter(user=alice).afirst()).is_finished
+        return (sent_at, time.monotonic()), running
+
+    sent_at, left_at = await stopped_while_streaming(leave_after_two_deltas)
     for _ in range(100):
-        generation = await Generation.objects.aget(user=alice)
+        generation = await Generation.objects.filter(user=alice).afirst()
         if generation.is_finished:
             break
         await asyncio.sleep(0.1)
@@ -333,17 +339,9 @@ async def test_a_client_that_disconnects_stops_the_answer(chat_server, alice):
     assert answer.status == Message.Status.STOPPED
 
 
-@pytest.mark.django_db(transaction=True)
-async def test_an_answer_stream_closed_at_one_of_its_yields_stops_the_answer(alice, default_deployment):
-    """A client that goes away ends the response either by cancelling it inside the stream or by
-    closing it at the event it waits to send: either way the answer is stopped."""
-    from conversations.apis import _stream
-    from inference.streaming import StreamPublisher
-
-    generation = await Generation.objects.acreate(
-        user=alice, deployment=default_deployment, prompt_token_ids=[1], sampling={}
-    )
-    sent = SimpleNamespace(
+def _sent(generation: Generation) -> SimpleNamespace:
+    """What message_send returns, for an answer whose generation a test made itself."""
+    return SimpleNamespace(
         generation=generation,
         conversation=SimpleNamespace(id=1),
         conversation_created=True,
@@ -351,6 +349,17 @@ async def test_an_answer_stream_closed_at_one_of_its_yields_stops_the_answer(ali
         assistant_message=SimpleNamespace(id=2),
         warning="",
     )
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_answer_stream_closed_at_one_of_its_yields_stops_the_answer(unclaimed_generation):
+    """A client that goes away ends the response either by cancelling it inside the stream or by
+    closing it at the event it waits to send: either way the answer is stopped."""
+    from conversations.apis import _stream
+    from inference.streaming import StreamPublisher
+
+    generation = unclaimed_generation
+    sent = _sent(generation)
     stream = _stream(sent)
     assert (await anext(stream)).startswith("event: message.accepted")
     await StreamPublisher(generation.id, coalesce_ms=0).add_text("Hello")
@@ -358,4 +367,20 @@ async def test_an_answer_stream_closed_at_one_of_its_yields_stops_the_answer(ali
     await stream.aclose()
     generation = await Generation.objects.aget(id=generation.id)
     assert generation.stop_requested
+    assert generation.status == Generation.Status.STOPPED
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_answer_stream_that_hears_nothing_ends_with_a_timeout_error_and_stops_the_answer(
+    unclaimed_generation, followers_give_up_at_once
+):
+    from conversations.apis import _stream
+
+    generation = unclaimed_generation
+    sent = _sent(generation)
+    events = [event async for event in _stream(sent)]
+    assert events[0].startswith("event: message.accepted")
+    assert events[-1].startswith("event: error")
+    assert json.loads(events[-1].split("data: ", 1)[1])["code"] == "timeout"
+    generation = await Generation.objects.aget(id=generation.id)
     assert generation.status == Generation.Status.STOPPED

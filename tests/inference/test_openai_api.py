@@ -13,6 +13,7 @@ from channels.db import database_sync_to_async
 from accounts.models import Tier
 from accounts.services import api_key_create
 from inference.models import Generation
+from tests.conftest import stopped_while_streaming
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MODEL = "smollm2-135m"
@@ -83,18 +84,24 @@ async def test_a_client_that_disconnects_stops_the_generation(chat_server, alice
         "max_tokens": 400,
         "messages": [{"role": "user", "content": "Write a long story."}],
     }
-    async with httpx.AsyncClient(base_url=chat_server, timeout=60) as http:
-        async with http.stream(
-            "POST", "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
-        ) as response:
-            assert response.status_code == 200
-            seen = 0
-            async for line in response.aiter_lines():
-                seen += line.startswith("data: ")
-                if seen >= 4:
-                    break
+
+    async def leave_after_four_chunks() -> tuple[str, bool]:
+        async with httpx.AsyncClient(base_url=chat_server, timeout=60) as http:
+            async with http.stream(
+                "POST", "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            ) as response:
+                assert response.status_code == 200
+                seen = 0
+                async for line in response.aiter_lines():
+                    seen += line.startswith("data: ")
+                    if seen >= 4:
+                        break
+                generation = await Generation.objects.filter(user=alice).afirst()
+                return f"{generation.status} after {generation.completion_tokens} tokens", not generation.is_finished
+
+    await stopped_while_streaming(leave_after_four_chunks)
     for _ in range(100):
-        generation = await Generation.objects.aget(user=alice)
+        generation = await Generation.objects.filter(user=alice).afirst()
         if generation.is_finished:
             break
         await asyncio.sleep(0.1)
@@ -203,16 +210,57 @@ async def test_moderations_answer_in_the_openai_shape(chat_server, alice, key_fo
         await client.moderations.create(input=[])
 
 
-async def test_a_completion_stream_closed_at_one_of_its_yields_stops_the_generation(alice, default_deployment):
+META = {"completion_id": "chatcmpl-t", "created": 0, "model": MODEL}
+
+
+async def test_a_completion_stream_closed_before_its_first_token_stops_the_generation(unclaimed_generation):
+    """A client may leave before any token: a response closed at its opening chunk stops the
+    generation too."""
+    from inference import apis
+
+    generation = unclaimed_generation
+    stream = apis._stream([str(generation.id)], META, False)
+    assert b'"assistant"' in await anext(stream)
+    await stream.aclose()
+    generation = await Generation.objects.aget(id=generation.id)
+    assert generation.stop_requested
+    assert generation.status == Generation.Status.STOPPED
+
+
+async def test_a_completion_stream_that_hears_nothing_ends_with_a_timeout_error_and_stops(
+    unclaimed_generation, followers_give_up_at_once
+):
+    from inference import apis
+
+    generation = unclaimed_generation
+    chunks = [chunk async for chunk in apis._stream([str(generation.id)], META, False)]
+    assert b'"assistant"' in chunks[0]
+    last = json.loads(chunks[-1].decode().removeprefix("data: "))
+    assert last["error"]["code"] == "timeout"
+    assert not any(b"[DONE]" in chunk for chunk in chunks)
+    generation = await Generation.objects.aget(id=generation.id)
+    assert generation.status == Generation.Status.STOPPED
+
+
+async def test_a_completion_that_hears_nothing_is_a_504_and_is_stopped(unclaimed_generation, followers_give_up_at_once):
+    from inference import apis
+
+    generation = unclaimed_generation
+    response = await apis._complete([str(generation.id)], META)
+    assert response.status_code == 504
+    assert json.loads(response.content)["error"]["code"] == "timeout"
+    generation = await Generation.objects.aget(id=generation.id)
+    assert generation.status == Generation.Status.STOPPED
+
+
+async def test_a_completion_stream_closed_at_one_of_its_yields_stops_the_generation(unclaimed_generation):
     """A client that goes away ends the response either by cancelling it inside the stream or by
     closing it at the chunk it waits to send: either way the generation is stopped."""
     from inference import apis
     from inference.streaming import StreamPublisher
 
-    generation = await Generation.objects.acreate(
-        user=alice, deployment=default_deployment, prompt_token_ids=[1], sampling={}
-    )
-    stream = apis._stream([str(generation.id)], {"completion_id": "chatcmpl-t", "created": 0, "model": MODEL}, False)
+    generation = unclaimed_generation
+    stream = apis._stream([str(generation.id)], META, False)
     assert b'"assistant"' in await anext(stream)
     await StreamPublisher(generation.id, coalesce_ms=0).add_text("Hello")
     assert b"Hello" in await anext(stream)
