@@ -6,11 +6,11 @@ joins the group *before* reading the buffer and drops anything with a `seq` it h
 so joining mid-stream (a reload, a second tab, a reconnect) never misses or repeats text.
 
 The buffer, not the channel layer, is what a follower relies on. Live delivery is the fast path and
-may skip events: channels-redis drops a group message for a channel that is full or gone, and any
-layer loses what was sent while a connection was down. So a follower that receives a `seq` beyond
-the next one first takes the ones between from the buffer (`events_after`), and one whose stream
-has gone quiet for INFERENCE_STREAM_RESYNC_S looks there too, which is how an ending that live
-delivery dropped still arrives.
+may skip events: the pub/sub layer delivers at most once, so what is published while a subscription
+is being made or a connection is down is lost. So a follower that receives a `seq` beyond the next
+one first takes the ones between from the buffer (`events_after`), and one whose stream has gone
+quiet for INFERENCE_STREAM_RESYNC_S looks there too, which is how an ending that live delivery
+dropped still arrives.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def test_database_url_selects_postgresql():
 def test_redis_url_selects_redis_and_celery():
     result = start_with({"REDIS_URL": "redis://127.0.0.1:6379/0", "DJANGO_SECRET_KEY": "k" * 50})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split()[1:] == ["channels_redis.core.RedisChannelLayer", "celery"]
+    assert result.stdout.split()[1:] == ["channels_redis.pubsub.RedisPubSubChannelLayer", "celery"]
 
 
 @pytest.mark.parametrize(
