@@ -4,15 +4,23 @@ In one run, the same prompts at concurrency 1 and 8, with the same sampling (gre
   (a) straight into a vLLM AsyncLLM in this process;
   (b) through the whole production stack: WebSocket → web process (uvicorn) → PostgreSQL → Celery
       (Redis broker) → GPU worker process → Redis channel layer → web process → WebSocket client.
+Concurrency N means what it means in vLLM's own serving benchmark (`--max-concurrency`): N users,
+each sending its next prompt as soon as its last answer has ended, so N requests are in flight at
+all times (a closed loop). The run also times bursts: eight prompts sent at the same instant, the
+next eight once the slowest of them has ended. That is a harsher shape (everything a message goes
+through before the engine is paid by all eight at once, and the batch waits for its slowest), and
+it is printed beside the closed loop, not used for the RESULT line.
 Both engines are loaded for the whole run and the two sides take turns: at concurrency 1 prompt
-by prompt, at concurrency 8 batch by batch (three batches a round), the side that goes first
-swapping every round. So a stretch in which the machine runs slower or faster falls on both sides
-alike (on these machines the engine alone drifts by 10-15 % within minutes, more than the overhead
-measured). Only one side works at a time, and each request starts on a quiet machine: after a
-pause longer than the engine's busy-wait after a step (`INFERENCE_CPU_WORKER_SPIN_MS`), so neither
-side's request finds the other's engine still spinning.
+by prompt, at concurrency 8 stretch by stretch (a closed loop over three passes of the prompts,
+then three bursts), the side that goes first swapping every round. So a stretch in which the
+machine runs slower or faster falls on both sides alike (on these machines the engine alone drifts
+by 10-15 % within minutes, more than the overhead measured). Only one side works at a time, and
+each stretch starts on a quiet machine: after a pause longer than the engine's busy-wait after a
+step (`INFERENCE_CPU_WORKER_SPIN_MS`), so neither side finds the other's engine still spinning.
 
-Prints TTFT p50/p99, inter-token latency, output tokens/s, their ratios, and a final line
+Prints TTFT p50/p99, inter-token latency, output tokens/s, their ratios, the CPU each part of the
+machine spent per output token at concurrency 8 (this process, each side's engine processes, the
+web process, the worker process, Redis, PostgreSQL), and a final line
   RESULT ttft_added_p50_ms=<x> ttft_added_p99_ms=<y> throughput_ratio_c8=<z>
 (added TTFT at concurrency 1, the throughput ratio at concurrency 8). BENCH_ROUNDS sets the rounds.
 Then, through the stack, it stops answers after their first text and prints how long each stop took
@@ -55,9 +63,11 @@ PROMPTS = [
     "Why is the sky blue?",
 ]
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
-# A c=8 batch takes a few seconds and its rate swings by 10-20 % from one to the next, so each round
-# runs several (a c=1 pass over the prompts takes tens of seconds).
-BATCHES_PER_ROUND = 3
+# A c=8 stretch takes seconds and the engine's rate swings by 10-20 % from one to the next, so each
+# round runs several prompts' worth (a c=1 pass over the prompts takes tens of seconds).
+CONCURRENCY = 8
+CLOSED_LOOP_PASSES = 3  # a closed-loop stretch answers the prompts this many times over
+BURSTS_PER_ROUND = 3
 # Before each request, beyond the engine's busy-wait after a step (INFERENCE_CPU_WORKER_SPIN_MS).
 QUIET_MARGIN_S = 0.15
 
@@ -130,6 +140,8 @@ class Stopped:
 class Stack:
     one: One
     stopped: Callable[[str], Awaitable[Stopped]]  # a message stopped after its first text
+    web_pid: int
+    worker_pid: int
 
 
 @asynccontextmanager
@@ -161,31 +173,103 @@ async def engine_direct(deployment) -> AsyncIterator[One]:
         await host.aclose()
 
 
-Results = dict[int, list[tuple[Sample, float]]]
+class CpuMeter:
+    """CPU seconds spent by each part of the machine, summed over the timed stretches of each side
+    and shape. On a machine whose cores the engine fills, whatever else runs takes its time from the
+    engine, so this says where a throughput gap comes from."""
+
+    def __init__(self, *, web_pid: int, worker_pid: int) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.web = psutil.Process(web_pid)
+        self.worker = psutil.Process(worker_pid)
+        self.totals: dict[tuple[str, str], dict[str, float]] = {}
+
+    def _parts(self) -> dict[str, list]:
+        me = self._psutil.Process()
+        web = [self.web, *self.web.children(recursive=True)]
+        workers_engine = self.worker.children(recursive=True)
+        stack_pids = {p.pid for p in [*web, self.worker, *workers_engine]}
+        named = {"redis": [], "postgres": []}
+        for process in self._psutil.process_iter(["name"]):
+            if process.info["name"] == "redis-server":
+                named["redis"].append(process)
+            elif process.info["name"] == "postgres":
+                named["postgres"].append(process)
+        return {
+            "benchmark process (client; front end of the engine alone)": [me],
+            "engine alone: engine processes": [p for p in me.children(recursive=True) if p.pid not in stack_pids],
+            "web process": web,
+            "worker process": [self.worker],
+            "worker's engine processes": workers_engine,
+            **named,
+        }
+
+    def snapshot(self) -> dict[str, dict[int, float]]:
+        out: dict[str, dict[int, float]] = {}
+        for part, processes in self._parts().items():
+            out[part] = {}
+            for process in processes:
+                try:
+                    times = process.cpu_times()
+                except self._psutil.Error:
+                    continue
+                out[part][process.pid] = times.user + times.system
+        return out
+
+    def add(self, key: tuple[str, str], before: dict, after: dict) -> None:
+        totals = self.totals.setdefault(key, {})
+        for part, seconds in after.items():
+            spent = sum(s - before.get(part, {}).get(pid, 0.0) for pid, s in seconds.items())
+            totals[part] = totals.get(part, 0.0) + max(spent, 0.0)
 
 
-async def run_paired(sides: dict[str, One]) -> dict[str, Results]:
-    """Per side and concurrency level, the samples and the wall time of each batch, the sides
-    taking turns request by request (c=1) and batch by batch (c=8)."""
+# Per shape ("c=1", "c=8", "burst"): each timed stretch's samples and its wall time.
+Results = dict[str, list[tuple[list[Sample], float]]]
+
+
+async def closed_loop(one: One, prompts: list[str], concurrency: int) -> tuple[list[Sample], float]:
+    """`concurrency` users share the prompts, each sending its next one when its answer has ended."""
+    waiting = list(prompts)
+    samples: list[Sample] = []
+
+    async def user() -> None:
+        while waiting:
+            samples.append(await one(waiting.pop(0)))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(user() for _ in range(concurrency)))
+    return samples, time.perf_counter() - started
+
+
+async def run_paired(sides: dict[str, One], cpu: CpuMeter) -> dict[str, Results]:
+    """Per side, the timed stretches of each shape, the sides taking turns request by request (c=1)
+    and stretch by stretch (c=8 and bursts)."""
     from django.conf import settings
 
     quiet_s = settings.INFERENCE_CPU_WORKER_SPIN_MS / 1000 + QUIET_MARGIN_S
-    results: dict[str, Results] = {name: {1: [], 8: []} for name in sides}
+    results: dict[str, Results] = {name: {"c=1": [], "c=8": [], "burst": []} for name in sides}
+
+    async def timed(shape: str, name: str, work: Callable[[], Awaitable[tuple[list[Sample], float]]]) -> None:
+        await asyncio.sleep(quiet_s)
+        before = cpu.snapshot()
+        results[name][shape].append(await work())
+        cpu.add((name, shape), before, cpu.snapshot())
+
     for round_ in range(ROUNDS):
         order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
         for prompt in PROMPTS:
             for name in order:
-                await asyncio.sleep(quiet_s)
-                started = time.perf_counter()
-                sample = await sides[name](prompt)
-                results[name][1].append((sample, time.perf_counter() - started))
-        for _ in range(BATCHES_PER_ROUND):
+                await timed("c=1", name, lambda one=sides[name], p=prompt: closed_loop(one, [p], 1))
+        for name in order:
+            await timed(
+                "c=8", name, lambda one=sides[name]: closed_loop(one, PROMPTS * CLOSED_LOOP_PASSES, CONCURRENCY)
+            )
+        for _ in range(BURSTS_PER_ROUND):
             for name in order:
-                await asyncio.sleep(quiet_s)
-                started = time.perf_counter()
-                samples = await asyncio.gather(*(sides[name](p) for p in PROMPTS))
-                wall = time.perf_counter() - started
-                results[name][8].extend((s, wall) for s in samples)
+                # As many users as prompts: all sent at the same instant, the stretch ending with the slowest.
+                await timed("burst", name, lambda one=sides[name]: closed_loop(one, PROMPTS, len(PROMPTS)))
     return results
 
 
@@ -281,7 +365,7 @@ async def whole_stack(deployment) -> AsyncIterator[Stack]:
         # messages, as the chat page keeps one for as long as it is open: the handshake is a page
         # load's cost, not a message's. Eight users, so that eight messages can be in flight.
         sockets: asyncio.Queue = asyncio.Queue()
-        for _ in range(len(PROMPTS)):
+        for _ in range(CONCURRENCY):
             ws = await connections.enter_async_context(websockets.connect(url, additional_headers=headers))
             await ws.recv()  # engine.status greeting
             sockets.put_nowait(ws)
@@ -321,7 +405,7 @@ async def whole_stack(deployment) -> AsyncIterator[Stack]:
             finally:
                 sockets.put_nowait(ws)
 
-        yield Stack(one, stopped)
+        yield Stack(one, stopped, web.pid, worker.pid)
     finally:
         await connections.aclose()
         for process in (web, worker):
@@ -336,31 +420,25 @@ async def whole_stack(deployment) -> AsyncIterator[Stack]:
 # --- report --------------------------------------------------------------------------------------
 
 
-def batches(rows: list[tuple[Sample, float]]) -> list[tuple[int, float]]:
-    """The c=8 rows, batch by batch: the tokens of each batch and its wall time."""
-    size = len(PROMPTS)
-    return [(sum(s.tokens for s, _ in rows[i : i + size]), rows[i][1]) for i in range(0, len(rows), size)]
-
-
-def summarize(results: Results) -> dict[int, dict[str, float]]:
+def summarize(results: Results) -> dict[str, dict[str, float]]:
     out = {}
-    for level, rows in results.items():
-        samples = [s for s, _ in rows]
-        if level == 1:
-            throughput = sum(s.tokens for s in samples) / sum(w for _, w in rows)
-        else:
-            throughput = sum(s.tokens for s in samples) / sum(wall for _, wall in batches(rows))
-        out[level] = {
+    for shape, stretches in results.items():
+        samples = [s for stretch, _ in stretches for s in stretch]
+        out[shape] = {
             "ttft_p50_ms": 1000 * pct([s.ttft for s in samples], 50),
             "ttft_p99_ms": 1000 * pct([s.ttft for s in samples], 99),
             "itl_ms": 1000 * statistics.mean(s.itl for s in samples),
             "tokens": sum(s.tokens for s in samples),
-            "tok_s": throughput,
+            "tok_s": sum(s.tokens for s in samples) / sum(wall for _, wall in stretches),
         }
     return out
 
 
-async def measure(deployment) -> tuple[dict[str, Results], list[Stopped]]:
+def rates(stretches: list[tuple[list[Sample], float]]) -> str:
+    return " ".join(f"{sum(s.tokens for s in stretch) / wall:.0f}" for stretch, wall in stretches)
+
+
+async def measure(deployment) -> tuple[dict[str, Results], CpuMeter, list[Stopped]]:
     from chatsite.heap import heap_freeze
 
     print("starting the stack (web process, Celery worker) and the engine alone ...", flush=True)
@@ -369,10 +447,11 @@ async def measure(deployment) -> tuple[dict[str, Results], list[Stopped]]:
         for one in (direct, stack.one):
             await one("Hello!")  # warm-up
         print("measuring, the two sides taking turns ...", flush=True)
-        results = await run_paired({"engine": direct, "stack": stack.one})
+        cpu = CpuMeter(web_pid=stack.web_pid, worker_pid=stack.worker_pid)
+        results = await run_paired({"engine": direct, "stack": stack.one}, cpu)
         print("stopping answers after their first text ...", flush=True)
         stops = [await stack.stopped(prompt) for prompt in PROMPTS]
-        return results, stops
+        return results, cpu, stops
 
 
 def main() -> None:
@@ -381,26 +460,45 @@ def main() -> None:
         f"model {deployment.model_path}, greedy, max_tokens={MAX_TOKENS}, {len(PROMPTS)} prompts x {ROUNDS} rounds",
         flush=True,
     )
-    results, stops = asyncio.run(measure(deployment))
+    results, cpu, stops = asyncio.run(measure(deployment))
     direct, stack = summarize(results["engine"]), summarize(results["stack"])
-    print(f"\n{'':14}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL':>9}{'tokens':>8}{'tok/s':>8}")
-    for level in (1, 8):
-        for name, figures in (("engine", direct[level]), ("stack", stack[level])):
-            f = figures
+    print(f"\n{'':18}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL':>9}{'tokens':>8}{'tok/s':>8}")
+    for shape in ("c=1", "c=8", "burst"):
+        label = "c=8 burst" if shape == "burst" else shape
+        for name, f in (("engine", direct[shape]), ("stack", stack[shape])):
             print(
-                f"c={level} {name:8}{f['ttft_p50_ms']:>8.1f}ms{f['ttft_p99_ms']:>8.1f}ms{f['itl_ms']:>7.1f}ms{f['tokens']:>8}{f['tok_s']:>8.1f}"
+                f"{label} {name:<{17 - len(label)}}{f['ttft_p50_ms']:>8.1f}ms{f['ttft_p99_ms']:>8.1f}ms"
+                f"{f['itl_ms']:>7.1f}ms{f['tokens']:>8}{f['tok_s']:>8.1f}"
             )
         print(
-            f"c={level} ratio   TTFT p50 +{stack[level]['ttft_p50_ms'] - direct[level]['ttft_p50_ms']:.1f} ms, "
-            f"throughput x{stack[level]['tok_s'] / direct[level]['tok_s']:.3f}"
+            f"{label} ratio   TTFT p50 +{stack[shape]['ttft_p50_ms'] - direct[shape]['ttft_p50_ms']:.1f} ms, "
+            f"throughput x{stack[shape]['tok_s'] / direct[shape]['tok_s']:.3f}"
         )
-    print(
-        "c=8 tokens/s round by round: "
-        + " | ".join(
-            f"{name} " + " ".join(f"{tokens / wall:.0f}" for tokens, wall in batches(results[name][8]))
-            for name in results
+    for shape in ("c=8", "burst"):
+        print(
+            f"{'c=8 burst' if shape == 'burst' else shape} tokens/s stretch by stretch: "
+            + " | ".join(f"{name} {rates(results[name][shape])}" for name in results)
         )
-    )
+    for shape in ("c=8", "burst"):
+        label = "c=8 burst" if shape == "burst" else shape
+        print(f"\n{label}: CPU ms per output token, by part of the machine (and cores busy, on average)")
+        walls = {name: sum(wall for _, wall in results[name][shape]) for name in results}
+        tokens = {name: sum(s.tokens for stretch, _ in results[name][shape] for s in stretch) for name in results}
+        parts = cpu.totals[(next(iter(results)), shape)]
+        print(f"{'':58}" + "".join(f"{name:>10}" for name in results))
+        for part in parts:
+            print(
+                f"  {part:56}"
+                + "".join(f"{1000 * cpu.totals[(name, shape)][part] / tokens[name]:>10.2f}" for name in results)
+            )
+        print(
+            f"  {'all':56}"
+            + "".join(f"{1000 * sum(cpu.totals[(name, shape)].values()) / tokens[name]:>10.2f}" for name in results)
+        )
+        print(
+            f"  {'cores busy':56}"
+            + "".join(f"{sum(cpu.totals[(name, shape)].values()) / walls[name]:>10.2f}" for name in results)
+        )
     stop_ms = [1000 * stop.seconds for stop in stops]
     print(
         f"stop to done: p50 {pct(stop_ms, 50):.0f} ms, max {max(stop_ms):.0f} ms; "
@@ -408,9 +506,9 @@ def main() -> None:
         f"after {' '.join(str(stop.tokens) for stop in stops)} of {MAX_TOKENS} tokens"
     )
     # Added latency is one user's (c=1): at c=8 the engine's own queueing hides the stack's share.
-    added_p50 = stack[1]["ttft_p50_ms"] - direct[1]["ttft_p50_ms"]
-    added_p99 = stack[1]["ttft_p99_ms"] - direct[1]["ttft_p99_ms"]
-    ratio = stack[8]["tok_s"] / direct[8]["tok_s"]
+    added_p50 = stack["c=1"]["ttft_p50_ms"] - direct["c=1"]["ttft_p50_ms"]
+    added_p99 = stack["c=1"]["ttft_p99_ms"] - direct["c=1"]["ttft_p99_ms"]
+    ratio = stack["c=8"]["tok_s"] / direct["c=8"]["tok_s"]
     print(f"RESULT ttft_added_p50_ms={added_p50:.1f} ttft_added_p99_ms={added_p99:.1f} throughput_ratio_c8={ratio:.3f}")
 
 
