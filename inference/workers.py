@@ -15,6 +15,7 @@ client, so a worker killed mid-answer never leaves a message pending.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 ABORT_CHANNEL = "chatsite:abort"
 ABORT_LISTENER_NAME = "chatsite-abort-listener"  # its Redis connection's name (CLIENT LIST)
+ABORT_LISTENER_RETRY_MAX_S = 2.0  # the longest wait between its attempts to reconnect
 WORKER_KEY = "chatsite:worker:{name}"
 ENGINE_STATE_KEY = "chatsite:engine:{deployment}:{state}"  # sorted set: worker -> last seen
 
@@ -135,19 +137,27 @@ class WorkerRuntime:
             await asyncio.sleep(1)
 
     async def _listen_for_aborts(self) -> None:
+        failures = 0
         while True:
+            # Its own connection with no read timeout: it waits, idle, for the next abort.
+            pubsub = _async_redis(socket_timeout=None, client_name=ABORT_LISTENER_NAME).pubsub()
             try:
-                # Its own connection with no read timeout: it waits, idle, for the next abort.
-                pubsub = _async_redis(socket_timeout=None, client_name=ABORT_LISTENER_NAME).pubsub()
                 await pubsub.subscribe(ABORT_CHANNEL)
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
                         self.runner.abort(message["data"].decode())
                     elif message.get("type") == "subscribe":
+                        failures = 0
                         await self._abort_stops_missed()
             except Exception:
                 logger.exception("abort listener failed; reconnecting")
-                await asyncio.sleep(1)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+            # At once after a dropped connection, so a stop missed meanwhile lands in milliseconds;
+            # backing off while Redis stays away.
+            await asyncio.sleep(min(ABORT_LISTENER_RETRY_MAX_S, 0.05 * 2**failures) if failures else 0)
+            failures += 1
 
     async def _abort_stops_missed(self) -> None:
         """Redis pub/sub delivers at most once: a stop published while the listener was connecting

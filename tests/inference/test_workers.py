@@ -15,7 +15,7 @@ from conversations.models import Message
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
 from inference.models import Generation, ModelDeployment
 from inference.services import generation_claim
-from tests.conftest import CeleryWorker, drain_until_finished, next_event, open_socket
+from tests.conftest import CeleryWorker, drain_until_finished, next_event, open_socket, stopped_while_streaming
 
 pytestmark = [
     pytest.mark.engine,
@@ -89,32 +89,50 @@ async def test_a_stop_whose_publication_was_lost_lands_once_the_abort_listener_i
     """Redis pub/sub delivers at most once: a stop published while a worker's abort listener was
     reconnecting never reaches it. The web process marks the stop in the database first, and the
     listener looks there each time it has subscribed again."""
-    import redis
+    import redis.asyncio as aredis
 
     from inference.workers import ABORT_LISTENER_NAME
 
-    socket, _ = await open_socket(alice)
-    await socket.send_json_to({"type": "message.send", "content": "Write a very long story about a lighthouse."})
-    accepted, deltas = None, 0
-    while deltas < 2:
-        event = await next_event(socket)
-        if event["type"] == "message.accepted":
-            accepted = event
-        elif event["type"] == "generation.delta":
-            deltas += 1
-    # The stop as the web process records it, its publication lost...
-    await Generation.objects.filter(id=accepted["generation"]).aupdate(stop_requested=True)
-    # ...while the listener's connection dropped (only its own: Celery's broker connections live on).
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    listeners = [c for c in client.client_list(_type="pubsub") if c["name"] == ABORT_LISTENER_NAME]
-    assert listeners, "the worker's abort listener should be subscribed, under its name"
-    for listener in listeners:
-        client.client_kill_filter(_id=listener["id"])
-    events = await drain_until_finished(socket, timeout=60)
+    client = aredis.Redis.from_url(settings.REDIS_URL)
+
+    async def listener_ids() -> set[int]:
+        return {c["id"] for c in await client.client_list(_type="pubsub") if c["name"] == ABORT_LISTENER_NAME}
+
+    async def attempt() -> tuple[tuple[list, Generation], bool]:
+        socket, _ = await open_socket(alice)
+        await socket.send_json_to({"type": "message.send", "content": "Write a very long story about a lighthouse."})
+        accepted, deltas = None, 0
+        while deltas < 2:
+            event = await next_event(socket)
+            if event["type"] == "message.accepted":
+                accepted = event
+            elif event["type"] == "generation.delta":
+                deltas += 1
+        # The stop as the web process records it, its publication lost...
+        await Generation.objects.filter(id=accepted["generation"]).aupdate(stop_requested=True)
+        # ...while the listener's connection dropped (only its own: Celery's broker connections live on).
+        dropped = await listener_ids()
+        assert dropped, "the worker's abort listener should be subscribed, under its name"
+        for listener in dropped:
+            await client.client_kill_filter(_id=listener)
+        deadline = time.monotonic() + 30
+        while not (await listener_ids()) - dropped:
+            assert time.monotonic() < deadline, "the abort listener did not come back"
+            await asyncio.sleep(0.01)
+        # The listener is back (and may have applied the stop already). A try whose answer had ended
+        # on its own by now says nothing about the stop.
+        now = await Generation.objects.aget(id=accepted["generation"])
+        running = now.finished_at is None or now.finish_reason == "abort"
+        events = await drain_until_finished(socket, timeout=60)
+        await socket.disconnect()
+        return (events, await Generation.objects.aget(id=accepted["generation"])), running
+
+    try:
+        events, generation = await stopped_while_streaming(attempt)
+    finally:
+        await client.aclose()
     assert (events[-1]["type"], events[-1]["status"]) == ("generation.done", "stopped"), events[-1]
-    generation = await Generation.objects.aget(id=accepted["generation"])
     assert generation.finish_reason == "abort"
-    await socket.disconnect()
 
 
 async def test_concurrent_generations_on_one_worker_share_the_engine(engine, make_user):
