@@ -137,7 +137,7 @@ class WorkerRuntime:
             await asyncio.sleep(1)
 
     async def _listen_for_aborts(self) -> None:
-        failures = 0
+        delay = 0.0  # after a dropped connection: try again at once, so a stop missed meanwhile lands in ms
         while True:
             # Its own connection with no read timeout: it waits, idle, for the next abort.
             pubsub = _async_redis(socket_timeout=None, client_name=ABORT_LISTENER_NAME).pubsub()
@@ -147,17 +147,15 @@ class WorkerRuntime:
                     if message.get("type") == "message":
                         self.runner.abort(message["data"].decode())
                     elif message.get("type") == "subscribe":
-                        failures = 0
+                        delay = 0.0
                         await self._abort_stops_missed()
             except Exception:
                 logger.exception("abort listener failed; reconnecting")
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
-            # At once after a dropped connection, so a stop missed meanwhile lands in milliseconds;
-            # backing off while Redis stays away.
-            await asyncio.sleep(min(ABORT_LISTENER_RETRY_MAX_S, 0.05 * 2**failures) if failures else 0)
-            failures += 1
+            await asyncio.sleep(delay)
+            delay = min(ABORT_LISTENER_RETRY_MAX_S, max(0.05, 2 * delay))  # backing off while Redis stays away
 
     async def _abort_stops_missed(self) -> None:
         """Redis pub/sub delivers at most once: a stop published while the listener was connecting
