@@ -19,8 +19,8 @@ each stretch starts on a quiet machine: after a pause longer than the engine's b
 step (`INFERENCE_CPU_WORKER_SPIN_MS`), so neither side finds the other's engine still spinning.
 
 Prints TTFT p50/p99, inter-token latency, output tokens/s, their ratios, the CPU each part of the
-machine spent per output token at concurrency 8 (this process, each side's engine processes, the
-web process, the worker process, Redis, PostgreSQL), and a final line
+machine spent per output token at concurrency 8 (this process, each side's model process and
+scheduler process, the web process, the worker process, Redis, PostgreSQL), and a final line
   RESULT ttft_added_p50_ms=<x> ttft_added_p99_ms=<y> throughput_ratio_c8=<z>
 (added TTFT at concurrency 1, the throughput ratio at concurrency 8). BENCH_ROUNDS sets the rounds.
 Then, through the stack, it stops answers after their first text and prints how long each stop took
@@ -197,12 +197,15 @@ class CpuMeter:
                 named["redis"].append(process)
             elif process.info["name"] == "postgres":
                 named["postgres"].append(process)
+        alone = [p for p in me.children(recursive=True) if p.pid not in stack_pids]
         return {
             "benchmark process (client; front end of the engine alone)": [me],
-            "engine alone: engine processes": [p for p in me.children(recursive=True) if p.pid not in stack_pids],
+            "engine alone: model process": [p for p in alone if _is_model_process(p)],
+            "engine alone: scheduler and the rest": [p for p in alone if not _is_model_process(p)],
             "web process": web,
             "worker process": [self.worker],
-            "worker's engine processes": workers_engine,
+            "worker's engine: model process": [p for p in workers_engine if _is_model_process(p)],
+            "worker's engine: scheduler and the rest": [p for p in workers_engine if not _is_model_process(p)],
             **named,
         }
 
@@ -223,6 +226,17 @@ class CpuMeter:
         for part, seconds in after.items():
             spent = sum(s - before.get(part, {}).get(pid, 0.0) for pid, s in seconds.items())
             totals[part] = totals.get(part, 0.0) + max(spent, 0.0)
+
+
+def _is_model_process(process) -> bool:
+    """vLLM's model process (the one that computes; its title is VLLM::Worker...), as against its
+    scheduler (VLLM::EngineCore) and helpers."""
+    import psutil
+
+    try:
+        return "Worker" in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
 
 
 # Per shape ("c=1", "c=8", "burst"): each timed stretch's samples and its wall time.
