@@ -174,9 +174,9 @@ INFERENCE_DEFAULT_DEPLOYMENT = env_str("INFERENCE_DEFAULT_DEPLOYMENT", DEFAULT_D
 INFERENCE_LOCAL_DEPLOYMENTS = env_list("INFERENCE_LOCAL_DEPLOYMENTS", [INFERENCE_DEFAULT_DEPLOYMENT])
 # CUDA graphs / torch.compile make start-up minutes long on the CPU; eager is the right default there.
 INFERENCE_ENFORCE_EAGER = env_bool("INFERENCE_ENFORCE_EAGER", True)
-# On a CPU host vLLM's scheduler process busy-waits for the model process; this much lower priority
-# lets the web process and the worker run first (docs/performance.md). 0 leaves it; GPUs ignore it.
-INFERENCE_CPU_SCHEDULER_NICE = env_int("INFERENCE_CPU_SCHEDULER_NICE", 10, minimum=0, maximum=19)
+# On a CPU host vLLM's scheduler process busy-waits for each step's output, a whole core while it
+# generates; it sleeps after this many milliseconds instead (docs/performance.md). 1000 leaves it.
+INFERENCE_CPU_SCHEDULER_SPIN_MS = env_int("INFERENCE_CPU_SCHEDULER_SPIN_MS", 2, minimum=0, maximum=1000)
 INFERENCE_CPU_WORKER_SPIN_MS = env_int("INFERENCE_CPU_WORKER_SPIN_MS", 100, minimum=0, maximum=1000)
 INFERENCE_STREAM_COALESCE_MS = env_int("INFERENCE_STREAM_COALESCE_MS", 40, minimum=0, maximum=1000)
 INFERENCE_STREAM_COALESCE_CHARS = env_int("INFERENCE_STREAM_COALESCE_CHARS", 96, minimum=1)

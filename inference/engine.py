@@ -45,9 +45,9 @@ class EngineSpec:
     tensor_parallel_size: int = 1
     dtype: str = "bfloat16"
     enforce_eager: bool = True
-    # How much lower than its host's the priority of vLLM's scheduler process is on a CPU host (see
-    # `_lower_scheduler_priority`); 0 leaves it alone.
-    cpu_scheduler_nice: int = 0
+    # How long, on a CPU host, vLLM's scheduler process busy-waits for a step's output before it
+    # sleeps until it comes (see `inference/engine_scheduler.py`); 1000 is vLLM's own and leaves it.
+    cpu_scheduler_spin_ms: int = 1000
     # How long, on a CPU host, vLLM's model processes busy-wait for the next step before they sleep
     # until it comes (see `_shorten_worker_spin`); 1000 is vLLM's own and leaves them alone.
     cpu_worker_spin_ms: int = 1000
@@ -132,7 +132,6 @@ class EngineHost:
             # Construction takes tens of seconds and blocks; keep it off the event loop. AsyncLLM
             # starts its background tasks lazily on the loop of its first request, which is ours.
             self._engine = await asyncio.to_thread(_build_engine, self.spec)
-            _lower_scheduler_priority(self.spec.cpu_scheduler_nice)
             await _shorten_worker_spin(self._engine, self.spec.cpu_worker_spin_ms)
         except Exception as exc:
             logger.exception("model %s failed to load", self.spec.name)
@@ -218,38 +217,18 @@ def _build_engine(spec: EngineSpec) -> Any:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     with ML_IMPORTS:
         from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(**spec.engine_args()))
+        from inference.engine_scheduler import SPIN_KEY
 
-
-def _lower_scheduler_priority(nice: int) -> None:
-    """On a CPU host, let the rest of the stack run before vLLM's scheduler process.
-
-    While it generates, the scheduler process (`VLLM::EngineCore`) busy-waits for the model process
-    (`VLLM::Worker`) to finish each step: a whole core at ~100 % that does no work. Every other
-    process on the machine (this one, a Celery worker, PostgreSQL, Redis) then gets only half a
-    core, so each step on the way to a first token takes twice as long. A higher nice value for the
-    scheduler's main thread hands it only the CPU the others leave; the model process, which does
-    the work, keeps its priority. On a GPU host there is no such spin and nothing is changed.
-    """
-    if nice <= 0:
-        return
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
-    import psutil
-
-    for child in psutil.Process().children():
-        try:
-            if not child.name().startswith("VLLM::EngineCor"):
-                continue
-            # Linux applies this to the main thread, the one that spins; threads it already started
-            # (receiving requests, sending outputs) keep their priority.
-            os.setpriority(os.PRIO_PROCESS, child.pid, min(19, os.getpriority(os.PRIO_PROCESS, child.pid) + nice))
-        except (psutil.Error, OSError):
-            logger.warning("could not lower the priority of the engine's scheduler process", exc_info=True)
+    args = spec.engine_args()
+    if current_platform.is_cpu() and spec.cpu_scheduler_spin_ms < 1000:
+        # vLLM's own scheduler, asleep while a step is computed. Only on a CPU host: elsewhere vLLM
+        # picks its scheduler itself (an asynchronous one, where it can).
+        args["scheduler_cls"] = "inference.engine_scheduler.CpuHostScheduler"
+        args["additional_config"] = {**args.get("additional_config", {}), SPIN_KEY: spec.cpu_scheduler_spin_ms / 1000}
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
 
 
 async def _shorten_worker_spin(engine: Any, spin_ms: int) -> None:

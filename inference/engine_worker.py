@@ -11,12 +11,18 @@ class WorkerTuning:
     def idle_after(self, seconds: float) -> int:
         """Busy-wait for the scheduler's next step only `seconds` after the last one, then sleep
         until notified (vLLM spins for one second). Returns how many queues it changed."""
-        import gc
+        return shorten_spin(seconds)
 
-        from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
 
-        # vLLM keeps no handle on its queues' wait conditions outside the worker's own objects.
-        readers = [obj for obj in gc.get_objects() if isinstance(obj, SpinCondition) and obj.is_reader]
-        for reader in readers:
-            reader.busy_loop_s = seconds
-        return len(readers)
+def shorten_spin(seconds: float) -> int:
+    """Busy-wait only `seconds` after a read on every shared-memory queue this process reads, then
+    sleep until the writer's notification. Returns how many queues it changed."""
+    import gc
+
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    # vLLM keeps no handle on its queues' wait conditions outside its executor's own objects.
+    readers = [obj for obj in gc.get_objects() if isinstance(obj, SpinCondition) and obj.is_reader]
+    for reader in readers:
+        reader.busy_loop_s = seconds
+    return len(readers)

@@ -42,7 +42,7 @@ def engine_spec_for(deployment: ModelDeployment) -> EngineSpec:
         tensor_parallel_size=deployment.tensor_parallel_size,
         dtype=deployment.dtype,
         enforce_eager=settings.INFERENCE_ENFORCE_EAGER,
-        cpu_scheduler_nice=settings.INFERENCE_CPU_SCHEDULER_NICE,
+        cpu_scheduler_spin_ms=settings.INFERENCE_CPU_SCHEDULER_SPIN_MS,
         cpu_worker_spin_ms=settings.INFERENCE_CPU_WORKER_SPIN_MS,
         extra_args=dict(deployment.engine_args or {}),
     )
