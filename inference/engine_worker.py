@@ -1,7 +1,8 @@
-"""A vLLM worker extension: methods the engine host calls in every model process of its engine.
+"""A vLLM worker extension: methods the engine host calls in every model process of its engine,
+and the shortened busy-wait they share with the scheduler process (`inference/engine_scheduler.py`).
 
-It is imported inside vLLM's worker processes (`worker_extension_cls`), so it depends on vLLM alone,
-never on Django or the rest of the project.
+It is imported inside vLLM's worker and scheduler processes (`worker_extension_cls`,
+`scheduler_cls`), so it depends on vLLM alone, never on Django or the rest of the project.
 """
 
 from __future__ import annotations
