@@ -483,6 +483,19 @@ async def stopped_while_streaming(attempt: Callable[[], Any], *, tries: int = 3)
     pytest.fail(f"each answer had ended before it was stopped: {ended_first}")
 
 
+async def generation_once_finished(user) -> Any:
+    """The user's (only) generation once it has ended, or as it stands after 10 s: an answer stopped
+    by a client that left ends a moment after the response does."""
+    from inference.models import Generation
+
+    for _ in range(100):
+        generation = await Generation.objects.filter(user=user).afirst()
+        if generation.is_finished:
+            break
+        await asyncio.sleep(0.1)
+    return generation
+
+
 @pytest.fixture
 async def unclaimed_generation(alice, default_deployment):
     """Alice's generation, queued but never dispatched: no engine runs it, a test publishes its events."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from types import SimpleNamespace
@@ -17,7 +16,7 @@ from accounts.services import api_key_create
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create
 from inference.models import Generation, ModelDeployment
-from tests.conftest import stopped_while_streaming
+from tests.conftest import generation_once_finished, stopped_while_streaming
 
 ALL_SCOPES = tuple(ApiKey.Scope.values)
 MEGABYTE = "x" * 1_000_000
@@ -326,11 +325,7 @@ async def test_a_client_that_disconnects_stops_the_answer(chat_server, alice):
         return (sent_at, time.monotonic()), running
 
     sent_at, left_at = await stopped_while_streaming(leave_after_two_deltas)
-    for _ in range(100):
-        generation = await Generation.objects.filter(user=alice).afirst()
-        if generation.is_finished:
-            break
-        await asyncio.sleep(0.1)
+    generation = await generation_once_finished(alice)
     assert generation.status == Generation.Status.STOPPED, (
         f"second delta {left_at - sent_at:.2f} s after the send; the answer then ended"
         f" {generation.status} after {generation.completion_tokens} tokens"

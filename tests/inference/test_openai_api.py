@@ -13,7 +13,7 @@ from channels.db import database_sync_to_async
 from accounts.models import Tier
 from accounts.services import api_key_create
 from inference.models import Generation
-from tests.conftest import stopped_while_streaming
+from tests.conftest import generation_once_finished, stopped_while_streaming
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MODEL = "smollm2-135m"
@@ -100,11 +100,7 @@ async def test_a_client_that_disconnects_stops_the_generation(chat_server, alice
                 return f"{generation.status} after {generation.completion_tokens} tokens", not generation.is_finished
 
     await stopped_while_streaming(leave_after_four_chunks)
-    for _ in range(100):
-        generation = await Generation.objects.filter(user=alice).afirst()
-        if generation.is_finished:
-            break
-        await asyncio.sleep(0.1)
+    generation = await generation_once_finished(alice)
     assert generation.status == Generation.Status.STOPPED
     assert generation.completion_tokens < 400
 
