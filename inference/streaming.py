@@ -1,9 +1,10 @@
 """Token streaming onto the channel layer, with a short-lived replay buffer.
 
 Protocol: every event for generation G goes to group "generation.G" with a `seq` that grows by one
-per event. Each event is first appended to the replay buffer, then sent to the group. A follower
-joins the group *before* reading the buffer and drops anything with a `seq` it has already passed,
-so joining mid-stream (a reload, a second tab, a reconnect) never misses or repeats text.
+per event. Each event is first appended to the replay buffer, then sent to the group (with Redis,
+both in one round trip). A follower joins the group *before* reading the buffer and drops anything
+with a `seq` it has already passed, so joining mid-stream (a reload, a second tab, a reconnect)
+never misses or repeats text.
 
 The buffer, not the channel layer, is what a follower relies on. Live delivery is the fast path and
 may skip events: the pub/sub layer delivers at most once, so what is published while a subscription
@@ -40,6 +41,11 @@ ENGINE_STATUS_GROUP = "engine.status"
 class ReplayBuffer(Protocol):
     async def append(self, generation_id: str, event: dict[str, Any]) -> None: ...
 
+    async def append_and_publish(self, generation_id: str, event: dict[str, Any], layer: Any, group: str) -> bool:
+        """Append `event`, then publish it to `group` of `layer`, in one step if this buffer can.
+        Only appends, and returns False, when it cannot: the caller then sends to the group itself."""
+        ...
+
     async def read(self, generation_id: str, after_seq: int) -> list[dict[str, Any]]: ...
 
 
@@ -58,6 +64,10 @@ class MemoryReplayBuffer:
         if len(self._events) > 256:
             self._expire(now)
 
+    async def append_and_publish(self, generation_id: str, event: dict[str, Any], layer: Any, group: str) -> bool:
+        await self.append(generation_id, event)
+        return False
+
     async def read(self, generation_id: str, after_seq: int) -> list[dict[str, Any]]:
         _, events = self._events.get(generation_id, (0.0, []))
         return [event for event in events if event["seq"] > after_seq]
@@ -68,7 +78,12 @@ class MemoryReplayBuffer:
 
 
 class RedisReplayBuffer:
-    """A Redis list per generation, expiring a while after its last event."""
+    """A Redis list per generation, expiring a while after its last event.
+
+    When the channel layer publishes on the same Redis server, an event's append and its publish go
+    in one pipeline: one write and one round trip where there were two. Redis runs a pipeline's
+    commands in order, so the event is in the buffer before any follower can receive it.
+    """
 
     def __init__(self, url: str, ttl_s: int) -> None:
         self.url = url
@@ -90,11 +105,32 @@ class RedisReplayBuffer:
         return f"chatsite:stream:{generation_id}"
 
     async def append(self, generation_id: str, event: dict[str, Any]) -> None:
+        await self._append(generation_id, event, publish=None)
+
+    async def append_and_publish(self, generation_id: str, event: dict[str, Any], layer: Any, group: str) -> bool:
+        if not self._publishes_with(layer):
+            await self.append(generation_id, event)
+            return False
+        # The channel name and the payload exactly as the layer's own group_send makes them.
+        channel = layer._get_layer()._get_group_channel_name(group)
+        await self._append(generation_id, event, publish=(channel, layer.serialize(event)))
+        return True
+
+    async def _append(self, generation_id: str, event: dict[str, Any], *, publish: tuple[str, bytes] | None) -> None:
         key = self._key(generation_id)
         async with self._client().pipeline(transaction=False) as pipe:
             pipe.rpush(key, json.dumps(event))
             pipe.expire(key, self.ttl_s)
+            if publish is not None:
+                pipe.publish(*publish)
             await pipe.execute()
+
+    def _publishes_with(self, layer: Any) -> bool:
+        """Whether `layer` is a Redis pub/sub layer with this buffer's Redis as its one host."""
+        from channels_redis.pubsub import RedisPubSubChannelLayer
+
+        shards = layer._get_layer()._shards if isinstance(layer, RedisPubSubChannelLayer) else []
+        return len(shards) == 1 and shards[0].host == {"address": self.url}
 
     async def read(self, generation_id: str, after_seq: int) -> list[dict[str, Any]]:
         raw = await self._client().lrange(self._key(generation_id), 0, -1)
@@ -182,8 +218,8 @@ class StreamPublisher:
     async def _publish(self, event: dict[str, Any]) -> None:
         self.seq += 1
         event = {**event, "generation": self.generation_id, "seq": self.seq}
-        await self._buffer.append(self.generation_id, event)
-        await self._layer.group_send(self.group, event)
+        if not await self._buffer.append_and_publish(self.generation_id, event, self._layer, self.group):
+            await self._layer.group_send(self.group, event)
 
 
 async def engine_status_broadcast(deployment: str, state: str) -> None:

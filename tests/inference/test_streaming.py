@@ -6,9 +6,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
+from channels.layers import get_channel_layer
+from django.conf import settings as django_settings
+
 from inference import streaming
 from inference.openai_format import usage
-from inference.streaming import StreamPublisher, follow_streams
+from inference.streaming import StreamPublisher, follow_streams, generation_group, replay_buffer
 from tests.conftest import DropsLiveSends
 
 
@@ -51,6 +55,32 @@ async def test_a_follower_keeps_receiving_live_after_a_quiet_spell(settings, mon
     await publisher.finish(status="complete", finish_reason="stop", usage=usage(1, 2))
     rest = await asyncio.wait_for(following, timeout=3)
     assert [e["seq"] for e in rest] == [2, 3]
+
+
+@pytest.mark.skipif(not django_settings.REDIS_URL, reason="the Redis replay buffer and channel layer (REDIS_URL)")
+async def test_on_redis_an_event_is_buffered_and_published_in_one_round_trip():
+    """The buffer publishes the event itself, in the pipeline that appends it, under the channel
+    name the layer's own group_send would use: a member of the group receives it live, and finds it
+    in the buffer by then. channels-redis's group naming is not public API; this catches a change."""
+    generation_id = str(uuid.uuid4())
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(generation_group(generation_id), channel)
+    try:
+        # The layer does not wait for Redis to confirm a subscription: one message through it first.
+        await layer.group_send(generation_group(generation_id), {"type": "subscribed"})
+        assert (await asyncio.wait_for(layer.receive(channel), timeout=3))["type"] == "subscribed"
+        event = {"type": "generation.delta", "text": "Hello", "generation": generation_id, "seq": 1}
+        published = await replay_buffer().append_and_publish(
+            generation_id, event, layer, generation_group(generation_id)
+        )
+        received = await asyncio.wait_for(layer.receive(channel), timeout=3)
+        buffered = await replay_buffer().read(generation_id, 0)
+    finally:
+        await layer.group_discard(generation_group(generation_id), channel)
+    assert published
+    assert received == event
+    assert buffered == [event]
 
 
 async def test_a_follower_gives_up_after_its_idle_timeout(settings):
