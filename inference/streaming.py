@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
+from channels_redis.pubsub import RedisPubSubChannelLayer
 from django.conf import settings
 
 logger = logging.getLogger(__name__)
@@ -108,11 +109,12 @@ class RedisReplayBuffer:
         await self._append(generation_id, event, publish=None)
 
     async def append_and_publish(self, generation_id: str, event: dict[str, Any], layer: Any, group: str) -> bool:
-        if not self._publishes_with(layer):
+        pubsub = self._same_redis_pubsub(layer)
+        if pubsub is None:
             await self.append(generation_id, event)
             return False
         # The channel name and the payload exactly as the layer's own group_send makes them.
-        channel = layer._get_layer()._get_group_channel_name(group)
+        channel = pubsub._get_group_channel_name(group)
         await self._append(generation_id, event, publish=(channel, layer.serialize(event)))
         return True
 
@@ -125,12 +127,14 @@ class RedisReplayBuffer:
                 pipe.publish(*publish)
             await pipe.execute()
 
-    def _publishes_with(self, layer: Any) -> bool:
-        """Whether `layer` is a Redis pub/sub layer with this buffer's Redis as its one host."""
-        from channels_redis.pubsub import RedisPubSubChannelLayer
-
-        shards = layer._get_layer()._shards if isinstance(layer, RedisPubSubChannelLayer) else []
-        return len(shards) == 1 and shards[0].host == {"address": self.url}
+    def _same_redis_pubsub(self, layer: Any) -> Any:
+        """This loop's side of `layer` when it is a Redis pub/sub layer with this buffer's Redis as
+        its one host; otherwise None."""
+        if not isinstance(layer, RedisPubSubChannelLayer):
+            return None
+        pubsub = layer._get_layer()
+        shards = pubsub._shards
+        return pubsub if len(shards) == 1 and shards[0].host == {"address": self.url} else None
 
     async def read(self, generation_id: str, after_seq: int) -> list[dict[str, Any]]:
         raw = await self._client().lrange(self._key(generation_id), 0, -1)
