@@ -197,15 +197,18 @@ class CpuMeter:
                 named["redis"].append(process)
             elif process.info["name"] == "postgres":
                 named["postgres"].append(process)
-        alone = [p for p in me.children(recursive=True) if p.pid not in stack_pids]
+        alone_model, alone_rest = _model_process_apart(
+            [p for p in me.children(recursive=True) if p.pid not in stack_pids]
+        )
+        workers_model, workers_rest = _model_process_apart(workers_engine)
         return {
             "benchmark process (client; front end of the engine alone)": [me],
-            "engine alone: model process": [p for p in alone if _is_model_process(p)],
-            "engine alone: scheduler and the rest": [p for p in alone if not _is_model_process(p)],
+            "engine alone: model process": alone_model,
+            "engine alone: scheduler and the rest": alone_rest,
             "web process": web,
             "worker process": [self.worker],
-            "worker's engine: model process": [p for p in workers_engine if _is_model_process(p)],
-            "worker's engine: scheduler and the rest": [p for p in workers_engine if not _is_model_process(p)],
+            "worker's engine: model process": workers_model,
+            "worker's engine: scheduler and the rest": workers_rest,
             **named,
         }
 
@@ -228,15 +231,20 @@ class CpuMeter:
             totals[part] = totals.get(part, 0.0) + max(spent, 0.0)
 
 
-def _is_model_process(process) -> bool:
-    """vLLM's model process (the one that computes; its title is VLLM::Worker...), as against its
-    scheduler (VLLM::EngineCore) and helpers."""
+def _model_process_apart(processes: list) -> tuple[list, list]:
+    """An engine's processes split in two: vLLM's model process (the one that computes; its title
+    is VLLM::Worker...), and its scheduler (VLLM::EngineCore) with the helpers. Each process's
+    title is read once."""
     import psutil
 
-    try:
-        return "Worker" in " ".join(process.cmdline())
-    except psutil.Error:
-        return False
+    model, rest = [], []
+    for process in processes:
+        try:
+            computes = "Worker" in " ".join(process.cmdline())
+        except psutil.Error:
+            computes = False
+        (model if computes else rest).append(process)
+    return model, rest
 
 
 # Per shape ("c=1", "c=8", "burst"): each timed stretch's samples and its wall time.
