@@ -106,3 +106,68 @@ async def _followed_from_its_first_text(**publisher_options):
 
 async def _collect(events) -> list[dict]:
     return [event async for event in events]
+
+
+class _CountsPipelines:
+    """A real redis.asyncio client that counts the pipelines it runs (what is sent is not touched)."""
+
+    def __init__(self, url: str) -> None:
+        import redis.asyncio as redis
+
+        self.client = redis.Redis.from_url(url)
+        self.pipelines = 0
+
+    def pipeline(self, **options):
+        self.pipelines += 1
+        return self.client.pipeline(**options)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+async def test_streams_on_one_loop_share_pipelines_and_each_keeps_its_order(redis_url):
+    """Eight streams each appending five events at once: every event is in its stream's buffer, in
+    order, and they went in a handful of pipelines rather than forty (one round trip each)."""
+    buffer = streaming.RedisReplayBuffer(redis_url, ttl_s=60)
+    counting = _CountsPipelines(redis_url)
+    buffer._clients[id(asyncio.get_running_loop())] = counting
+    streams = [str(uuid.uuid4()) for _ in range(8)]
+
+    async def stream(generation_id: str) -> None:
+        for seq in range(1, 6):
+            await buffer.append(generation_id, {"type": "generation.delta", "text": f"{seq} ", "seq": seq})
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(stream(g) for g in streams)), timeout=10)
+        for generation_id in streams:
+            assert [e["seq"] for e in await buffer.read(generation_id, 0)] == [1, 2, 3, 4, 5]
+    finally:
+        await counting.client.aclose()
+    assert counting.pipelines <= 10, f"{counting.pipelines} pipelines for 40 events of 8 streams"
+
+
+async def test_a_stopped_stream_still_sends_the_event_it_had_handed_over(redis_url):
+    """An event has its `seq` once handed over: a stop that cancels the stream meanwhile must not
+    leave a hole in the buffer that followers would wait on."""
+    buffer = streaming.RedisReplayBuffer(redis_url, ttl_s=60)
+    generation_id = str(uuid.uuid4())
+    sending = asyncio.ensure_future(buffer.append(generation_id, {"type": "generation.delta", "seq": 1}))
+    await asyncio.sleep(0)  # handed over, not yet sent
+    sending.cancel()
+    await asyncio.wait_for(buffer.append(generation_id, {"type": "generation.delta", "seq": 2}), timeout=5)
+    assert [e["seq"] for e in await buffer.read(generation_id, 0)] == [1, 2]
+    assert sending.cancelled()
+
+
+async def test_a_failed_send_reaches_each_of_its_callers_and_the_next_one_is_tried_afresh():
+    import redis.exceptions
+
+    buffer = streaming.RedisReplayBuffer("redis://127.0.0.1:1/0", ttl_s=60)  # nothing listens there
+    results = await asyncio.gather(
+        *(buffer.append(str(uuid.uuid4()), {"type": "generation.delta", "seq": 1}) for _ in range(3)),
+        return_exceptions=True,
+    )
+    assert all(isinstance(result, redis.exceptions.ConnectionError) for result in results), results
+    # Not stuck behind the failed pipeline: the next event is sent (and fails) on its own.
+    with pytest.raises(redis.exceptions.ConnectionError):
+        await asyncio.wait_for(buffer.append(str(uuid.uuid4()), {"type": "generation.delta", "seq": 1}), timeout=5)
