@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -93,17 +94,18 @@ class RedisReplayBuffer:
     def __init__(self, url: str, ttl_s: int) -> None:
         self.url = url
         self.ttl_s = ttl_s
-        self._clients: dict[int, Any] = {}
-        self._sends: dict[int, PipelinedSends] = {}
+        # Per event loop, held weakly: a loop's id can be reused after it is closed, the loop cannot.
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+        self._sends: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PipelinedSends] = weakref.WeakKeyDictionary()
 
     def _client(self) -> Any:
         # redis.asyncio connections belong to the loop that opened them; keep one client per loop.
         import redis.asyncio as redis
 
-        loop_id = id(asyncio.get_running_loop())
-        client = self._clients.get(loop_id)
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
         if client is None:
-            client = self._clients[loop_id] = redis.Redis.from_url(self.url)
+            client = self._clients[loop] = redis.Redis.from_url(self.url)
         return client
 
     @staticmethod
@@ -128,10 +130,10 @@ class RedisReplayBuffer:
         commands = [("RPUSH", key, json.dumps(event)), ("EXPIRE", key, self.ttl_s)]
         if publish is not None:
             commands.append(("PUBLISH", *publish))
-        loop_id = id(asyncio.get_running_loop())
-        sends = self._sends.get(loop_id)
+        loop = asyncio.get_running_loop()
+        sends = self._sends.get(loop)
         if sends is None:
-            sends = self._sends[loop_id] = PipelinedSends(self._client())
+            sends = self._sends[loop] = PipelinedSends(self._client())
         await sends.send(commands)
 
     def _same_redis_pubsub(self, layer: Any) -> Any:

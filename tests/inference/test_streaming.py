@@ -130,7 +130,7 @@ async def test_streams_on_one_loop_share_pipelines_and_each_keeps_its_order(redi
     order, and they went in a handful of pipelines rather than forty (one round trip each)."""
     buffer = streaming.RedisReplayBuffer(redis_url, ttl_s=60)
     counting = _CountsPipelines(redis_url)
-    buffer._clients[id(asyncio.get_running_loop())] = counting
+    buffer._clients[asyncio.get_running_loop()] = counting
     streams = [str(uuid.uuid4()) for _ in range(8)]
 
     async def stream(generation_id: str) -> None:
