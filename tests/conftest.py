@@ -401,6 +401,30 @@ def clean_redis():
         redis.Redis.from_url(settings.REDIS_URL).flushdb()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_connections_left_to_the_test_database(django_db_setup, django_db_blocker):
+    """End the run with nobody connected to the test database, so it can be dropped.
+
+    The database threads of this process (chatsite/database.py) each keep a connection open, and a
+    worker process killed with -9 leaves its backends to PostgreSQL to notice: either would make the
+    database's removal fail with "being accessed by other users". Set up before the session's other
+    fixtures, this is torn down after them (the worker already killed), before the database goes.
+    """
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        # From PostgreSQL 14 it can wait (here up to 5 s) for each backend to be gone.
+        wait = ", 5000" if connection.pg_version >= 140000 else ""
+        cursor.execute(
+            f"SELECT pg_terminate_backend(pid{wait}) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    connection.close()
+
+
 class DropsLiveSends:
     """A channel layer that loses every group_send, as live delivery may: the publisher has written
     the event to the replay buffer first, but it never arrives live."""
