@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -29,6 +30,8 @@ from typing import Any, Protocol
 from channels.layers import get_channel_layer
 from channels_redis.pubsub import RedisPubSubChannelLayer
 from django.conf import settings
+
+from chatsite.batching import Batcher
 
 logger = logging.getLogger(__name__)
 
@@ -86,9 +89,12 @@ class RedisReplayBuffer:
     in one pipeline: one write and one round trip where there were two. Redis runs a pipeline's
     commands in order, so the event is in the buffer before any follower can receive it.
 
-    The events of all streams on one event loop share pipelines too (`PipelinedSends`): an engine
-    step hands every stream its next token at once, so with eight answers streaming, eight events
-    go to Redis in one write instead of eight.
+    The events of all streams on one event loop share pipelines too: an engine step hands every
+    stream its next token at once, so with eight answers streaming, eight events go to Redis in one
+    write instead of eight. The first event goes at once and those handed in while a pipeline is in
+    flight go in the next, so a lone stream pays one round trip an event as before. An event that
+    a stop cancels while it waits is still sent: it has its `seq`, and followers must never find a
+    hole in the buffer.
     """
 
     def __init__(self, url: str, ttl_s: int) -> None:
@@ -96,7 +102,7 @@ class RedisReplayBuffer:
         self.ttl_s = ttl_s
         # Per event loop, held weakly: a loop's id can be reused after it is closed, the loop cannot.
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
-        self._sends: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PipelinedSends] = weakref.WeakKeyDictionary()
+        self._sends: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batcher] = weakref.WeakKeyDictionary()
 
     def _client(self) -> Any:
         # redis.asyncio connections belong to the loop that opened them; keep one client per loop.
@@ -133,8 +139,8 @@ class RedisReplayBuffer:
         loop = asyncio.get_running_loop()
         sends = self._sends.get(loop)
         if sends is None:
-            sends = self._sends[loop] = PipelinedSends(self._client())
-        await sends.send(commands)
+            sends = self._sends[loop] = Batcher(functools.partial(_in_one_pipeline, self._client()))
+        await sends.submit(commands)
 
     def _same_redis_pubsub(self, layer: Any) -> Any:
         """This loop's side of `layer` when it is a Redis pub/sub layer with this buffer's Redis as
@@ -151,54 +157,14 @@ class RedisReplayBuffer:
         return [event for event in events if event["seq"] > after_seq]
 
 
-class PipelinedSends:
-    """Sends the commands its callers hand it on one event loop, batched into pipelines.
-
-    The first caller's commands go out at once; those handed over while a pipeline is in flight go
-    together in the next, so nothing waits on purpose and a lone stream pays one round trip per
-    event as before. Each caller's commands stay together and in order, and each caller waits for
-    its own to be done. A caller that is cancelled meanwhile (a stop) does not take its commands
-    back: an event with a `seq` is always sent, so followers never find a hole in the buffer.
-    """
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-        self._waiting: list[tuple[list[tuple], asyncio.Future]] = []
-        self._sender: asyncio.Task | None = None  # held, so the loop cannot drop it mid-run
-
-    async def send(self, commands: list[tuple]) -> None:
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-        self._waiting.append((commands, done))
-        if self._sender is None:
-            self._sender = loop.create_task(self._send_waiting())
-        await done
-
-    async def _send_waiting(self) -> None:
-        batch: list[tuple[list[tuple], asyncio.Future]] = []
-        try:
-            while self._waiting:
-                batch, self._waiting = self._waiting, []
-                try:
-                    async with self._client.pipeline(transaction=False) as pipe:
-                        for commands, _ in batch:
-                            for command in commands:
-                                pipe.execute_command(*command)
-                        await pipe.execute()
-                except Exception as exc:
-                    for _, done in batch:
-                        if not done.done():
-                            done.set_exception(exc)
-                else:
-                    for _, done in batch:
-                        if not done.done():
-                            done.set_result(None)
-        finally:
-            # Cancelled itself (the loop is closing): no caller may wait for ever.
-            for _, done in batch + self._waiting:
-                done.cancel()
-            self._waiting = []
-            self._sender = None
+async def _in_one_pipeline(client: Any, batch: list[list[tuple]]) -> list[None]:
+    """Send each caller's commands, together and in order, in one pipeline."""
+    async with client.pipeline(transaction=False) as pipe:
+        for commands in batch:
+            for command in commands:
+                pipe.execute_command(*command)
+        await pipe.execute()
+    return [None] * len(batch)
 
 
 _buffer: ReplayBuffer | None = None

@@ -24,6 +24,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from chatsite.batching import Batcher
 from chatsite.errors import ClientError
 from moderation.classifiers import (
     CATEGORIES,
@@ -293,33 +294,13 @@ class BatchScorer:
 
     def __init__(self, score: Any = None) -> None:
         self._score = score  # texts -> their Scores, in order; None: the classifiers' score_many
-        self._waiting: list[tuple[str, asyncio.Future]] = []
-        self._drainer: asyncio.Task | None = None  # held, so the loop cannot drop it mid-run
+        self._batcher: Batcher[str, Scores] = Batcher(self._score_in_a_thread)
 
     async def score(self, text: str) -> Scores:
-        future = asyncio.get_running_loop().create_future()
-        self._waiting.append((text, future))
-        if self._drainer is None:
-            self._drainer = asyncio.get_running_loop().create_task(self._drain())
-        return await future
+        return await self._batcher.submit(text)
 
-    async def _drain(self) -> None:
-        try:
-            while self._waiting:
-                batch, self._waiting = self._waiting, []
-                try:
-                    results = await asyncio.to_thread(self._score or score_many, [text for text, _ in batch])
-                except Exception as exc:
-                    results = [exc] * len(batch)
-                for (_, future), result in zip(batch, results, strict=True):
-                    if future.done():  # its stream was stopped meanwhile
-                        continue
-                    if isinstance(result, Exception):
-                        future.set_exception(result)
-                    else:
-                        future.set_result(result)
-        finally:
-            self._drainer = None
+    async def _score_in_a_thread(self, texts: list[str]) -> list[Scores | Exception]:
+        return await asyncio.to_thread(self._score or score_many, texts)
 
 
 # Per event loop (the web server's in the embedded default, a worker's engine loop): a scorer for
