@@ -33,7 +33,11 @@ def tier_for_user(*, user: Any) -> Tier:
 
 
 def tier_for_user_or_none(*, user: Any) -> Tier | None:
-    return Tier.objects.filter(users__id=user.id).first() or Tier.objects.filter(is_default=True).first()
+    return tier_for_user_id_or_none(user_id=user.id)
+
+
+def tier_for_user_id_or_none(*, user_id: Any) -> Tier | None:
+    return Tier.objects.filter(users__id=user_id).first() or Tier.objects.filter(is_default=True).first()
 
 
 def tier_allows_deployment(*, tier: Tier, deployment: Any) -> bool:
@@ -51,11 +55,11 @@ def deployments_allowed_for_user(*, user: Any, deployments: list[Any]) -> list[A
     return [d for d in deployments if d.id in allowed]
 
 
-def tier_prices_for(*, tier: Tier | None, deployment: Any) -> tuple[Decimal, Decimal]:
+def tier_prices_for(*, tier: Tier | None, deployment_id: Any) -> tuple[Decimal, Decimal]:
     """(prompt, completion) price per 1,000 tokens; a deployment with no price row is free for the tier."""
     if tier is None:
         return ZERO, ZERO
-    price = TierModelPrice.objects.filter(tier=tier, deployment=deployment).first()
+    price = TierModelPrice.objects.filter(tier=tier, deployment_id=deployment_id).first()
     if price is None:
         return ZERO, ZERO
     return price.prompt_price_per_1k, price.completion_price_per_1k

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -20,7 +20,7 @@ from accounts.selectors import (
     month_bounds,
     tier_allows_deployment,
     tier_for_user,
-    tier_for_user_or_none,
+    tier_for_user_id_or_none,
     tier_prices_for,
     usage_tokens_since,
 )
@@ -273,15 +273,13 @@ def usage_record(*, generation: Any) -> UsageRecord:
     Tokens are the engine's counts. A generation that never reached an engine (stopped while queued)
     used none; a failed one is recorded for the books but not charged. A second call for the same
     generation (a retried task, a duplicate signal) returns the existing row and charges nothing.
+    It reads only the generation's own fields (ids included), so a row fresh from an update will do.
     """
     if not generation.is_finished:
         raise ValueError("only a finished generation can be charged")
-    existing = UsageRecord.objects.filter(generation_id=generation.id).first()
-    if existing is not None:
-        return existing
     # Never raise here: this runs inside generation_finish, and a missing tier must not undo a finish.
-    tier = tier_for_user_or_none(user=generation.user)
-    prompt_price, completion_price = tier_prices_for(tier=tier, deployment=generation.deployment)
+    tier = tier_for_user_id_or_none(user_id=generation.user_id)
+    prompt_price, completion_price = tier_prices_for(tier=tier, deployment_id=generation.deployment_id)
     ran = generation.started_at is not None
     prompt_tokens = generation.prompt_tokens if ran else 0
     completion_tokens = generation.completion_tokens if ran else 0
@@ -290,21 +288,27 @@ def usage_record(*, generation: Any) -> UsageRecord:
         cost = (
             Decimal(prompt_tokens) * prompt_price / 1000 + Decimal(completion_tokens) * completion_price / 1000
         ).quantize(COST_PLACES, rounding=ROUND_HALF_UP)
-    # get_or_create runs in a savepoint and falls back to a read on IntegrityError: the one-to-one
-    # is what guarantees a single row even when two finishes race.
-    record, _ = UsageRecord.objects.get_or_create(
+    record = UsageRecord(
         generation_id=generation.id,
-        defaults={
-            "user_id": generation.user_id,
-            "deployment_id": generation.deployment_id,
-            "tier": tier,
-            "status": generation.status,
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "prompt_price_per_1k": prompt_price,
-            "completion_price_per_1k": completion_price,
-            "cost": cost,
-            "created_at": generation.finished_at or timezone.now(),
-        },
+        user_id=generation.user_id,
+        deployment_id=generation.deployment_id,
+        tier=tier,
+        status=generation.status,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        prompt_price_per_1k=prompt_price,
+        completion_price_per_1k=completion_price,
+        cost=cost,
+        created_at=generation.finished_at or timezone.now(),
     )
+    # The one-to-one on the generation is what guarantees a single row, even when two charges race:
+    # the second insert fails inside its savepoint, and the row already there is the charge.
+    try:
+        with transaction.atomic():
+            record.save(force_insert=True)
+    except IntegrityError:
+        existing = UsageRecord.objects.filter(generation_id=generation.id).first()
+        if existing is None:
+            raise
+        return existing
     return record

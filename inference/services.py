@@ -4,10 +4,11 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from chatsite.errors import ClientError
+from chatsite.queries import update_returning
 from inference.models import Generation, ModelDeployment
 from inference.signals import generation_finished, generation_started
 
@@ -61,38 +62,22 @@ def generation_claim(*, generation_id: Any, worker: str) -> Generation | None:
     """Move a queued generation to running for `worker`; None when someone else already has it.
 
     The conditional update is the lock: of two deliveries of the same task only one claims it. One
-    statement (`UPDATE … RETURNING`, which Django's ORM cannot write) and no transaction, as it sits
-    between a message and its first token; the deployment comes from the process's cache.
+    statement (`UPDATE … RETURNING`) and no transaction, as it sits between a message and its first
+    token; the deployment comes from the process's cache.
     """
     from inference.selectors import deployment_get_cached
 
-    values = {
-        "running": Generation.Status.RUNNING.value,
-        "worker": worker,
-        "now": Generation._meta.get_field("started_at").get_db_prep_value(timezone.now(), connection),
-        "id": Generation._meta.pk.get_db_prep_value(generation_id, connection),
-        "queued": Generation.Status.QUEUED.value,
-    }
-    claimed = list(Generation.objects.raw(_claim_sql(), values))
+    claimed = update_returning(
+        Generation.objects.filter(id=generation_id, status=Generation.Status.QUEUED, stop_requested=False),
+        status=Generation.Status.RUNNING,
+        worker=worker,
+        started_at=timezone.now(),
+    )
     if not claimed:
         return None
     generation = claimed[0]
     generation.deployment = deployment_get_cached(deployment_id=generation.deployment_id)
     return generation
-
-
-def _claim_sql() -> str:
-    quote = connection.ops.quote_name
-
-    def column(name: str) -> str:
-        return quote(Generation._meta.get_field(name).column)
-
-    return (
-        f"UPDATE {quote(Generation._meta.db_table)}"
-        f" SET {column('status')} = %(running)s, {column('worker')} = %(worker)s, {column('started_at')} = %(now)s"
-        f" WHERE {column('id')} = %(id)s AND {column('status')} = %(queued)s AND NOT {column('stop_requested')}"
-        " RETURNING *"
-    )
 
 
 @transaction.atomic
@@ -128,14 +113,16 @@ def generation_finish(
     }
     if prompt_tokens is not None:
         fields["prompt_tokens"] = prompt_tokens
-    updated = Generation.objects.filter(
-        id=generation_id, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING]
-    ).update(**fields)
-    if not updated:
+    # The row comes back from the update itself: what the finish's receivers read is the row's own
+    # (ids included), with no second read on the way from an answer's last token to its `done`.
+    finished = update_returning(
+        Generation.objects.filter(id=generation_id, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING]),
+        **fields,
+    )
+    if not finished:
         return None
-    generation = Generation.objects.select_related("deployment", "user").get(id=generation_id)
-    generation_finished.send(sender=Generation, generation=generation)
-    return generation
+    generation_finished.send(sender=Generation, generation=finished[0])
+    return finished[0]
 
 
 def generation_request_stop(*, generation: Generation) -> Generation | None:

@@ -9,7 +9,8 @@ from decimal import Decimal
 
 import pytest
 from channels.db import database_sync_to_async
-from django.db import connections
+from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -17,7 +18,7 @@ from accounts.models import Tier, TierModelPrice, UsageRecord
 from accounts.services import usage_record, user_set_tier
 from conversations.services import message_send
 from inference.models import Generation
-from inference.services import generation_finish, generation_request_stop
+from inference.services import generation_claim, generation_finish, generation_request_stop
 from tests.accounts.conftest import run_to_end
 from tests.conftest import drain_until_finished, open_socket
 
@@ -58,6 +59,21 @@ def test_a_generation_stopped_before_any_engine_took_it_costs_nothing(alice, put
     generation_request_stop(generation=sent.generation)
     record = UsageRecord.objects.get()
     assert (record.status, record.prompt_tokens, record.completion_tokens, record.cost) == ("stopped", 0, 0, 0)
+
+
+def test_a_finish_charges_without_reading_back_the_rows_it_writes(alice, put_on_tier):
+    # An answer's `done` waits for its finish: the generation comes back from its own UPDATE, and the
+    # charge's row is inserted without first looking for one (the one-to-one refuses a second).
+    put_on_tier(alice, "pro")
+    sent = message_send(user=alice, content="hi")
+    assert generation_claim(generation_id=sent.generation.id, worker="test") is not None
+    with CaptureQueriesContext(connection) as finish:
+        generation_finish(
+            generation_id=sent.generation.id, status="complete", text="4", prompt_tokens=1000, completion_tokens=1000
+        )
+    reads = [q["sql"] for q in finish.captured_queries if q["sql"].lstrip().upper().startswith("SELECT")]
+    assert reads and not [sql for sql in reads if "inference_generation" in sql or "accounts_usagerecord" in sql]
+    assert UsageRecord.objects.get().cost == Decimal("0.000800")
 
 
 def test_a_retried_task_never_charges_twice(alice, put_on_tier):
