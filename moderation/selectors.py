@@ -40,9 +40,14 @@ def policy_for_user(*, user: Any) -> PolicySnapshot:
     The user's tier is read fresh (an admin's change applies to the next message); the policy comes
     from the cache.
     """
-    from accounts.selectors import tier_for_user_or_none
+    return policy_for_user_id(user_id=user.id)
 
-    tier = tier_for_user_or_none(user=user)
+
+def policy_for_user_id(*, user_id: Any) -> PolicySnapshot:
+    """`policy_for_user` by the user's id: for a caller holding a row that refers to the user."""
+    from accounts.selectors import tier_for_user_id_or_none
+
+    tier = tier_for_user_id_or_none(user_id=user_id)
     return policy_for_tier(tier_id=tier.id if tier is not None else None)
 
 

@@ -36,7 +36,7 @@ from moderation.classifiers import (
 )
 from moderation.guard import combined_with_guard
 from moderation.models import ACTION_SEVERITY, Action, Flag
-from moderation.selectors import PolicySnapshot, policy_for_tier, policy_for_user
+from moderation.selectors import PolicySnapshot, policy_for_tier, policy_for_user, policy_for_user_id
 
 logger = logging.getLogger(__name__)
 
@@ -330,8 +330,8 @@ class _Unmonitored(OutputMonitor):
 
 
 def output_monitor_for(*, generation: Any) -> OutputMonitor:
-    """A monitor for one generation's answer under its user's policy (one query, before streaming)."""
-    policy = policy_for_user(user=generation.user)
+    """A monitor for one generation's answer under its user's policy (one query: the user's tier)."""
+    policy = policy_for_user_id(user_id=generation.user_id)
     return OutputMonitor(policy) if policy.moderate_output else _Unmonitored(policy)
 
 
