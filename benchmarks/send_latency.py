@@ -5,7 +5,8 @@ while `message_send`'s transaction runs on PostgreSQL, then the Celery task sent
 runs in this process, as it does in a web process, at concurrency 1 (one message after another)
 and 8 (eight messages sent together), and prints:
 
-- c=1: the time from the message to its dispatch, p50 and p90;
+- c=1: the time from the message to its dispatch, p50 and p90; and, for how the two overlap, the
+  same with the verdict taken before (the transaction alone) and the input check alone;
 - c=8: when the first, the fourth and the last of the eight were dispatched (medians over rounds);
 - the new connections to Redis per message (a process should need none once it is warm).
 
@@ -44,7 +45,7 @@ async def main() -> None:
     from chatsite.database import db_async
     from conversations.services import message_send
     from inference.models import Generation
-    from moderation.services import InputCheck
+    from moderation.services import InputCheck, input_moderate
 
     user, _ = await asyncio.to_thread(get_user_model().objects.get_or_create, username="benchmark-send")
     # The plan with the highest limits, so no send is refused over the run.
@@ -60,12 +61,32 @@ async def main() -> None:
         await asyncio.to_thread(Generation.objects.filter(id=sent.generation.id).update, status="stopped")
         return took * 1000
 
+    async def send_judged(text: str) -> float:
+        verdict = await asyncio.to_thread(input_moderate, user=user, text=text)
+        started = time.perf_counter()
+        sent = await db_async(message_send)(user=user, content=text, verdict=verdict)
+        took = time.perf_counter() - started
+        await asyncio.to_thread(Generation.objects.filter(id=sent.generation.id).update, status="stopped")
+        return took * 1000
+
+    async def check_alone(text: str) -> float:
+        started = time.perf_counter()
+        await asyncio.to_thread(input_moderate, user=user, text=text)
+        return (time.perf_counter() - started) * 1000
+
     connections_before = client.info("stats")["total_connections_received"]
-    alone = []
+    alone, judged, checked = [], [], []
     for i in range(ALONE + WARM_UP):
-        took = await asyncio.create_task(send(PROMPTS[i % len(PROMPTS)], time.perf_counter()))
+        text = PROMPTS[i % len(PROMPTS)]
+        took = await asyncio.create_task(send(text, time.perf_counter()))
+        await asyncio.sleep(0.05)
+        took_judged = await asyncio.create_task(send_judged(text))
+        await asyncio.sleep(0.05)
+        took_checking = await check_alone(text)
         if i >= WARM_UP:
             alone.append(took)
+            judged.append(took_judged)
+            checked.append(took_checking)
         await asyncio.sleep(0.05)
     together = []
     for i in range(TOGETHER_ROUNDS + WARM_UP):
@@ -74,7 +95,7 @@ async def main() -> None:
         if i >= WARM_UP:
             together.append(done)
         await asyncio.sleep(0.2)
-    messages = ALONE + WARM_UP + (TOGETHER_ROUNDS + WARM_UP) * len(PROMPTS)
+    messages = 2 * (ALONE + WARM_UP) + (TOGETHER_ROUNDS + WARM_UP) * len(PROMPTS)
     new_connections = client.info("stats")["total_connections_received"] - connections_before
     client.flushdb()
 
@@ -83,6 +104,10 @@ async def main() -> None:
         f"c=1 accepted and dispatched: p50 {statistics.median(alone):.1f} ms, p90 {alone[len(alone) * 9 // 10]:.1f} ms"
     )
     first, fourth, last = (statistics.median(r[k] for r in together) for k in (0, 3, -1))
+    print(
+        f"c=1 the transaction alone (verdict taken before): p50 {statistics.median(judged):.1f} ms; "
+        f"the input check alone: p50 {statistics.median(checked):.1f} ms"
+    )
     print(f"c=8 dispatched: first {first:.1f} ms, fourth {fourth:.1f} ms, last {last:.1f} ms")
     print(f"new Redis connections per message: {new_connections / messages:.2f}")
 
