@@ -22,6 +22,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from typing import Any
 
 from django.conf import settings
@@ -213,7 +214,8 @@ def worker_runtime_stop() -> None:
 # --- the web side ---------------------------------------------------------------------------------
 
 _sync_client = None
-_async_clients: dict[tuple, Any] = {}
+# Per event loop, held weakly: a closed loop's id can be reused by a new loop, the loop itself cannot.
+_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, Any]] = weakref.WeakKeyDictionary()
 
 
 def _redis() -> Any:
@@ -229,10 +231,11 @@ def _async_redis(**options: Any) -> Any:
     """One client per event loop (and options): redis.asyncio connections belong to their loop."""
     import redis.asyncio as aredis
 
-    key = (id(asyncio.get_running_loop()), tuple(sorted(options.items())))
-    if key not in _async_clients:
-        _async_clients[key] = aredis.Redis.from_url(settings.REDIS_URL, **options)
-    return _async_clients[key]
+    clients = _async_clients.setdefault(asyncio.get_running_loop(), {})
+    key = tuple(sorted(options.items()))
+    if key not in clients:
+        clients[key] = aredis.Redis.from_url(settings.REDIS_URL, **options)
+    return clients[key]
 
 
 def worker_status(name: str) -> dict[str, Any] | None:
