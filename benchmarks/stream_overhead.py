@@ -20,7 +20,8 @@ step (`INFERENCE_CPU_WORKER_SPIN_MS`), so neither side finds the other's engine 
 
 Prints TTFT p50/p99, inter-token latency, output tokens/s, their ratios, the CPU each part of the
 machine spent per output token at concurrency 8 (this process, each side's model process and
-scheduler process, the web process, the worker process, Redis, PostgreSQL), and a final line
+scheduler process, the web process, the worker process, Redis, PostgreSQL) and how long its
+threads were ready to run but waited for a core (from the kernel's schedstat), and a final line
   RESULT ttft_added_p50_ms=<x> ttft_added_p99_ms=<y> throughput_ratio_c8=<z>
 (added TTFT at concurrency 1, the throughput ratio at concurrency 8). BENCH_ROUNDS sets the rounds.
 Then, through the stack, it stops answers after their first text and prints how long each stop took
@@ -185,6 +186,7 @@ class CpuMeter:
         self.web = psutil.Process(web_pid)
         self.worker = psutil.Process(worker_pid)
         self.totals: dict[tuple[str, str], dict[str, float]] = {}
+        self.waits: dict[tuple[str, str], dict[str, float]] = {}
 
     def _parts(self) -> dict[str, list]:
         me = self._psutil.Process()
@@ -212,8 +214,9 @@ class CpuMeter:
             **named,
         }
 
-    def snapshot(self) -> dict[str, dict[int, float]]:
-        out: dict[str, dict[int, float]] = {}
+    def snapshot(self) -> dict[str, dict[int, tuple[float, float]]]:
+        """Per part, per process: (CPU seconds, seconds its threads waited for a core)."""
+        out: dict[str, dict[int, tuple[float, float]]] = {}
         for part, processes in self._parts().items():
             out[part] = {}
             for process in processes:
@@ -221,14 +224,31 @@ class CpuMeter:
                     times = process.cpu_times()
                 except self._psutil.Error:
                     continue
-                out[part][process.pid] = times.user + times.system
+                out[part][process.pid] = (times.user + times.system, _run_queue_wait_s(process.pid))
         return out
 
     def add(self, key: tuple[str, str], before: dict, after: dict) -> None:
         totals = self.totals.setdefault(key, {})
-        for part, seconds in after.items():
-            spent = sum(s - before.get(part, {}).get(pid, 0.0) for pid, s in seconds.items())
+        waits = self.waits.setdefault(key, {})
+        for part, per_pid in after.items():
+            earlier = before.get(part, {})
+            spent = sum(cpu - earlier.get(pid, (0.0, 0.0))[0] for pid, (cpu, _) in per_pid.items())
+            waited = sum(wait - earlier.get(pid, (0.0, 0.0))[1] for pid, (_, wait) in per_pid.items())
             totals[part] = totals.get(part, 0.0) + max(spent, 0.0)
+            waits[part] = waits.get(part, 0.0) + max(waited, 0.0)
+
+
+def _run_queue_wait_s(pid: int) -> float:
+    """Seconds the process's live threads have spent runnable but waiting for a core (the second
+    field of each thread's /proc schedstat; a thread that ends takes its count with it); 0 where the
+    kernel does not keep it."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
 
 
 def _model_process_apart(processes: list) -> tuple[list, list]:
@@ -503,23 +523,32 @@ def main() -> None:
         )
     for shape in ("c=8", "burst"):
         label = "c=8 burst" if shape == "burst" else shape
-        print(f"\n{label}: CPU ms per output token, by part of the machine (and cores busy, on average)")
+        print(
+            f"\n{label}: ms per output token by part of the machine, on a core (and waiting for one),"
+            " and cores busy on average"
+        )
         walls = {name: sum(wall for _, wall in results[name][shape]) for name in results}
         tokens = {name: sum(s.tokens for stretch, _ in results[name][shape] for s in stretch) for name in results}
         parts = cpu.totals[(next(iter(results)), shape)]
-        print(f"{'':58}" + "".join(f"{name:>10}" for name in results))
+        print(f"{'':58}" + "".join(f"{name:>18}" for name in results))
         for part in parts:
             print(
                 f"  {part:56}"
-                + "".join(f"{1000 * cpu.totals[(name, shape)][part] / tokens[name]:>10.2f}" for name in results)
+                + "".join(
+                    f"{1000 * cpu.totals[(name, shape)][part] / tokens[name]:>10.2f}"
+                    f" ({1000 * cpu.waits[(name, shape)][part] / tokens[name]:>4.2f})"
+                    for name in results
+                )
             )
         print(
             f"  {'all':56}"
-            + "".join(f"{1000 * sum(cpu.totals[(name, shape)].values()) / tokens[name]:>10.2f}" for name in results)
+            + "".join(
+                f"{1000 * sum(cpu.totals[(name, shape)].values()) / tokens[name]:>10.2f}{'':8}" for name in results
+            )
         )
         print(
             f"  {'cores busy':56}"
-            + "".join(f"{sum(cpu.totals[(name, shape)].values()) / walls[name]:>10.2f}" for name in results)
+            + "".join(f"{sum(cpu.totals[(name, shape)].values()) / walls[name]:>10.2f}{'':8}" for name in results)
         )
     stop_ms = [1000 * stop.seconds for stop in stops]
     print(
