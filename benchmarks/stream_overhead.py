@@ -502,6 +502,9 @@ def main() -> None:
         f"model {deployment.model_path}, greedy, max_tokens={MAX_TOKENS}, {len(PROMPTS)} prompts x {ROUNDS} rounds",
         flush=True,
     )
+    if niceness := os.nice(0):
+        # Everything this run starts inherits it, PostgreSQL and Redis do not: not the usual arrangement.
+        print(f"warning: running at nice {niceness}, and so will both engines, the web process and the worker")
     results, cpu, stops = asyncio.run(measure(deployment))
     direct, stack = summarize(results["engine"]), summarize(results["stack"])
     print(f"\n{'':18}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL':>9}{'tokens':>8}{'tok/s':>8}")
