@@ -46,11 +46,13 @@ async def main() -> None:
     from chatsite.database import db_async
     from conversations.services import message_send
     from inference.models import Generation
-    from moderation.services import InputCheck, input_moderate, input_scorer
+    from moderation.selectors import policy_for_user
+    from moderation.services import InputCheck, input_scorer, verdict_from_scores
 
     user, _ = await asyncio.to_thread(get_user_model().objects.get_or_create, username="benchmark-send")
     # The plan with the highest limits, so no send is refused over the run.
     await asyncio.to_thread(user_set_tier, user=user, tier=await Tier.objects.aget(name="enterprise"))
+    policy = await asyncio.to_thread(policy_for_user, user=user)  # what the transaction would read
     # The classifiers load on first use, as in a web process: in the warm-up, outside the figures.
     client = redis.Redis.from_url(settings.REDIS_URL)
 
@@ -75,9 +77,9 @@ async def main() -> None:
         # The input check alone, timed as the send runs it beside its transaction: the scoring (the
         # transaction reads the policy). Its verdict is the one the transaction alone is then given.
         started = time.perf_counter()
-        await input_scorer().score(text)
+        scores = await input_scorer().score(text)
         took_checking = (time.perf_counter() - started) * 1000
-        verdict = await asyncio.to_thread(input_moderate, user=user, text=text)
+        verdict = verdict_from_scores(scores=scores, policy=policy)
         await asyncio.sleep(0.05)
         took_judged = await asyncio.create_task(send(text, time.perf_counter(), verdict))
         if i >= WARM_UP:
