@@ -406,9 +406,15 @@ def score_many(texts: list[str], *, injection: bool = False) -> list[Scores]:
 def _highest_window(text: str, parts: list[Scores]) -> Scores:
     if len(parts) == 1:
         return parts[0]
+    return highest_of(parts, rules_text=text)
+
+
+def highest_of(parts: list[Scores], *, rules_text: str) -> Scores:
+    """One text's scores from the scores of its parts: each category its highest part, and the rules
+    applied to `rules_text` (the whole the parts were cut from), so a phrase cut between two parts
+    still counts."""
     categories = {c: max(p.categories[c] for p in parts) for c in CATEGORIES}
-    # Rules see the whole text too, so a phrase cut by a window boundary still counts.
-    return Scores(with_floors(categories, rule_floors(text)), max(p.injection for p in parts))
+    return Scores(with_floors(categories, rule_floors(rules_text)), max(p.injection for p in parts))
 
 
 def with_floors(categories: dict[str, float], floors: dict[str, float]) -> dict[str, float]:

@@ -31,6 +31,7 @@ from moderation.classifiers import (
     PROMPT_INJECTION,
     Scores,
     embedder,
+    highest_of,
     score_many,
     warm_up_in_background,
 )
@@ -226,6 +227,14 @@ MAX_UNSCORED_CHARS = 300
 # Fragments shorter than this ("And people should.") are too short to classify reliably; they wait
 # for the next sentence and are scored together with it.
 MIN_SCORED_CHARS = 40
+# Each check also scores the seam with the text that passed before: this many characters either
+# side of it. The learned classifiers read a mean of the whole text they are given, so a harmful
+# sentence scored behind 200 characters of a harmless one is diluted below its threshold (measured
+# in docs/moderation.md); a short seam sees what is split across the checks without drowning it.
+SEAM_CHARS = 40
+# The rules are patterns, which nothing dilutes: they read this much of what passed before (a
+# pattern may span up to 80 characters).
+RULES_CONTEXT_CHARS = 200
 
 
 class ContentFiltered(Exception):
@@ -238,12 +247,21 @@ class ContentFiltered(Exception):
         self.full_text = full_text
 
 
+def output_check_texts(*, before: str, chunk: str) -> tuple[list[str], str]:
+    """What one output check scores: the new text on its own and, after text that passed, the seam
+    (SEAM_CHARS either side); and what the rules read (the new text behind the end of the old)."""
+    before = before[-RULES_CONTEXT_CHARS:]
+    parts = [chunk, before[-SEAM_CHARS:] + chunk[:SEAM_CHARS]] if before else [chunk]
+    return parts, before + chunk
+
+
 class OutputMonitor:
     """Buffers an answer's text and scores each completed sentence while the answer streams.
 
-    Each check scores the new sentences together with the last one that passed, so something split
-    across a sentence boundary is still seen whole. `passed_text` is the part of the answer that
-    passed every check: what is kept when the answer is cut.
+    Each check scores the new sentences on their own and the seam between them and what passed
+    before (SEAM_CHARS either side), and runs the rules over the two together, so something split
+    across a sentence end, or across the cut of a long sentence, is still seen whole. `passed_text`
+    is the part of the answer that passed every check: what is kept when the answer is cut.
     """
 
     def __init__(self, policy: PolicySnapshot) -> None:
@@ -251,7 +269,6 @@ class OutputMonitor:
         self.text = ""
         self.passed_text = ""
         self._pending = ""
-        self._previous = ""
 
     async def feed(self, text: str, *, final: bool = False) -> None:
         self.text += text
@@ -259,12 +276,12 @@ class OutputMonitor:
         chunk = self._take_complete(final=final)
         if not chunk:
             return
-        scores = await output_scorer().score(self._previous + chunk)
+        parts, rules_text = output_check_texts(before=self.passed_text, chunk=chunk)
+        scores = highest_of(await output_scorer().score_all(parts), rules_text=rules_text)
         verdict = verdict_from_scores(scores=scores, policy=self.policy)
         if verdict.blocks:
             raise ContentFiltered(verdict=verdict, shown_text=self.passed_text, full_text=self.text)
         self.passed_text += chunk
-        self._previous = chunk[-200:]
 
     def _take_complete(self, *, final: bool) -> str:
         if final:
@@ -298,6 +315,10 @@ class BatchScorer:
 
     async def score(self, text: str) -> Scores:
         return await self._batcher.submit(text)
+
+    async def score_all(self, texts: list[str]) -> list[Scores]:
+        """Several texts' scores, in the same pass."""
+        return list(await asyncio.gather(*(self._batcher.submit(text) for text in texts)))
 
     async def _score_in_a_thread(self, texts: list[str]) -> list[Scores | Exception]:
         return await asyncio.to_thread(self._score or score_many, texts)

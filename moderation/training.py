@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import random
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,10 @@ from moderation.classifiers import (
     WEIGHTS_PATH,
     Scores,
     features,
+    highest_of,
     injection_from,
     rule_floors,
+    score_many,
     weights,
 )
 from moderation.defaults import DEFAULT_RULES
@@ -172,6 +175,64 @@ def measure_injection(threshold: float = DEFAULT_RULES["prompt-injection"][0]) -
     }
 
 
+def measure_streaming(*, leads: int = 8) -> dict:
+    """How the output checks of a streaming answer fare against the same text scored alone.
+
+    Each harmful example that the default policy blocks on its own is streamed behind a lead of
+    harmless examples (at least 200 characters; `leads` different ones): once as a sentence of its
+    own after the lead, and once split in two at its middle word, each half in a check of its own,
+    as a sentence end or the cut of a long sentence splits what the model writes. Harmless examples
+    are streamed behind the same leads, for the false alarms. Every check is built by
+    `output_check_texts` and scored as `OutputMonitor` scores it.
+    """
+    from moderation.selectors import PolicySnapshot
+    from moderation.services import output_check_texts, verdict_from_scores
+
+    policy = PolicySnapshot(policy_id=None, name="defaults", rules=dict(DEFAULT_RULES))
+    examples = load_examples()
+    harmful = [e.text for e in examples if e.labels]
+    harmless = [e.text for e in examples if not e.labels]
+    rng = random.Random(0)
+    lead_texts = []
+    for _ in range(leads):
+        lead = ""
+        while len(lead) < 200:
+            lead += rng.choice(harmless) + " "
+        lead_texts.append(lead)
+
+    def blocked(checks: list[tuple[str, str]]) -> list[bool]:
+        """Whether each check, (the text that passed before, the new text), blocks."""
+        planned = [output_check_texts(before=before, chunk=chunk) for before, chunk in checks]
+        texts = list(dict.fromkeys(text for parts, _ in planned for text in parts))
+        scores = {}
+        for start in range(0, len(texts), 64):
+            scores.update(zip(texts[start : start + 64], score_many(texts[start : start + 64]), strict=True))
+        return [
+            verdict_from_scores(scores=highest_of([scores[t] for t in parts], rules_text=rules), policy=policy).blocks
+            for parts, rules in planned
+        ]
+
+    def halves(text: str) -> tuple[str, str]:
+        cut = text.rfind(" ", 0, len(text) // 2) + 1
+        return text[:cut], text[cut:]
+
+    caught = [text for text, hit in zip(harmful, blocked([("", t) for t in harmful]), strict=True) if hit]
+    after_lead = blocked([(lead, text) for text in caught for lead in lead_texts])
+    first = blocked([(lead, halves(text)[0]) for text in caught for lead in lead_texts])
+    second = blocked([(lead + halves(text)[0], halves(text)[1]) for text in caught for lead in lead_texts])
+    alone_alarms = blocked([("", text) for text in harmless])
+    lead_alarms = blocked([(lead, text) for text in harmless for lead in lead_texts])
+    return {
+        "harmful": len(harmful),
+        "blocked_alone": len(caught),
+        "after_lead": sum(after_lead) / len(after_lead),
+        "split": sum(a or b for a, b in zip(first, second, strict=True)) / len(first),
+        "harmless": len(harmless),
+        "harmless_blocked_alone": sum(alone_alarms) / len(alone_alarms),
+        "harmless_blocked_after_lead": sum(lead_alarms) / len(lead_alarms),
+    }
+
+
 def train_and_measure(*, save: bool = True, folds: int = 5) -> dict:
     examples = load_examples()
     texts = [e.text for e in examples]
@@ -201,4 +262,5 @@ def train_and_measure(*, save: bool = True, folds: int = 5) -> dict:
         "cross_validated": cross_validated,
         "categories_learned": fitted[0],
         "injection": measure_injection(),
+        "streaming": measure_streaming(),
     }

@@ -48,5 +48,15 @@ class Command(BaseCommand):
             out.write(f"  missed: {text}")
         for text in injection["false_alarms"]:
             out.write(f"  false alarm: {text}")
+        streaming = report["streaming"]
+        out.write(
+            "\n== answers checked while they stream (default policy; harmful examples blocked on their own) ==\n"
+            f"blocked on their own: {streaming['blocked_alone']} of {streaming['harmful']} harmful examples\n"
+            f"of those, blocked behind a harmless lead: {_pct(streaming['after_lead'])}%; "
+            f"split in two across two checks: {_pct(streaming['split'])}%\n"
+            f"harmless examples blocked on their own: {_pct(streaming['harmless_blocked_alone'])}%; "
+            f"behind a harmless lead: {_pct(streaming['harmless_blocked_after_lead'])}% "
+            f"(of {streaming['harmless']})"
+        )
         if not dry_run:
             out.write(f"\nsaved {WEIGHTS_PATH} ({WEIGHTS_PATH.stat().st_size} bytes)")
