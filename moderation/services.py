@@ -249,10 +249,17 @@ class ContentFiltered(Exception):
 
 def output_check_texts(*, before: str, chunk: str) -> tuple[list[str], str]:
     """What one output check scores: the new text on its own and, after text that passed, the seam
-    (SEAM_CHARS either side); and what the rules read (the new text behind the end of the old)."""
+    (SEAM_CHARS either side); and what the rules read (the new text behind the end of the old).
+
+    The answer's last words may be fewer than MIN_SCORED_CHARS, too few to judge alone: after text
+    that passed, they are scored only within the seam, which holds them whole."""
     before = before[-RULES_CONTEXT_CHARS:]
-    parts = [chunk, before[-SEAM_CHARS:] + chunk[:SEAM_CHARS]] if before else [chunk]
-    return parts, before + chunk
+    if not before:
+        return [chunk], chunk
+    seam = before[-SEAM_CHARS:] + chunk[:SEAM_CHARS]
+    if len(chunk.strip()) < MIN_SCORED_CHARS:
+        return [before[-SEAM_CHARS:] + chunk], before + chunk
+    return [chunk, seam], before + chunk
 
 
 class OutputMonitor:

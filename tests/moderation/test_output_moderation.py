@@ -138,9 +138,23 @@ def test_the_checks_of_a_stream_find_what_the_text_alone_shows():
 
     measured = measure_streaming(leads=2)
     assert measured["blocked_alone"] > 100
-    assert measured["after_lead"] >= 0.97
-    assert measured["split"] >= 0.85
+    assert measured["after_lead"] >= 0.95
+    assert measured["split"] >= 0.8
     assert measured["harmless_blocked_after_lead"] <= measured["harmless_blocked_alone"] + 0.01
+
+
+def test_the_last_words_of_an_answer_are_judged_within_the_seam_not_alone():
+    from moderation.services import MIN_SCORED_CHARS, SEAM_CHARS, output_check_texts
+
+    before = "People have argued about this for a long time, and historians still disagree. "
+    last_words = "We could also ask them."
+    assert len(last_words) < MIN_SCORED_CHARS
+    parts, rules_text = output_check_texts(before=before, chunk=last_words)
+    assert parts == [before[-SEAM_CHARS:] + last_words]
+    assert rules_text == before + last_words
+    sentence = "People should be kind to one another and respect their differences. "
+    parts, _ = output_check_texts(before=before, chunk=sentence)
+    assert parts == [sentence, before[-SEAM_CHARS:] + sentence[:SEAM_CHARS]]
 
 
 async def test_scoring_runs_off_the_event_loop():
