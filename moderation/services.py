@@ -256,10 +256,9 @@ def output_check_texts(*, before: str, chunk: str) -> tuple[list[str], str]:
     before = before[-RULES_CONTEXT_CHARS:]
     if not before:
         return [chunk], chunk
-    seam = before[-SEAM_CHARS:] + chunk[:SEAM_CHARS]
     if len(chunk.strip()) < MIN_SCORED_CHARS:
         return [before[-SEAM_CHARS:] + chunk], before + chunk
-    return [chunk, seam], before + chunk
+    return [chunk, before[-SEAM_CHARS:] + chunk[:SEAM_CHARS]], before + chunk
 
 
 class OutputMonitor:
