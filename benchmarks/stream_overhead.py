@@ -21,7 +21,8 @@ step (`INFERENCE_CPU_WORKER_SPIN_MS`), so neither side finds the other's engine 
 Prints TTFT p50/p99, inter-token latency, output tokens/s, their ratios, the CPU each part of the
 machine spent per output token at concurrency 8 (this process, each side's model process and
 scheduler process, the web process, the worker process, Redis, PostgreSQL) and how long its
-threads were ready to run but waited for a core (from the kernel's schedstat), and a final line
+threads were ready to run but waited for a core (from the kernel's schedstat), how much dearer the
+model process's token was through the stack than alone (and the ratio times that), and a final line
   RESULT ttft_added_p50_ms=<x> ttft_added_p99_ms=<y> throughput_ratio_c8=<z>
 (added TTFT at concurrency 1, the throughput ratio at concurrency 8). BENCH_ROUNDS sets the rounds.
 Then, through the stack, it stops answers after their first text and prints how long each stop took
@@ -552,6 +553,17 @@ def main() -> None:
         print(
             f"  {'cores busy':56}"
             + "".join(f"{sum(cpu.totals[(name, shape)].values()) / walls[name]:>10.2f}{'':8}" for name in results)
+        )
+        # Run by run, the throughput ratio follows how dear the model process's token is through the
+        # stack against alone, which moves by several percent either way between runs; the ratio
+        # times that quotient is what is left to the stack's own part (docs/performance.md).
+        dearer = (cpu.totals[("stack", shape)]["worker's engine: model process"] / tokens["stack"]) / (
+            cpu.totals[("engine", shape)]["engine alone: model process"] / tokens["engine"]
+        )
+        throughput = stack[shape]["tok_s"] / direct[shape]["tok_s"]
+        print(
+            f"  the model process's CPU a token, through the stack against alone: x{dearer:.3f};"
+            f" the {label} ratio times that: {throughput * dearer:.3f}"
         )
     stop_ms = [1000 * stop.seconds for stop in stops]
     print(
