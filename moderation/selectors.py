@@ -23,6 +23,11 @@ class PolicySnapshot:
     moderate_output: bool = True
 
 
+def policy_built_in() -> PolicySnapshot:
+    """The defaults that apply when no active policy does (moderation/defaults.py)."""
+    return PolicySnapshot(policy_id=None, name="built-in defaults", rules=dict(DEFAULT_RULES))
+
+
 # Policies are read for every message and change rarely, so each tier's snapshot is kept in the shared
 # cache (Redis in the production topology) under a version that any change to a policy or a rule moves
 # (moderation/receivers.py): no process reads a snapshot older than the change. Each process also keeps
@@ -86,7 +91,7 @@ def _policy_for_tier_from_db(*, tier_id: int | None) -> PolicySnapshot:
         if chosen is None or policy.tier_id is not None:
             chosen = policy
     if chosen is None:
-        return PolicySnapshot(policy_id=None, name="built-in defaults", rules=dict(DEFAULT_RULES))
+        return policy_built_in()
     return PolicySnapshot(
         policy_id=chosen.id,
         name=chosen.name,

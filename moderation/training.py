@@ -131,10 +131,10 @@ def _measure(scores: np.ndarray, examples: list[Example]) -> dict:
 
 def _policy_outcomes(scores: np.ndarray, injection: np.ndarray, examples: list[Example]) -> dict:
     """What the default policy does with each group: the share blocked and the share warned."""
-    from moderation.selectors import PolicySnapshot
+    from moderation.selectors import policy_built_in
     from moderation.services import verdict_from_scores
 
-    policy = PolicySnapshot(policy_id=None, name="defaults", rules=dict(DEFAULT_RULES))
+    policy = policy_built_in()
     groups: dict[str, list[str]] = defaultdict(list)
     for row, inj, example in zip(scores, injection, examples, strict=True):
         verdict = verdict_from_scores(
@@ -185,10 +185,10 @@ def measure_streaming(*, leads: int = 8) -> dict:
     are streamed behind the same leads, for the false alarms. Every check is built by
     `output_check_texts` and scored as `OutputMonitor` scores it.
     """
-    from moderation.selectors import PolicySnapshot
+    from moderation.selectors import policy_built_in
     from moderation.services import output_check_texts, verdict_from_scores
 
-    policy = PolicySnapshot(policy_id=None, name="defaults", rules=dict(DEFAULT_RULES))
+    policy = policy_built_in()
     examples = load_examples()
     harmful = [e.text for e in examples if e.labels]
     harmless = [e.text for e in examples if not e.labels]

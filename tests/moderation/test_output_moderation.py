@@ -8,13 +8,12 @@ from channels.db import database_sync_to_async
 from conversations.models import Message
 from inference.models import Generation
 from moderation.classifiers import score_text
-from moderation.defaults import DEFAULT_RULES
 from moderation.models import Flag
-from moderation.selectors import PolicySnapshot
+from moderation.selectors import policy_built_in
 from moderation.services import MAX_UNSCORED_CHARS, ContentFiltered, OutputMonitor, verdict_from_scores
 from tests.conftest import drain_until_finished, next_event, open_socket
 
-DEFAULT = PolicySnapshot(policy_id=None, name="defaults", rules=dict(DEFAULT_RULES))
+DEFAULT = policy_built_in()
 
 
 async def test_a_benign_answer_passes_sentence_by_sentence():
