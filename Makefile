@@ -15,7 +15,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 # A Redis database of the tests' own: the suite empties it when it starts.
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: run test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-moderation clean
+.PHONY: run test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-moderation benchmark-cuts clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -91,6 +91,9 @@ benchmark-send: model topology-database
 
 benchmark-moderation: install
 	$(PY) benchmarks/moderation_latency.py
+
+benchmark-cuts: model
+	$(PY) benchmarks/answer_cuts.py --prompts fresh
 
 clean:
 	rm -rf $(VENV) var/staticfiles
