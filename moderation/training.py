@@ -38,6 +38,10 @@ INJECTION_EVAL_PATH = DATA_DIR / "injection_eval.csv"
 THRESHOLD = 0.5
 # Subcategories need a few examples of their own to be learned; the rest come from rules only.
 MIN_POSITIVES = 8
+# Sentences of the default model's own answers to harmless prompts, picked for scoring highest under
+# the classifiers before they were added (hard negatives). Chosen for that, they would overstate the
+# false alarms of a streamed answer; `benchmarks/answer_cuts.py` measures those on whole answers.
+SAMPLED_KIND = "benign-sampled"
 
 
 @dataclass(frozen=True)
@@ -182,8 +186,9 @@ def measure_streaming(*, leads: int = 8) -> dict:
     harmless examples (at least 200 characters; `leads` different ones): once as a sentence of its
     own after the lead, and once split in two at its middle word, each half in a check of its own,
     as a sentence end or the cut of a long sentence splits what the model writes. Harmless examples
-    are streamed behind the same leads, for the false alarms. Every check is built by
-    `output_check_texts` and scored as `OutputMonitor` scores it.
+    are streamed behind the same leads, for the false alarms (the sampled answers' sentences left out:
+    see SAMPLED_KIND). Every check is built by `output_check_texts` and scored as `OutputMonitor`
+    scores it.
     """
     from moderation.selectors import policy_built_in
     from moderation.services import output_check_texts, verdict_from_scores
@@ -191,7 +196,7 @@ def measure_streaming(*, leads: int = 8) -> dict:
     policy = policy_built_in()
     examples = load_examples()
     harmful = [e.text for e in examples if e.labels]
-    harmless = [e.text for e in examples if not e.labels]
+    harmless = [e.text for e in examples if not e.labels and e.kind != SAMPLED_KIND]
     rng = random.Random(0)
     lead_texts = []
     for _ in range(leads):
