@@ -133,11 +133,12 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def benchmark_prompts() -> list[str]:
+def stream_benchmark():
+    """The stream benchmark's module: its prompts, and how it renders and samples them."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from stream_overhead import PROMPTS as STREAM_PROMPTS
+    import stream_overhead
 
-    return list(STREAM_PROMPTS)
+    return stream_overhead
 
 
 async def sample_answers(prompts: list[str], *, greedy: bool) -> list[dict]:
@@ -146,29 +147,24 @@ async def sample_answers(prompts: list[str], *, greedy: bool) -> list[dict]:
     from inference.engine import EngineHost
     from inference.models import ModelDeployment
     from inference.selectors import engine_spec_for
-    from inference.tokenizers import render_chat, tokenizer_for
 
     deployment = ModelDeployment(name=DEFAULT_DEPLOYMENT_NAME, **DEFAULT_DEPLOYMENT_FIELDS)
-    tokenizer = tokenizer_for(deployment.model_path)
+    benchmark = stream_benchmark()
     host = EngineHost(engine_spec_for(deployment))
     host.start()
     await host.wait_ready(timeout=900)
     gate = asyncio.Semaphore(IN_FLIGHT)
 
     async def one(prompt: str, seed: int) -> dict:
-        messages = [{"role": "system", "content": deployment.system_prompt}, {"role": "user", "content": prompt}]
-        sampling = (
-            {"temperature": 0.0, "max_tokens": 64}
-            if greedy
-            else {"temperature": deployment.temperature, "seed": seed, "max_tokens": MAX_TOKENS}
-        )
-        sampling |= {"top_p": deployment.top_p, "repetition_penalty": deployment.repetition_penalty}
+        sampling = benchmark.sampling(deployment)
+        if not greedy:
+            sampling |= {"temperature": deployment.temperature, "seed": seed, "max_tokens": MAX_TOKENS}
         async with gate:
             deltas = [
                 delta.text
                 async for delta in host.stream(
                     request_id=f"cuts-{prompt}-{seed}",
-                    prompt_token_ids=render_chat(tokenizer, messages),
+                    prompt_token_ids=benchmark.prompt_ids(deployment, prompt),
                     sampling=sampling,
                 )
             ]
@@ -207,7 +203,7 @@ def main() -> None:
     if args.answers:
         answers = json.loads(args.answers.read_text())
     else:
-        prompts = benchmark_prompts() if args.prompts == "benchmark" else PROMPTS[args.prompts]
+        prompts = list(stream_benchmark().PROMPTS) if args.prompts == "benchmark" else PROMPTS[args.prompts]
         answers = asyncio.run(sample_answers(prompts, greedy=args.prompts == "benchmark"))
         if args.save:
             args.save.write_text(json.dumps(answers, indent=1))
