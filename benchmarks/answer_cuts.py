@@ -135,8 +135,7 @@ def parse_args() -> argparse.Namespace:
 
 def stream_benchmark():
     """The stream benchmark's module: its prompts, and how it renders and samples them."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import stream_overhead
+    from benchmarks import stream_overhead
 
     return stream_overhead
 
