@@ -120,13 +120,12 @@ PROMPTS = {
         "How do I fold a fitted sheet?",
         "How do I make lemonade?",
     ],
-    "benchmark": [],
 }
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", choices=sorted(PROMPTS), default="fresh")
+    parser.add_argument("--prompts", choices=[*PROMPTS, "benchmark"], default="fresh")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--save", type=Path, help="keep the sampled answers in this JSON file")
     source.add_argument("--answers", type=Path, help="score the answers saved in this JSON file")
