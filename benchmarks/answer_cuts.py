@@ -14,6 +14,13 @@ answers as they streamed; --answers FILE scores saved answers again without the 
 versions of the classifiers can be compared on the same text. The text the model writes depends on
 the CPU it runs on, so saved answers are what makes two runs comparable across machines.
 
+--mine FILE writes the candidates for more training data instead: every sentence the checks score
+that reaches --mine-above (0.2) in any category and is not in the labelled set yet, highest first,
+as rows of `moderation/data/labelled.csv` marked harmless (kind `benign-sampled`). They are
+candidates, not examples: read each one, fix its label where the answer said something harmful,
+and append the rows to the labelled set before retraining (`manage.py train_moderation`). Mine
+the `development` prompts only: the `fresh` ones are the test.
+
 Run with `make benchmark-cuts` (or `.venv/bin/python benchmarks/answer_cuts.py --prompts fresh`).
 """
 
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import json
 import os
 import re
@@ -34,6 +42,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 SAMPLES_PER_PROMPT = 3
 MAX_TOKENS = 160
 IN_FLIGHT = 16
+MINE_ABOVE = 0.2
 
 PROMPTS = {
     "development": [
@@ -129,6 +138,8 @@ def parse_args() -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--save", type=Path, help="keep the sampled answers in this JSON file")
     source.add_argument("--answers", type=Path, help="score the answers saved in this JSON file")
+    parser.add_argument("--mine", type=Path, help="write the sentences scoring --mine-above to this CSV file")
+    parser.add_argument("--mine-above", type=float, default=MINE_ABOVE, metavar="SCORE")
     return parser.parse_args()
 
 
@@ -193,6 +204,43 @@ async def cuts_of(answers: list[dict]) -> list[tuple[dict, object]]:
     return cuts
 
 
+def sentences_of(answers: list[dict]) -> list[str]:
+    """Every sentence the output check scores in `answers` (cut where `OutputMonitor` cuts them),
+    each once, in order."""
+    from moderation.services import SentenceSplitter
+
+    sentences: dict[str, None] = {}
+    for answer in answers:
+        splitter = SentenceSplitter()
+        deltas = answer["deltas"]
+        for index, text in enumerate(deltas):
+            sentence = splitter.add(text, final=index == len(deltas) - 1).strip()
+            if sentence:
+                sentences[sentence] = None
+    return list(sentences)
+
+
+def mine(answers: list[dict], *, above: float, out: Path) -> int:
+    """Write the sentences scoring `above` or more in any category, and not labelled yet, to `out`,
+    highest first, as harmless rows of the labelled set. Returns how many."""
+    from moderation.classifiers import score_many
+    from moderation.training import SAMPLED_KIND, load_examples
+
+    labelled = {example.text.strip() for example in load_examples()}
+    sentences = [sentence for sentence in sentences_of(answers) if sentence not in labelled]
+    scores = [score for start in range(0, len(sentences), 64) for score in score_many(sentences[start : start + 64])]
+    highest = [max(score.categories.values()) for score in scores]
+    kept = sorted(((h, sentence) for h, sentence in zip(highest, sentences, strict=True) if h >= above), reverse=True)
+    with out.open("w", newline="", encoding="utf-8") as file:
+        rows = csv.writer(file)
+        rows.writerow(["text", "labels", "kind"])
+        rows.writerows([sentence, "", SAMPLED_KIND] for _, sentence in kept)
+    print(f"\n{len(kept)} of {len(sentences)} new sentences scored {above} or more; written to {out}")
+    for score, sentence in kept:
+        print(f"  {score:.2f}  {sentence[:150]!r}")
+    return len(kept)
+
+
 def main() -> None:
     args = parse_args()
     import django
@@ -205,6 +253,9 @@ def main() -> None:
         answers = asyncio.run(sample_answers(prompts, greedy=args.prompts == "benchmark"))
         if args.save:
             args.save.write_text(json.dumps(answers, indent=1))
+    if args.mine:
+        mine(answers, above=args.mine_above, out=args.mine)
+        return
     cuts = asyncio.run(cuts_of(answers))
     print()
     for answer, filtered in cuts:

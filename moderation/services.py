@@ -261,6 +261,31 @@ def output_check_texts(*, before: str, chunk: str) -> tuple[list[str], str]:
     return [chunk, before[-SEAM_CHARS:] + chunk[:SEAM_CHARS]], before + chunk
 
 
+class SentenceSplitter:
+    """Cuts streamed text into what one output check scores: the complete sentences so far (at least
+    MIN_SCORED_CHARS of them), or up to the last space once MAX_UNSCORED_CHARS wait without a
+    sentence end, and at the end whatever is left."""
+
+    def __init__(self) -> None:
+        self._pending = ""
+
+    def add(self, text: str, *, final: bool = False) -> str:
+        """`text` appended; returns the next chunk to check, or "" while there is none yet."""
+        self._pending += text
+        if final:
+            chunk, self._pending = self._pending, ""
+            return chunk if chunk.strip() else ""
+        end = 0
+        for match in _SENTENCE_END.finditer(self._pending):
+            end = match.end()
+        if not end and len(self._pending) >= MAX_UNSCORED_CHARS:
+            end = self._pending.rfind(" ") + 1 or len(self._pending)
+        if len(self._pending[:end].strip()) < MIN_SCORED_CHARS:
+            return ""
+        chunk, self._pending = self._pending[:end], self._pending[end:]
+        return chunk
+
+
 class OutputMonitor:
     """Buffers an answer's text and scores each completed sentence while the answer streams.
 
@@ -274,12 +299,11 @@ class OutputMonitor:
         self.policy = policy
         self.text = ""
         self.passed_text = ""
-        self._pending = ""
+        self._sentences = SentenceSplitter()
 
     async def feed(self, text: str, *, final: bool = False) -> None:
         self.text += text
-        self._pending += text
-        chunk = self._take_complete(final=final)
+        chunk = self._sentences.add(text, final=final)
         if not chunk:
             return
         parts, rules_text = output_check_texts(before=self.passed_text, chunk=chunk)
@@ -288,20 +312,6 @@ class OutputMonitor:
         if verdict.blocks:
             raise ContentFiltered(verdict=verdict, shown_text=self.passed_text, full_text=self.text)
         self.passed_text += chunk
-
-    def _take_complete(self, *, final: bool) -> str:
-        if final:
-            chunk, self._pending = self._pending, ""
-            return chunk if chunk.strip() else ""
-        end = 0
-        for match in _SENTENCE_END.finditer(self._pending):
-            end = match.end()
-        if not end and len(self._pending) >= MAX_UNSCORED_CHARS:
-            end = self._pending.rfind(" ") + 1 or len(self._pending)
-        if len(self._pending[:end].strip()) < MIN_SCORED_CHARS:
-            return ""
-        chunk, self._pending = self._pending[:end], self._pending[end:]
-        return chunk
 
 
 class BatchScorer:

@@ -10,7 +10,13 @@ from inference.models import Generation
 from moderation.classifiers import score_text
 from moderation.models import Flag
 from moderation.selectors import policy_built_in
-from moderation.services import MAX_UNSCORED_CHARS, ContentFiltered, OutputMonitor, verdict_from_scores
+from moderation.services import (
+    MAX_UNSCORED_CHARS,
+    ContentFiltered,
+    OutputMonitor,
+    SentenceSplitter,
+    verdict_from_scores,
+)
 from tests.conftest import drain_until_finished, next_event, open_socket
 
 DEFAULT = policy_built_in()
@@ -51,6 +57,22 @@ async def test_nothing_is_scored_until_a_sentence_ends_or_the_answer_does():
     assert monitor.passed_text == ""
     with pytest.raises(ContentFiltered):
         await monitor.feed("", final=True)
+
+
+def test_the_splitter_hands_out_complete_sentences_then_at_the_end_the_rest():
+    splitter = SentenceSplitter()
+    assert splitter.add("Paris is the capital of France") == ""
+    assert splitter.add(". It lies on the Seine. Its mus") == "Paris is the capital of France. It lies on the Seine."
+    assert splitter.add("eums are famous") == ""
+    assert splitter.add(".", final=True) == " Its museums are famous."
+    assert splitter.add(" ", final=True) == ""  # nothing but space is left: nothing to check
+
+
+def test_the_splitter_cuts_a_long_sentence_at_its_last_space():
+    splitter = SentenceSplitter()
+    words = "word " * (MAX_UNSCORED_CHARS // 5) + "unfinis"
+    assert splitter.add(words) == "word " * (MAX_UNSCORED_CHARS // 5)
+    assert splitter.add("hed.", final=True) == "unfinished."
 
 
 def _cut_on_its_own(text: str) -> bool:
