@@ -7,7 +7,8 @@ DEFAULT_DEPLOYMENT_FIELDS = {
     "display_name": "SmolLM2 135M Instruct",
     "max_context": 2048,
     "tensor_parallel_size": 1,
-    "dtype": "bfloat16",
+    # bfloat16 where the CPU (or GPU) computes in it natively, float32 elsewhere (inference/engine.py).
+    "dtype": "auto",
     "default_max_tokens": 512,
     # Measured on the default model (see docs/performance.md): greedy decoding loops over several
     # turns, and at temperature 0.7 answers drift off topic; 0.3 with a mild penalty stays coherent.

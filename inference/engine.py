@@ -43,7 +43,7 @@ class EngineSpec:
     model_path: str
     max_context: int
     tensor_parallel_size: int = 1
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
     enforce_eager: bool = True
     # How long, on a CPU host, vLLM's scheduler process busy-waits for a step's output before it
     # sleeps until it comes (see `inference/engine_scheduler.py`); 1000 is vLLM's own and leaves it.
@@ -96,6 +96,8 @@ class EngineHost:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.started_at: float | None = None
         self.ready_after_s: float | None = None
+        # What the engine computes in, once loaded ("auto" resolved): "bfloat16", "float32", ...
+        self.dtype = ""
         self._engine: Any = None
         self._ready = asyncio.Event()
         self._load_task: asyncio.Task | None = None
@@ -139,7 +141,8 @@ class EngineHost:
             await self._set_state(EngineState.FAILED)
         else:
             self.ready_after_s = time.monotonic() - self.started_at
-            logger.info("model %s ready in %.1f s", self.spec.name, self.ready_after_s)
+            self.dtype = str(self._engine.model_config.dtype).removeprefix("torch.")
+            logger.info("model %s ready in %.1f s, in %s", self.spec.name, self.ready_after_s, self.dtype)
             await self._set_state(EngineState.READY)
         finally:
             self._ready.set()
@@ -220,15 +223,31 @@ def _build_engine(spec: EngineSpec) -> Any:
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from chatsite.cpu import cpu_has_native_bf16
         from inference.engine_scheduler import SPIN_KEY
 
     args = spec.engine_args()
+    on_cpu = current_platform.is_cpu()
+    args["dtype"] = engine_dtype(args["dtype"], on_cpu=on_cpu, native_bf16=on_cpu and cpu_has_native_bf16())
     if current_platform.is_cpu() and spec.cpu_scheduler_spin_ms < 1000:
         # vLLM's own scheduler, asleep while a step is computed. Only on a CPU host: elsewhere vLLM
         # picks its scheduler itself (an asynchronous one, where it can).
         args["scheduler_cls"] = "inference.engine_scheduler.CpuHostScheduler"
         args["additional_config"] = {**args.get("additional_config", {}), SPIN_KEY: spec.cpu_scheduler_spin_ms / 1000}
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+
+
+def engine_dtype(requested: str, *, on_cpu: bool, native_bf16: bool) -> str:
+    """The dtype handed to vLLM for a deployment's `requested` one.
+
+    "auto" on a CPU is bfloat16 where the CPU computes in it natively, float32 elsewhere: vLLM's own
+    "auto" takes the checkpoint's bfloat16, and on a CPU without native bf16 (AVX2 only) every matrix
+    product is then emulated, measured 2.6 times slower at batch 8 and 3-5 times slower to the first
+    token than float32 (docs/performance.md). On a GPU "auto" stays vLLM's. Anything else is kept.
+    """
+    if requested != "auto" or not on_cpu:
+        return requested
+    return "bfloat16" if native_bf16 else "float32"
 
 
 async def _shorten_worker_spin(engine: Any, spin_ms: int) -> None:

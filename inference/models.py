@@ -7,6 +7,13 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+DTYPE_CHOICES = [
+    ("auto", "auto"),
+    ("bfloat16", "bfloat16"),
+    ("float16", "float16"),
+    ("float32", "float32"),
+]
+
 
 class ModelDeployment(models.Model):
     """A model the service can serve: where its weights are, how big its window is, how it runs."""
@@ -19,7 +26,12 @@ class ModelDeployment(models.Model):
     display_name = models.CharField(max_length=100, blank=True)
     max_context = models.PositiveIntegerField(default=2048, validators=[MinValueValidator(128)])
     tensor_parallel_size = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
-    dtype = models.CharField(max_length=16, default="bfloat16")
+    dtype = models.CharField(
+        max_length=16,
+        choices=DTYPE_CHOICES,
+        default="auto",
+        help_text="What the engine computes in. auto: on a CPU, bfloat16 where it has it natively, else float32.",
+    )
     default_max_tokens = models.PositiveIntegerField(default=512, validators=[MinValueValidator(1)])
     temperature = models.FloatField(default=0.7, validators=[MinValueValidator(0.0), MaxValueValidator(2.0)])
     top_p = models.FloatField(default=0.9, validators=[MinValueValidator(0.01), MaxValueValidator(1.0)])

@@ -113,6 +113,7 @@ class WorkerRuntime:
             "active": self.runner.active if self.runner is not None else 0,
             "engine_requests": sum(h.unfinished_requests() for h in hosts.values()),
             "engines": {n: h.state.value for n, h in hosts.items()},
+            "dtypes": {n: h.dtype for n, h in hosts.items() if h.dtype},
             "moderation": "ready" if classifiers_loaded() else "loading",
             "heap_frozen_objects": heap_frozen_count(),
         }

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from chatsite.cpu import cpu_has_native_bf16
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
 WEIGHTS_PATH = DATA_DIR / "classifier.npz"
 DATASET_PATH = DATA_DIR / "labelled.csv"
@@ -170,14 +172,6 @@ class Embedder:
         batch = self._tokenizer(texts, padding=True, truncation=True, max_length=self._max_length, return_tensors="pt")
         with torch.inference_mode():
             return self._model(batch["input_ids"], batch["attention_mask"]).numpy()
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes in bfloat16 itself; without it, bf16 matmuls are emulated and slow."""
-    import torch
-
-    # A private probe, hence the getattr.
-    return getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
 
 
 def _candidate_dtypes(settings: Any) -> list[str]:

@@ -245,6 +245,9 @@ class LocalEngine:
     async def engine_requests(self) -> int:
         return self.host.unfinished_requests()
 
+    async def engine_dtype(self, deployment: str) -> str:
+        return engine_hosts()[deployment].dtype
+
 
 @pytest.fixture(scope="session")
 async def engine(django_db_setup, django_db_blocker, clean_redis):
@@ -349,6 +352,10 @@ class CeleryWorker:
     async def engine_requests(self) -> int:
         await asyncio.sleep(1.2)  # one heartbeat
         return self.status()["engine_requests"]
+
+    async def engine_dtype(self, deployment: str) -> str:
+        status = await self.status_once(lambda status: deployment in status.get("dtypes", {}), timeout=5)
+        return status.get("dtypes", {}).get(deployment, "")
 
     def kill(self) -> None:
         """kill -9 the worker and its engine process, as a crash would."""

@@ -9,9 +9,32 @@ import psutil
 import pytest
 from django.conf import settings
 
+from chatsite.cpu import cpu_has_native_bf16
+from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
+from inference.engine import engine_dtype
 from tests.conftest import drain_until_finished, next_event, open_socket
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db]
+
+
+@pytest.mark.parametrize(
+    ("requested", "on_cpu", "native_bf16", "handed_to_vllm"),
+    [
+        ("auto", True, True, "bfloat16"),
+        ("auto", True, False, "float32"),  # emulated bfloat16 is several times slower
+        ("auto", False, False, "auto"),  # on a GPU, vLLM's own choice: the checkpoint's dtype
+        ("bfloat16", True, False, "bfloat16"),  # an operator's explicit choice is kept
+        ("float32", True, True, "float32"),
+    ],
+)
+def test_auto_is_bfloat16_only_where_the_hardware_computes_in_it(requested, on_cpu, native_bf16, handed_to_vllm):
+    assert engine_dtype(requested, on_cpu=on_cpu, native_bf16=native_bf16) == handed_to_vllm
+
+
+async def test_the_default_deployment_computes_in_what_this_cpu_has_natively(engine):
+    assert DEFAULT_DEPLOYMENT_FIELDS["dtype"] == "auto"
+    expected = "bfloat16" if cpu_has_native_bf16() else "float32"
+    assert await engine.engine_dtype(settings.INFERENCE_DEFAULT_DEPLOYMENT) == expected
 
 
 @pytest.mark.django_db(transaction=True)

@@ -7,12 +7,12 @@ import time
 import numpy as np
 import pytest
 
+from chatsite.cpu import cpu_has_native_bf16
 from moderation import classifiers
 from moderation.classifiers import (
     CATEGORIES,
     WEIGHTS_PATH,
     Embedder,
-    cpu_has_native_bf16,
     fastest_graph,
     profanity,
     score_text,
