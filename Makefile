@@ -15,7 +15,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 # A Redis database of the tests' own: the suite empties it when it starts.
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: run test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-moderation benchmark-cuts clean
+.PHONY: run test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-moderation benchmark-cuts benchmark-dtype clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -94,6 +94,9 @@ benchmark-moderation: install
 
 benchmark-cuts: model
 	$(PY) benchmarks/answer_cuts.py --prompts fresh
+
+benchmark-dtype: model
+	$(PY) benchmarks/engine_dtype.py
 
 clean:
 	rm -rf $(VENV) var/staticfiles

@@ -242,7 +242,7 @@ def engine_dtype(requested: str, *, on_cpu: bool, native_bf16: bool) -> str:
 
     "auto" on a CPU is bfloat16 where the CPU computes in it natively, float32 elsewhere: vLLM's own
     "auto" takes the checkpoint's bfloat16, and on a CPU without native bf16 (AVX2 only) every matrix
-    product is then emulated, measured 2.6 times slower at batch 8 and 3-5 times slower to the first
+    product is then emulated, measured 2.7-3.4 times slower at batch 8 and 4-7 times slower to the first
     token than float32 (docs/performance.md). On a GPU "auto" stays vLLM's. Anything else is kept.
     """
     if requested != "auto" or not on_cpu:

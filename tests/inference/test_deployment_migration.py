@@ -18,7 +18,9 @@ def test_the_default_deployment_moves_to_auto_and_an_operators_choice_stays():
     executor = MigrationExecutor(connection)
     executor.migrate(BEFORE)
     old = executor.loader.project_state(BEFORE).apps.get_model("inference", "ModelDeployment")
-    old.objects.update_or_create(name=DEFAULT_DEPLOYMENT_NAME, defaults={**DEFAULT_DEPLOYMENT_FIELDS, "dtype": "bfloat16"})
+    old.objects.update_or_create(
+        name=DEFAULT_DEPLOYMENT_NAME, defaults={**DEFAULT_DEPLOYMENT_FIELDS, "dtype": "bfloat16"}
+    )
     old.objects.create(name="chosen-bf16", model="SmolLM2-135M-Instruct", dtype="bfloat16")
     old.objects.create(name="chosen-fp16", model="SmolLM2-135M-Instruct", dtype="float16")
 
