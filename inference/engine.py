@@ -229,7 +229,7 @@ def _build_engine(spec: EngineSpec) -> Any:
     args = spec.engine_args()
     on_cpu = current_platform.is_cpu()
     args["dtype"] = engine_dtype(args["dtype"], on_cpu=on_cpu, native_bf16=on_cpu and cpu_has_native_bf16())
-    if current_platform.is_cpu() and spec.cpu_scheduler_spin_ms < 1000:
+    if on_cpu and spec.cpu_scheduler_spin_ms < 1000:
         # vLLM's own scheduler, asleep while a step is computed. Only on a CPU host: elsewhere vLLM
         # picks its scheduler itself (an asynchronous one, where it can).
         args["scheduler_cls"] = "inference.engine_scheduler.CpuHostScheduler"
