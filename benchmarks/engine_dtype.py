@@ -40,7 +40,6 @@ def measure(dtype: str) -> dict[str, float]:
     import django
 
     django.setup()
-    from django.conf import settings
     from vllm import LLM, SamplingParams
 
     from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME
@@ -49,13 +48,7 @@ def measure(dtype: str) -> dict[str, float]:
 
     spec = engine_spec_for(ModelDeployment(name=DEFAULT_DEPLOYMENT_NAME, **DEFAULT_DEPLOYMENT_FIELDS))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    llm = LLM(
-        model=spec.model_path,
-        dtype=dtype,
-        max_model_len=spec.max_context,
-        enforce_eager=settings.INFERENCE_ENFORCE_EAGER,
-        enable_prefix_caching=True,
-    )
+    llm = LLM(**{**spec.engine_args(), "dtype": dtype})
     decode = SamplingParams(max_tokens=STEPS, temperature=0, ignore_eos=True)
     llm.generate(["Warm up."], decode, use_tqdm=False)
     figures: dict[str, float] = {}
