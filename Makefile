@@ -74,6 +74,7 @@ test: install-dev model
 		&& (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) ; } \
 		|| echo "chromium is not installed: the browser tests will be skipped"
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	@echo "== the suite in the embedded default (SQLite, in-memory channel layer, engine in process) =="
 	$(PY) -m pytest
 	@if $(PY) -c "import psycopg, redis, sys; psycopg.connect(sys.argv[1], connect_timeout=3).close(); \
