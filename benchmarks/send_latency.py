@@ -8,6 +8,8 @@ and 8 (eight messages sent together), and prints:
 - c=1: the time from the message to its dispatch, p50 and p90; and, for how the two overlap, the
   same with the verdict taken before (the transaction alone) and the input check alone (its
   scoring, what runs beside the transaction; the transaction reads the policy);
+- the transaction alone again, sent back to back instead of after a pause (what an idle machine's
+  waking up costs a message: the pauses above are what a message at c=1 finds);
 - c=8: when the first, the fourth and the last of the eight were dispatched (medians over rounds);
 - the new connections to Redis per message (a process should need none once it is warm).
 
@@ -70,6 +72,7 @@ async def main() -> None:
 
     connections_before = client.info("stats")["total_connections_received"]
     alone, judged, checked = [], [], []
+    verdicts = {}
     for i in range(ALONE + WARM_UP):
         text = PROMPTS[i % len(PROMPTS)]
         took = await asyncio.create_task(send(text, time.perf_counter()))
@@ -79,7 +82,7 @@ async def main() -> None:
         started = time.perf_counter()
         scores = await input_scorer().score(text)
         took_checking = (time.perf_counter() - started) * 1000
-        verdict = verdict_from_scores(scores=scores, policy=policy)
+        verdict = verdicts[text] = verdict_from_scores(scores=scores, policy=policy)
         await asyncio.sleep(0.05)
         took_judged = await asyncio.create_task(send(text, time.perf_counter(), verdict))
         if i >= WARM_UP:
@@ -87,6 +90,12 @@ async def main() -> None:
             judged.append(took_judged)
             checked.append(took_checking)
         await asyncio.sleep(0.05)
+    back_to_back = []
+    for i in range(ALONE + WARM_UP):
+        text = PROMPTS[i % len(PROMPTS)]
+        took = await asyncio.create_task(send(text, time.perf_counter(), verdicts[text]))
+        if i >= WARM_UP:
+            back_to_back.append(took)
     together = []
     for i in range(TOGETHER_ROUNDS + WARM_UP):
         started = time.perf_counter()
@@ -94,7 +103,7 @@ async def main() -> None:
         if i >= WARM_UP:
             together.append(done)
         await asyncio.sleep(0.2)
-    messages = 2 * (ALONE + WARM_UP) + (TOGETHER_ROUNDS + WARM_UP) * len(PROMPTS)
+    messages = 3 * (ALONE + WARM_UP) + (TOGETHER_ROUNDS + WARM_UP) * len(PROMPTS)
     new_connections = client.info("stats")["total_connections_received"] - connections_before
     client.flushdb()
 
@@ -107,6 +116,7 @@ async def main() -> None:
         f"c=1 the transaction alone (verdict taken before): p50 {statistics.median(judged):.1f} ms; "
         f"the input check alone: p50 {statistics.median(checked):.1f} ms"
     )
+    print(f"c=1 the transaction alone, back to back: p50 {statistics.median(back_to_back):.1f} ms")
     print(f"c=8 dispatched: first {first:.1f} ms, fourth {fourth:.1f} ms, last {last:.1f} ms")
     print(f"new Redis connections per message: {new_connections / messages:.2f}")
 
