@@ -97,6 +97,7 @@
     socket = new WebSocket(wsUrl());
     socket.addEventListener("open", function () {
       retryDelay = 500;
+      chat.dataset.socket = "open";  // what a message can be sent on (the browser tests wait for it)
       connectionBanner.hidden = true;
       // Resume every answer still being written: after a reload, or after this socket dropped.
       streams.forEach(function (stream, generationId) {
@@ -107,6 +108,7 @@
       handle(JSON.parse(event.data));
     });
     socket.addEventListener("close", function (event) {
+      chat.dataset.socket = "closed";
       connectionBanner.hidden = false;
       setTimeout(connect, retryDelay);
       retryDelay = Math.min(retryDelay * 2, 10000);

@@ -48,6 +48,9 @@ async def sign_up(page, username: str) -> None:
     await page.fill("input[name=password2]", PASSWORD)
     await page.click("button[type=submit]")
     await page.wait_for_selector("#composer")
+    # The page refuses a message until its socket is open ("Not connected yet"): on a busy machine
+    # that can take longer than typing does.
+    await page.wait_for_selector("#chat[data-socket=open]", state="attached")
 
 
 async def test_a_new_user_gets_a_streamed_answer_that_is_still_there_after_a_reload(page):
