@@ -43,11 +43,12 @@ def measure(dtype: str) -> dict[str, float]:
     from vllm import LLM, SamplingParams
 
     from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME
+    from inference.engine import engine_environment_set
     from inference.models import ModelDeployment
     from inference.selectors import engine_spec_for
 
     spec = engine_spec_for(ModelDeployment(name=DEFAULT_DEPLOYMENT_NAME, **DEFAULT_DEPLOYMENT_FIELDS))
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    engine_environment_set()
     llm = LLM(**{**spec.engine_args(), "dtype": dtype})
     decode = SamplingParams(max_tokens=STEPS, temperature=0, ignore_eos=True)
     llm.generate(["Warm up."], decode, use_tqdm=False)

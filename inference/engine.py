@@ -214,10 +214,16 @@ class EngineHost:
         self.state = EngineState.IDLE
 
 
+def engine_environment_set() -> None:
+    """What vLLM reads from the environment, where the operator has not set it: on a CPU host, 1 GiB
+    of KV cache (without it, vLLM sizes the cache from a share of the machine's memory)."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
 def _build_engine(spec: EngineSpec) -> Any:
     from chatsite.imports import ML_IMPORTS
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    engine_environment_set()
     with ML_IMPORTS:
         from vllm import AsyncEngineArgs
         from vllm.platforms import current_platform
