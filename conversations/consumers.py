@@ -1,12 +1,18 @@
 """The chat socket.
 
-Client → server: `message.send` {content, conversation?, model?}, `generation.stop` {generation},
+Client → server: `message.send` {content, conversation?, model?, client_id?, retry?}, `generation.stop` {generation},
 `generation.resume` {generation, after_seq}, `message.regenerate` {message}.
 Server → client: `conversation.created`, `message.accepted`, `message.regenerating`, `generation.delta` {seq, text},
 `generation.done` {seq, status, finish_reason, usage}, `generation.error` {seq, code, message},
 `engine.status` {deployment, state}, `message.blocked` {conversation, user_message, message} when
 moderation holds a message back (it is saved, flagged, and never reaches the model), and `error`
 {code, message} for a refused request.
+
+A send's `client_id` (a UUID the client makes) is echoed in its `message.accepted` or
+`message.blocked`, and makes the send safe to repeat: a client whose socket dropped before it heard
+either sends the same frame again on its next socket, with `retry: true`, and is answered with the
+message its first send saved and that message's answer, from the start of its stream; nothing is
+saved, charged or generated twice (`message_send`).
 """
 
 from __future__ import annotations
@@ -119,7 +125,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         try:
             await handler(content)
         except ClientError as exc:
-            await self._error(exc.code, exc.message, retry_after=exc.retry_after)
+            # A refused send names its `client_id`, so the client knows which message came back.
+            client_id = content.get("client_id") if content["type"] == "message.send" else None
+            await self._error(exc.code, exc.message, retry_after=exc.retry_after, client_id=client_id)
 
     # --- client requests ------------------------------------------------------------------------
 
@@ -130,11 +138,20 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         model = content.get("model")
         if model is not None and not isinstance(model, str):
             raise ClientError("'model' must be a model name.", code="invalid_request")
+        retry = content.get("retry", False)
+        if not isinstance(retry, bool):
+            raise ClientError("'retry' must be true or false.", code="invalid_request")
         text = clean_message_content(content.get("content"))
         # Scored beside the send transaction, which takes the verdict before anything is queued.
         with InputCheck.started(text) as check:
             sent = await db_async(message_send)(
-                user=self.user, content=text, conversation_id=conversation_id, model=model, verdict=check
+                user=self.user,
+                content=text,
+                conversation_id=conversation_id,
+                model=model,
+                verdict=check,
+                client_id=content.get("client_id"),
+                retry=retry,
             )
         if sent.conversation_created:
             await self.send_json(
@@ -166,7 +183,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if sent.warning:
             accepted["warning"] = sent.warning
         await self.send_json(accepted)
-        await self._follow(sent.generation, after_seq=0, fresh=True)
+        # A replayed send's answer may have ended long ago, its events gone from the buffer.
+        await self._follow(sent.generation, after_seq=0, fresh=not sent.replayed)
 
     async def _message_regenerate(self, content: dict[str, Any]) -> None:
         answer, generation = await db_async(message_regenerate)(user=self.user, message_id=content.get("message"))
@@ -304,10 +322,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             raise ClientError("That answer does not exist.", code="not_found", status=404)
         return generation
 
-    async def _error(self, code: str, message: str, *, retry_after: int | None = None) -> None:
+    async def _error(self, code: str, message: str, *, retry_after: int | None = None, client_id: Any = None) -> None:
         payload: dict[str, Any] = {"type": "error", "code": code, "message": message}
         if retry_after is not None:
             payload["retry_after"] = retry_after
+        if client_id is not None:
+            payload["client_id"] = client_id
         await self.send_json(payload)
 
 

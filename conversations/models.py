@@ -58,12 +58,23 @@ class Message(models.Model):
     generation = models.OneToOneField(
         "inference.Generation", null=True, blank=True, on_delete=models.SET_NULL, related_name="message"
     )
+    client_id = models.UUIDField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="The sender's own id for a user message, so that a message sent twice is saved once.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["created_at", "id"]
         indexes = [models.Index(fields=["conversation", "created_at"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["client_id"], condition=models.Q(client_id__isnull=False), name="message_client_id_unique"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.role}: {self.content[:40]}"

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts.services import Admission, admission_refund, request_admit, request_limits
@@ -19,6 +20,8 @@ from inference.tokenizers import count_tokens, render_chat, tokenizer_for
 from moderation.services import CONTENT_FILTER, InputCheck, Verdict, flag_create, input_moderate, verdict_under_tier
 
 TITLE_LENGTH = 60
+# What a message held back by moderation says when the verdict that held it is gone.
+HELD_BACK = "This message wasn't sent to the assistant: an automatic safety check held it back."
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class SentMessage:
     generation: Generation | None
     blocked_reason: str = ""
     warning: str = ""
+    # True when the message had been sent before (its `client_id`) and this is what that send saved.
+    replayed: bool = False
 
     @property
     def blocked(self) -> bool:
@@ -92,6 +97,8 @@ def message_send(
     model: str | None = None,
     api_key: Any = None,
     verdict: Verdict | InputCheck | None = None,
+    client_id: Any = None,
+    retry: bool = False,
 ) -> SentMessage:
     """Save the user's message and a pending answer, and queue the answer's generation.
 
@@ -104,14 +111,80 @@ def message_send(
     it already, or an `InputCheck` scoring it beside this transaction (the chat socket and the send
     API start one: the verdict is then taken here, under the tier the transaction reads); otherwise
     the content is classified here, before the transaction.
+
+    `client_id` is the sender's own id for the message (a UUID): a message is saved once per id. A
+    send whose id the user has sent before saves nothing and returns what the first send saved
+    (`replayed`), so a client whose connection dropped before it heard whether its message arrived
+    can send it again. `retry` says it may have been sent before, and the id is looked up first; a
+    first send skips that look-up (one round trip fewer before the first token), and the unique
+    constraint on the id still catches one that arrives twice.
     """
     content = clean_message_content(content)
+    client_id = _client_id(client_id)
+    if retry and client_id is not None:
+        earlier = _message_sent_earlier(user=user, client_id=client_id, conversation_id=conversation_id)
+        if earlier is not None:
+            return earlier
     if verdict is None:
         # Classified before the transaction opens, so no lock is held while the classifier runs.
         verdict = input_moderate(user=user, text=content)
-    return _message_save(
-        user=user, content=content, conversation_id=conversation_id, model=model, verdict=verdict, api_key=api_key
+    try:
+        return _message_save(
+            user=user,
+            content=content,
+            conversation_id=conversation_id,
+            model=model,
+            verdict=verdict,
+            api_key=api_key,
+            client_id=client_id,
+        )
+    except IntegrityError:
+        # The same id in a send that committed first (PostgreSQL made this one wait for it).
+        if client_id is None:
+            raise
+        earlier = _message_sent_earlier(user=user, client_id=client_id, conversation_id=conversation_id)
+        if earlier is not None:
+            return earlier
+        if Message.objects.filter(client_id=client_id).exists():  # someone else's id: say no more
+            raise ClientError("That 'client_id' cannot be used.", code="invalid_request", param="client_id") from None
+        raise
+
+
+def _client_id(value: Any) -> uuid.UUID | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            pass
+    raise ClientError("'client_id' must be a UUID.", code="invalid_request", param="client_id")
+
+
+def _message_sent_earlier(*, user: Any, client_id: uuid.UUID, conversation_id: Any) -> SentMessage | None:
+    """What the user's earlier send of `client_id` saved, as that send returned it; None if none did."""
+    user_message = (
+        Message.objects.select_related("conversation")
+        .filter(client_id=client_id, role=Message.Role.USER, conversation__user=user)
+        .first()
     )
+    if user_message is None:
+        return None
+    conversation = user_message.conversation
+    # Told again that the conversation was created, so a client that missed it learns its id.
+    created = conversation_id is None
+    flag = user_message.moderation_flags.filter(source="input").first()
+    verdict = Verdict(action=flag.action, categories=tuple(flag.categories)) if flag is not None else None
+    answer = (
+        Message.objects.select_related("generation")
+        .filter(parent=user_message, role=Message.Role.ASSISTANT, generation__isnull=False)
+        .first()
+    )
+    if answer is None:  # held back by moderation: it has no answer
+        reason = verdict.explanation() if verdict is not None else HELD_BACK
+        return SentMessage(conversation, created, user_message, None, None, blocked_reason=reason, replayed=True)
+    warning = verdict.warning() if verdict is not None and verdict.action == "warn" else ""
+    return SentMessage(conversation, created, user_message, answer, answer.generation, warning=warning, replayed=True)
 
 
 @dataclass(frozen=True)
@@ -124,7 +197,14 @@ class _QueuedAnswer:
 
 @transaction.atomic
 def _message_save(
-    *, user: Any, content: str, conversation_id: Any, model: str | None, verdict: Verdict | InputCheck, api_key: Any
+    *,
+    user: Any,
+    content: str,
+    conversation_id: Any,
+    model: str | None,
+    verdict: Verdict | InputCheck,
+    api_key: Any,
+    client_id: uuid.UUID | None,
 ) -> SentMessage:
     created = conversation_id is None
     if created:
@@ -163,6 +243,7 @@ def _message_save(
                     limits=limits,
                     api_key=api_key,
                     history=not created,
+                    client_id=client_id,
                 )
             except ClientError as exc:
                 refused = exc
@@ -175,7 +256,11 @@ def _message_save(
             admission_refund(admission=queued.admission)
     if verdict.blocks:
         user_message = Message.objects.create(
-            conversation=conversation, role=Message.Role.USER, content=content, status=Message.Status.FLAGGED
+            conversation=conversation,
+            role=Message.Role.USER,
+            content=content,
+            status=Message.Status.FLAGGED,
+            client_id=client_id,
         )
         flag_create(user=user, message=user_message, source="input", text=content, verdict=verdict)
         Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now())
@@ -198,6 +283,7 @@ def _message_queue(
     limits: Any,
     api_key: Any,
     history: bool,
+    client_id: uuid.UUID | None,
 ) -> _QueuedAnswer:
     """The user's message saved, and its answer queued, as if moderation lets it through."""
     tokenizer = tokenizer_for(deployment.model_path)
@@ -206,7 +292,11 @@ def _message_queue(
         conversation=conversation, deployment=deployment, limits=limits, new_turn=new_turn, history=history
     )
     user_message = Message.objects.create(
-        conversation=conversation, role=Message.Role.USER, content=content, token_count=new_turn.token_count
+        conversation=conversation,
+        role=Message.Role.USER,
+        content=content,
+        token_count=new_turn.token_count,
+        client_id=client_id,
     )
     answer = Message(conversation=conversation, role=Message.Role.ASSISTANT, parent=user_message)
     generation, admission = _answer_queue(

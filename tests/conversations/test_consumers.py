@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from unittest.mock import ANY
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -274,6 +275,55 @@ async def test_a_socket_finds_an_ending_live_delivery_dropped(alice, default_dep
     await publisher.finish(status="complete", finish_reason="stop", usage=usage(1, 1))
     events = await drain_until_finished(socket, timeout=5)
     assert [(e["seq"], e["type"], e["status"]) for e in events] == [(2, "generation.done", "complete")]
+    await socket.disconnect()
+
+
+@pytest.mark.engine
+async def test_a_message_sent_again_after_its_socket_dropped_is_answered_once(engine, alice):
+    """The page's socket drops after sending, before it hears the answer (a web process restarted,
+    a network change): on its next socket it sends the same frame as a retry, and gets the message
+    its first send saved and that message's whole answer, with nothing saved or generated twice."""
+    frame = {
+        "type": "message.send",
+        "conversation": None,
+        "content": "Name two planets.",
+        "client_id": "5e0c7c1a-3b2d-4c8e-9f61-2a4b6d8e0f13",
+    }
+    first, _ = await open_socket(alice)
+    await first.send_json_to(frame)
+    heard = await next_event(first)
+    while heard["type"] != "message.accepted":
+        heard = await next_event(first)
+    await first.disconnect()  # whatever the first socket heard is lost with it
+
+    second, _ = await open_socket(alice)
+    await second.send_json_to({**frame, "retry": True})
+    events = await drain_until_finished(second)
+    created, accepted = events[0], events[1]
+    assert created == {"type": "conversation.created", "conversation": {"id": heard["conversation"], "title": ANY}}
+    assert accepted["type"] == "message.accepted" and accepted["client_id"] == frame["client_id"]
+    for field in ("conversation", "user_message", "assistant_message", "generation"):
+        assert accepted[field] == heard[field]
+    stream = events[2:]
+    assert stream[-1]["type"] == "generation.done", stream[-1]
+    assert [e["seq"] for e in stream] == list(range(1, len(stream) + 1))  # the answer from its start
+    answer = await Message.objects.aget(id=accepted["assistant_message"]["id"])
+    assert answer.content == "".join(e["text"] for e in stream if e["type"] == "generation.delta")
+    assert await Message.objects.acount() == 2
+    assert await Generation.objects.acount() == 1
+    await second.disconnect()
+
+
+async def test_a_refused_send_names_its_client_id(alice):
+    socket, _ = await open_socket(alice)
+    client_id = "5e0c7c1a-3b2d-4c8e-9f61-2a4b6d8e0f14"
+    await socket.send_json_to({"type": "message.send", "content": "   ", "client_id": client_id})
+    reply = await next_event(socket, timeout=10)
+    assert (reply["type"], reply["code"], reply["client_id"]) == ("error", "invalid_message", client_id)
+    for bad in ({"client_id": "nope"}, {"client_id": client_id, "retry": "yes"}):
+        await socket.send_json_to({"type": "message.send", "content": "Hello", **bad})
+        assert (await next_event(socket, timeout=10))["code"] == "invalid_request"
+    assert not await Message.objects.aexists()
     await socket.disconnect()
 
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from chatsite.errors import ClientError
@@ -159,3 +161,108 @@ def test_regenerating_is_refused_for_others_answers_and_answers_in_progress(alic
         with pytest.raises(ClientError) as refused:
             message_regenerate(user=who, message_id=message_id)
         assert refused.value.code == "not_found"
+
+
+# --- a message sent twice (its client_id) -----------------------------------------------------------
+
+CLIENT_ID = "0b8f3c3e-8d7a-4f57-9a5e-3f1c2b7d9e10"
+
+
+@pytest.mark.parametrize("retry", [True, False])
+def test_a_message_sent_twice_is_saved_and_answered_once(alice, retry):
+    first = message_send(user=alice, content="Hello there", client_id=CLIENT_ID)
+    again = message_send(user=alice, content="Hello there", client_id=CLIENT_ID, retry=retry)
+    assert not first.replayed and again.replayed
+    assert again.conversation == first.conversation
+    assert again.conversation_created  # told again: the client that lost the first answer needs the id
+    assert again.user_message == first.user_message
+    assert again.assistant_message == first.assistant_message
+    assert again.generation == first.generation
+    assert Conversation.objects.count() == 1
+    assert Message.objects.count() == 2
+    assert Generation.objects.count() == 1
+
+
+def test_a_message_sent_twice_into_a_conversation_is_not_refused_as_busy(alice):
+    opening = message_send(user=alice, content="First")
+    _finish(opening.conversation)
+    conversation_id = opening.conversation.id
+    first = message_send(user=alice, content="Second", conversation_id=conversation_id, client_id=CLIENT_ID)
+    # Its answer is being written, which refuses any other message; the same one is answered.
+    again = message_send(user=alice, content="Second", conversation_id=conversation_id, client_id=CLIENT_ID, retry=True)
+    assert (again.user_message, again.generation) == (first.user_message, first.generation)
+    assert not again.conversation_created
+    assert opening.conversation.messages.count() == 4
+
+
+def test_a_message_sent_twice_is_charged_once(alice):
+    from accounts.models import Tier
+
+    Tier.objects.filter(name="free").update(requests_per_minute=2)
+    first = message_send(user=alice, content="question", client_id=CLIENT_ID)
+    for retry in (True, False, True):
+        message_send(user=alice, content="question", client_id=CLIENT_ID, retry=retry)
+    _finish(first.conversation)
+    message_send(user=alice, content="a second question", conversation_id=first.conversation.id)  # the 2nd unit
+    _finish(first.conversation)
+    with pytest.raises(ClientError) as refused:
+        message_send(user=alice, content="a third", conversation_id=first.conversation.id)
+    assert refused.value.code == "rate_limited"
+
+
+def test_a_held_back_message_sent_twice_is_held_back_once(alice):
+    from moderation.models import Flag
+
+    harmful = "How do I build a pipe bomb to blow up my neighbour's car?"
+    first = message_send(user=alice, content=harmful, client_id=CLIENT_ID)
+    again = message_send(user=alice, content=harmful, client_id=CLIENT_ID, retry=True)
+    assert first.blocked and again.blocked and again.replayed
+    assert again.user_message == first.user_message
+    assert again.blocked_reason == first.blocked_reason
+    assert (Message.objects.count(), Flag.objects.count(), Generation.objects.count()) == (1, 1, 0)
+
+
+def test_another_users_client_id_is_refused_and_reveals_nothing(alice, bob):
+    bobs = message_send(user=bob, content="Bob's secret", client_id=CLIENT_ID)
+    for retry in (True, False):
+        with pytest.raises(ClientError) as refused:
+            message_send(user=alice, content="Let me in", client_id=CLIENT_ID, retry=retry)
+        assert refused.value.code == "invalid_request"
+        assert "secret" not in refused.value.message
+    assert list(Message.objects.values_list("conversation__user", flat=True)) == [bob.id, bob.id]
+    assert Conversation.objects.get() == bobs.conversation
+
+
+@pytest.mark.parametrize("client_id", ["not-a-uuid", 42, "", ["0b8f3c3e-8d7a-4f57-9a5e-3f1c2b7d9e10"]])
+def test_a_malformed_client_id_is_refused_and_leaves_nothing_behind(alice, client_id):
+    with pytest.raises(ClientError) as refused:
+        message_send(user=alice, content="Hello", client_id=client_id)
+    assert refused.value.code == "invalid_request"
+    assert not Conversation.objects.exists() and not Message.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_message_sent_twice_at_the_same_instant_is_saved_once(alice):
+    """Two sends of one client_id race (a retry on a new socket while the first socket's send is
+    still being saved): the unique constraint makes the second wait for the first, then answer with it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection, connections
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite takes one writer at a time; the race is PostgreSQL's (the production topology run)")
+    barrier = threading.Barrier(4)
+
+    def send(_):
+        barrier.wait()
+        try:
+            return message_send(user=alice, content="At once", client_id=CLIENT_ID)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        sent = list(pool.map(send, range(4)))
+    assert len({s.user_message.id for s in sent}) == 1
+    assert len({s.generation.id for s in sent}) == 1
+    assert sum(not s.replayed for s in sent) == 1
+    assert (Conversation.objects.count(), Message.objects.count(), Generation.objects.count()) == (1, 2, 1)
