@@ -22,7 +22,7 @@
   let conversationId = chat.dataset.conversation ? parseInt(chat.dataset.conversation, 10) : null;
   let socket = null;
   let retryDelay = 500;
-  let sending = null;             // {text, userEl, assistantEl} while a send waits for its acceptance
+  let sending = null;             // {payload, userEl, assistantEl} while a send waits for its answer
   const streams = new Map();      // generation id -> {el, seq}
 
   function wsUrl() {
@@ -87,6 +87,28 @@
     last.appendChild(button);
   }
 
+  function newClientId() {
+    if (crypto.randomUUID) return crypto.randomUUID();
+    // Pages served over plain HTTP (not localhost) have no randomUUID: a version 4 UUID by hand.
+    const b = crypto.getRandomValues(new Uint8Array(16));
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    const hex = Array.from(b, function (x) { return x.toString(16).padStart(2, "0"); }).join("");
+    return hex.slice(0, 8) + "-" + hex.slice(8, 12) + "-" + hex.slice(12, 16) + "-" + hex.slice(16, 20) + "-" + hex.slice(20);
+  }
+
+  // Send the pending message on the socket open now. If that socket drops before the server
+  // answers, the next one sends it again, marked as a retry: the server saves a client_id once and
+  // answers a repeat with what it saved, so the message is neither lost nor sent twice.
+  function transmit() {
+    socket.send(JSON.stringify(sending.payload));
+    sending.payload.retry = true;
+  }
+
+  function isOurs(msg) {
+    return sending !== null && msg.client_id === sending.payload.client_id;
+  }
+
   function follow(generationId, el, afterSeq) {
     streams.set(generationId, {el: el, seq: afterSeq || 0});
     el.dataset.generation = generationId;
@@ -103,6 +125,7 @@
       streams.forEach(function (stream, generationId) {
         socket.send(JSON.stringify({type: "generation.resume", generation: generationId, after_seq: stream.seq}));
       });
+      if (sending) transmit();  // written before the socket opened, or not yet answered on the last one
     });
     socket.addEventListener("message", function (event) {
       handle(JSON.parse(event.data));
@@ -123,6 +146,7 @@
         engineBanner.textContent = ENGINE_STATES[msg.state] || ENGINE_STATES.loading;
         break;
       case "conversation.created": {
+        if (conversationId === msg.conversation.id) break;  // told again in answer to a retry
         conversationId = msg.conversation.id;
         chat.dataset.conversation = String(conversationId);
         const url = chat.dataset.conversationUrl.replace("/0/", "/" + conversationId + "/");
@@ -138,7 +162,7 @@
         break;
       }
       case "message.accepted":
-        if (sending) {
+        if (isOurs(msg)) {
           sending.userEl.dataset.message = msg.user_message.id;
           sending.assistantEl.dataset.message = msg.assistant_message.id;
           if (msg.warning) addNote(sending.userEl, msg.warning, false);
@@ -157,7 +181,7 @@
       }
       case "message.blocked":
         // Moderation held the message back: it is saved (flagged) but no answer is coming.
-        if (sending) {
+        if (isOurs(msg)) {
           sending.userEl.dataset.message = msg.user_message.id;
           setStatus(sending.userEl, "flagged");
           addNote(sending.userEl, msg.message, false);
@@ -200,10 +224,10 @@
         break;
       }
       case "error":
-        if (sending) {
+        if (isOurs(msg)) {  // the pending message was refused: it comes back to the input
           sending.userEl.remove();
           sending.assistantEl.remove();
-          input.value = sending.text;
+          input.value = sending.payload.content;
           sending = null;
           setBusy(streams.size > 0);
         }
@@ -217,21 +241,18 @@
     event.preventDefault();
     const text = input.value.trim();
     if (!text || sending || streams.size > 0) return;
-    if (!socket || socket.readyState !== WebSocket.OPEN) {
-      showError("Not connected yet; try again in a moment.");
-      return;
-    }
     showError("");
-    const payload = {type: "message.send", content: text, conversation: conversationId};
+    const payload = {type: "message.send", content: text, conversation: conversationId, client_id: newClientId()};
     if (!conversationId && modelSelect) payload.model = modelSelect.value;
     sending = {
-      text: text,
+      payload: payload,
       userEl: addMessage("user", text, "complete"),
       assistantEl: addMessage("assistant", "", "pending"),
     };
     input.value = "";
     setBusy(true);
-    socket.send(JSON.stringify(payload));
+    // Not connected (yet, or any more): the message waits, and goes as soon as a socket opens.
+    if (socket && socket.readyState === WebSocket.OPEN) transmit();
   });
 
   input.addEventListener("keydown", function (event) {
@@ -242,6 +263,7 @@
   });
 
   stopButton.addEventListener("click", function () {
+    if (!socket || socket.readyState !== WebSocket.OPEN) return;
     streams.forEach(function (stream, generationId) {
       socket.send(JSON.stringify({type: "generation.stop", generation: generationId}));
     });

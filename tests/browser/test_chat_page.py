@@ -7,12 +7,14 @@ one engine the other engine tests use.
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from conversations.models import Message
+from inference.models import Generation
 from tests.conftest import PASSWORD
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -48,8 +50,6 @@ async def sign_up(page, username: str) -> None:
     await page.fill("input[name=password2]", PASSWORD)
     await page.click("button[type=submit]")
     await page.wait_for_selector("#composer")
-    # The page refuses a message until its socket is open ("Not connected yet"): on a busy machine
-    # that can take longer than typing does.
     await page.wait_for_selector("#chat[data-socket=open]", state="attached")
 
 
@@ -114,3 +114,74 @@ async def test_text_that_looks_like_html_stays_text(page):
         assert await page.evaluate("() => window.pwned") is None
         assert await page.locator("article.message.user .content").first.text_content() == payload
         await page.reload()
+
+
+CHAT_SOCKET = re.compile(r"/ws/chat/$")
+
+
+async def test_a_message_written_while_disconnected_waits_and_is_sent_on_reconnect(page):
+    await sign_up(page, "heidi")
+    allowed = asyncio.Event()
+
+    async def socket_route(ws):
+        if allowed.is_set():
+            ws.connect_to_server()
+        else:
+            await ws.close(code=1006)  # the server is out of reach
+
+    await page.route_web_socket(CHAT_SOCKET, socket_route)
+    await page.reload()
+    await page.wait_for_selector("#chat[data-socket=closed]", state="attached")
+    await page.fill("#input", "Say hello.")
+    await page.keyboard.press("Enter")
+    # Kept on the page, pending, and not refused: nothing has reached the server.
+    await page.wait_for_selector("article.message.assistant.status-pending")
+    assert await page.locator("article.message.user .content").last.text_content() == "Say hello."
+    assert await page.is_hidden("#request-error")
+    await asyncio.sleep(1)
+    assert not await Message.objects.aexists()
+
+    allowed.set()  # the next reconnect gets through, and the message goes
+    await page.wait_for_selector("article.message.assistant.status-complete")
+    assert await Message.objects.filter(role="user", content="Say hello.").acount() == 1
+    assert await page.locator("article.message.user").count() == 1
+
+
+async def test_a_message_whose_acceptance_was_lost_is_sent_again_and_answered_once(page):
+    """The socket drops after the server saved the message, before the page heard so: the page sends
+    it again on its next socket, and the server answers with the message it saved, not a second one."""
+    await sign_up(page, "ivan")
+    dropped = asyncio.Event()
+
+    async def socket_route(ws):
+        server = ws.connect_to_server()
+        gone = False
+
+        def from_server(message):
+            nonlocal gone
+            if gone:
+                return
+            if not dropped.is_set() and '"message.accepted"' in str(message):
+                dropped.set()
+                gone = True
+                asyncio.ensure_future(ws.close(code=1006))
+                return
+            ws.send(message)
+
+        server.on_message(from_server)
+
+    await page.route_web_socket(CHAT_SOCKET, socket_route)
+    await page.reload()
+    await page.wait_for_selector("#chat[data-socket=open]", state="attached")
+    await page.fill("#input", "Name a colour.")
+    await page.keyboard.press("Enter")
+    await page.wait_for_selector("article.message.assistant.status-complete")
+    assert dropped.is_set(), "the first socket should have dropped before the page heard the acceptance"
+    assert await page.locator("article.message.user").count() == 1
+    assert await page.locator("article.message.assistant").count() == 1
+    assert await Message.objects.filter(role="user").acount() == 1
+    assert await Generation.objects.acount() == 1
+    answer = await Message.objects.aget(role="assistant")
+    assert await page.locator("article.message.assistant .content").text_content() == answer.content
+    await page.reload()
+    assert await page.locator("article.message.user").count() == 1
