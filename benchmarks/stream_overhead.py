@@ -43,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -319,6 +320,11 @@ async def run_paired(sides: dict[str, One], cpu: CpuMeter) -> dict[str, Results]
 # --- (b) the whole stack -------------------------------------------------------------------------
 
 
+def _send_frame(prompt: str) -> dict:
+    """A new conversation's first message, as the chat page sends it (with its own client_id)."""
+    return {"type": "message.send", "model": DEPLOYMENT, "content": prompt, "client_id": str(uuid.uuid4())}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -417,7 +423,7 @@ async def whole_stack(deployment) -> AsyncIterator[Stack]:
             ws = await sockets.get()
             try:
                 started = time.perf_counter()
-                await ws.send(json.dumps({"type": "message.send", "model": DEPLOYMENT, "content": prompt}))
+                await ws.send(json.dumps(_send_frame(prompt)))
                 first = None
                 while True:
                     event = json.loads(await ws.recv())
@@ -433,7 +439,7 @@ async def whole_stack(deployment) -> AsyncIterator[Stack]:
         async def stopped(prompt: str) -> Stopped:
             ws = await sockets.get()
             try:
-                await ws.send(json.dumps({"type": "message.send", "model": DEPLOYMENT, "content": prompt}))
+                await ws.send(json.dumps(_send_frame(prompt)))
                 stop_sent = None
                 while True:
                     event = json.loads(await ws.recv())
