@@ -399,6 +399,19 @@ def _is_transactional(request) -> bool:
     return bool(marker and marker.kwargs.get("transaction"))
 
 
+@pytest.fixture
+def latest_schema_after():
+    """For a test that migrates the database back to test a migration: migrating an app back also
+    undoes the other apps' migrations that depend on the ones undone, so afterwards every app is
+    migrated to its latest again, as the tests after it expect."""
+    yield
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+
 @pytest.fixture(scope="session", autouse=True)
 def clean_redis():
     """The production-topology run uses its own Redis database; start it empty."""

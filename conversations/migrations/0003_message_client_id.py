@@ -7,7 +7,6 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('conversations', '0002_message_status_flagged'),
-        ('inference', '0005_deployment_dtype_auto'),
     ]
 
     operations = [

@@ -14,7 +14,7 @@ AFTER = [("inference", "0005_deployment_dtype_auto")]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_default_deployment_moves_to_auto_and_an_operators_choice_stays():
+def test_the_default_deployment_moves_to_auto_and_an_operators_choice_stays(latest_schema_after):
     executor = MigrationExecutor(connection)
     executor.migrate(BEFORE)
     old = executor.loader.project_state(BEFORE).apps.get_model("inference", "ModelDeployment")

@@ -42,7 +42,7 @@ def test_the_admin_offers_tiers_to_choose_from(admin_client):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_migration_points_named_tier_policies_at_their_tiers():
+def test_the_migration_points_named_tier_policies_at_their_tiers(latest_schema_after):
     before = [("moderation", "0002_default_policy_and_moderators")]
     after = [("moderation", "0003_policy_tier_foreign_key")]
     executor = MigrationExecutor(connection)
