@@ -105,6 +105,15 @@
     sending.payload.retry = true;
   }
 
+  // The pending message comes off the page and back into the input.
+  function takeBack() {
+    sending.userEl.remove();
+    sending.assistantEl.remove();
+    input.value = sending.payload.content;
+    sending = null;
+    setBusy(streams.size > 0);
+  }
+
   function isOurs(msg) {
     return sending !== null && msg.client_id === sending.payload.client_id;
   }
@@ -224,13 +233,7 @@
         break;
       }
       case "error":
-        if (isOurs(msg)) {  // the pending message was refused: it comes back to the input
-          sending.userEl.remove();
-          sending.assistantEl.remove();
-          input.value = sending.payload.content;
-          sending = null;
-          setBusy(streams.size > 0);
-        }
+        if (isOurs(msg)) takeBack();  // the pending message was refused
         showError(msg.message);
         refreshRegenerate();
         break;
@@ -263,6 +266,12 @@
   });
 
   stopButton.addEventListener("click", function () {
+    // A message still waiting for a socket has reached no server: Stop takes it back. One that was
+    // sent may have arrived, so it stays until the server answers for it.
+    if (sending && !sending.payload.retry) {
+      takeBack();
+      return;
+    }
     if (!socket || socket.readyState !== WebSocket.OPEN) return;
     streams.forEach(function (stream, generationId) {
       socket.send(JSON.stringify({type: "generation.stop", generation: generationId}));

@@ -147,6 +147,33 @@ async def test_a_message_written_while_disconnected_waits_and_is_sent_on_reconne
     assert await page.locator("article.message.user").count() == 1
 
 
+async def test_stop_takes_back_a_message_still_waiting_for_the_socket(page):
+    await sign_up(page, "judy")
+    allowed = asyncio.Event()
+
+    async def socket_route(ws):
+        if allowed.is_set():
+            ws.connect_to_server()
+        else:
+            await ws.close(code=1006)
+
+    await page.route_web_socket(CHAT_SOCKET, socket_route)
+    await page.reload()
+    await page.wait_for_selector("#chat[data-socket=closed]", state="attached")
+    await page.fill("#input", "Never mind.")
+    await page.keyboard.press("Enter")
+    await page.wait_for_selector("article.message.assistant.status-pending")
+    await page.click("#stop")
+    assert await page.locator("article.message").count() == 0
+    assert await page.input_value("#input") == "Never mind."
+    assert await page.is_visible("#send")
+
+    allowed.set()
+    await page.wait_for_selector("#chat[data-socket=open]", state="attached")
+    await asyncio.sleep(1)  # nothing is sent once the socket is back
+    assert not await Message.objects.aexists()
+
+
 async def test_a_message_whose_acceptance_was_lost_is_sent_again_and_answered_once(page):
     """The socket drops after the server saved the message, before the page heard so: the page sends
     it again on its next socket, and the server answers with the message it saved, not a second one."""
