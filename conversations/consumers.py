@@ -6,13 +6,13 @@ Server → client: `conversation.created`, `message.accepted`, `message.regenera
 `generation.done` {seq, status, finish_reason, usage}, `generation.error` {seq, code, message},
 `engine.status` {deployment, state}, `message.blocked` {conversation, user_message, message} when
 moderation holds a message back (it is saved, flagged, and never reaches the model), and `error`
-{code, message} for a refused request.
+{code, message, client_id?} for a refused request.
 
-A send's `client_id` (a UUID the client makes) is echoed in its `message.accepted` or
-`message.blocked`, and makes the send safe to repeat: a client whose socket dropped before it heard
-either sends the same frame again on its next socket, with `retry: true`, and is answered with the
-message its first send saved and that message's answer, from the start of its stream; nothing is
-saved, charged or generated twice (`message_send`).
+A send's `client_id` (a UUID the client makes) is echoed in its `message.accepted`,
+`message.blocked` or `error`, and makes the send safe to repeat: a client whose socket dropped
+before it heard one of them sends the same frame again on its next socket, with `retry: true`, and
+is answered with the message its first send saved and that message's answer, from the start of its
+stream; nothing is saved, charged or generated twice (`message_send`).
 """
 
 from __future__ import annotations

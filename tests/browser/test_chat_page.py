@@ -119,8 +119,9 @@ async def test_text_that_looks_like_html_stays_text(page):
 CHAT_SOCKET = re.compile(r"/ws/chat/$")
 
 
-async def test_a_message_written_while_disconnected_waits_and_is_sent_on_reconnect(page):
-    await sign_up(page, "heidi")
+async def written_while_disconnected(page, text: str) -> asyncio.Event:
+    """Reload the page with its socket refused, and send `text` once the page knows it is closed.
+    Returns the event that lets the page's next sockets through to the server."""
     allowed = asyncio.Event()
 
     async def socket_route(ws):
@@ -132,10 +133,16 @@ async def test_a_message_written_while_disconnected_waits_and_is_sent_on_reconne
     await page.route_web_socket(CHAT_SOCKET, socket_route)
     await page.reload()
     await page.wait_for_selector("#chat[data-socket=closed]", state="attached")
-    await page.fill("#input", "Say hello.")
+    await page.fill("#input", text)
     await page.keyboard.press("Enter")
-    # Kept on the page, pending, and not refused: nothing has reached the server.
     await page.wait_for_selector("article.message.assistant.status-pending")
+    return allowed
+
+
+async def test_a_message_written_while_disconnected_waits_and_is_sent_on_reconnect(page):
+    await sign_up(page, "heidi")
+    allowed = await written_while_disconnected(page, "Say hello.")
+    # Kept on the page, pending, and not refused: nothing has reached the server.
     assert await page.locator("article.message.user .content").last.text_content() == "Say hello."
     assert await page.is_hidden("#request-error")
     await asyncio.sleep(1)
@@ -149,20 +156,7 @@ async def test_a_message_written_while_disconnected_waits_and_is_sent_on_reconne
 
 async def test_stop_takes_back_a_message_still_waiting_for_the_socket(page):
     await sign_up(page, "judy")
-    allowed = asyncio.Event()
-
-    async def socket_route(ws):
-        if allowed.is_set():
-            ws.connect_to_server()
-        else:
-            await ws.close(code=1006)
-
-    await page.route_web_socket(CHAT_SOCKET, socket_route)
-    await page.reload()
-    await page.wait_for_selector("#chat[data-socket=closed]", state="attached")
-    await page.fill("#input", "Never mind.")
-    await page.keyboard.press("Enter")
-    await page.wait_for_selector("article.message.assistant.status-pending")
+    allowed = await written_while_disconnected(page, "Never mind.")
     await page.click("#stop")
     assert await page.locator("article.message").count() == 0
     assert await page.input_value("#input") == "Never mind."
