@@ -234,6 +234,10 @@ INFERENCE_GENERATION_TIMEOUT_S = env_int("INFERENCE_GENERATION_TIMEOUT_S", 600, 
 # A worker refreshes its heartbeat every second; one silent this long is taken for dead and its
 # running generations are ended with an error the user can act on (regenerate).
 INFERENCE_WORKER_HEARTBEAT_TTL_S = env_int("INFERENCE_WORKER_HEARTBEAT_TTL_S", 6, minimum=2)
+# An answer computed while its message is still being checked shows nothing until the verdict
+# comes. One with no verdict this long (the web process that saved the message died before judging
+# it; it gives up on slow scores after 30 s) is judged by its runner instead.
+INFERENCE_VERDICT_WAIT_S = env_int("INFERENCE_VERDICT_WAIT_S", 40, minimum=1)
 
 # --- REST framework ------------------------------------------------------------------------------
 REST_FRAMEWORK = {

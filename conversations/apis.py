@@ -270,7 +270,7 @@ async def message_send_stream(request: HttpRequest, conversation_id: int | None 
         # Django's request cycle already manages this thread's connection (unlike a consumer's).
         user, api_key, data = await sync_to_async(_send_request)(request)
         content = clean_message_content(data["content"])
-        # Scored beside the send transaction, which takes the verdict before anything is queued.
+        # Scored once the send has committed its answer held: the engine starts on it meanwhile.
         with InputCheck.started(content) as check:
             sent = await sync_to_async(message_send)(
                 user=user,

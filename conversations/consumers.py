@@ -142,7 +142,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if not isinstance(retry, bool):
             raise ClientError("'retry' must be true or false.", code="invalid_request")
         text = clean_message_content(content.get("content"))
-        # Scored beside the send transaction, which takes the verdict before anything is queued.
+        # Scored once the send has committed its answer held: the engine starts on it meanwhile.
         with InputCheck.started(text) as check:
             sent = await db_async(message_send)(
                 user=self.user,

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
@@ -14,12 +15,20 @@ from conversations.models import Conversation, Message
 from conversations.prompts import AssembledPrompt, Turn, assemble_prompt
 from conversations.selectors import conversation_get_for_user, conversation_has_message_in_progress
 from inference.models import Generation, ModelDeployment
-from inference.selectors import deployment_get
-from inference.services import generation_admit, generation_create
+from inference.selectors import deployment_get, generation_awaiting_verdict
+from inference.services import (
+    generation_admit,
+    generation_create,
+    generation_hold,
+    generation_release,
+    generation_withdraw,
+)
 from inference.tokenizers import count_tokens, render_chat, tokenizer_for
 from moderation.services import CONTENT_FILTER, InputCheck, Verdict, flag_create, input_moderate, verdict_under_tier
 
 TITLE_LENGTH = 60
+# How often a repeated send looks whether its first send's message has been judged yet.
+VERDICT_WAIT_POLL_S = 0.01
 # What a message held back by moderation says when the verdict that held it is gone.
 HELD_BACK = "This message wasn't sent to the assistant: an automatic safety check held it back."
 
@@ -108,9 +117,17 @@ def message_send(
     moderation blocks is saved as flagged, with its flag, and gets no answer.
 
     `verdict` is input moderation's verdict on the cleaned `content` when the caller has classified
-    it already, or an `InputCheck` scoring it beside this transaction (the chat socket and the send
-    API start one: the verdict is then taken here, under the tier the transaction reads); otherwise
-    the content is classified here, before the transaction.
+    it already, or an `InputCheck` whose verdict is taken here, under the tier the transaction reads
+    (the chat socket and the send API make one); otherwise the content is classified here, before
+    the transaction.
+
+    An `InputCheck` whose scores are not in when the transaction has done everything else (the
+    socket's and the API's begin only when asked) does not hold the transaction up: the answer is
+    committed held (`generation_hold`) and dispatched, so the engine starts on it while the message
+    is scored, and the verdict is taken after the commit. The runner shows none of a held answer
+    until the verdict lets it through; a verdict that blocks takes the answer back (never shown,
+    never charged) and keeps the message flagged, so what this returns is what it would have
+    returned had the verdict come first (`_held_answer_settle`).
 
     `client_id` is the sender's own id for the message (a UUID): a message is saved once per id. A
     send whose id the user has sent before saves nothing and returns what the first send saved
@@ -129,7 +146,7 @@ def message_send(
         # Classified before the transaction opens, so no lock is held while the classifier runs.
         verdict = input_moderate(user=user, text=content)
     try:
-        return _message_save(
+        saved = _message_save(
             user=user,
             content=content,
             conversation_id=conversation_id,
@@ -148,6 +165,9 @@ def message_send(
         if Message.objects.filter(client_id=client_id).exists():  # someone else's id: say no more
             raise ClientError("That 'client_id' cannot be used.", code="invalid_request", param="client_id") from None
         raise
+    if isinstance(saved, _HeldAnswer):
+        return _held_answer_settle(held=saved, check=verdict)
+    return saved
 
 
 def _client_id(value: Any) -> uuid.UUID | None:
@@ -173,18 +193,31 @@ def _message_sent_earlier(*, user: Any, client_id: uuid.UUID, conversation_id: A
     conversation = user_message.conversation
     # Told again that the conversation was created, so a client that missed it learns its id.
     created = conversation_id is None
-    flag = user_message.moderation_flags.filter(source="input").first()
-    verdict = Verdict(action=flag.action, categories=tuple(flag.categories)) if flag is not None else None
     answer = (
         Message.objects.select_related("generation")
         .filter(parent=user_message, role=Message.Role.ASSISTANT, generation__isnull=False)
         .first()
     )
+    if answer is not None and answer.generation.awaiting_verdict:
+        # The first send is still judging the message: answer with what its verdict makes of it.
+        _verdict_wait(generation_id=answer.generation_id)
+        return _message_sent_earlier(user=user, client_id=client_id, conversation_id=conversation_id)
+    flag = user_message.moderation_flags.filter(source="input").first()
+    verdict = Verdict(action=flag.action, categories=tuple(flag.categories)) if flag is not None else None
     if answer is None:  # held back by moderation: it has no answer
         reason = verdict.explanation() if verdict is not None else HELD_BACK
         return SentMessage(conversation, created, user_message, None, None, blocked_reason=reason, replayed=True)
     warning = verdict.warning() if verdict is not None and verdict.action == "warn" else ""
     return SentMessage(conversation, created, user_message, answer, answer.generation, warning=warning, replayed=True)
+
+
+def _verdict_wait(*, generation_id: Any) -> None:
+    """Wait, polling, until a held answer's message has been judged (or the wait is long enough that
+    a runner judges it: INFERENCE_VERDICT_WAIT_S). Only a send repeated while its first send is
+    still judging it waits here, for the milliseconds that takes."""
+    deadline = time.monotonic() + settings.INFERENCE_VERDICT_WAIT_S + 1
+    while generation_awaiting_verdict(generation_id=generation_id) and time.monotonic() < deadline:
+        time.sleep(VERDICT_WAIT_POLL_S)
 
 
 @dataclass(frozen=True)
@@ -193,6 +226,16 @@ class _QueuedAnswer:
     answer: Message
     generation: Generation
     admission: Admission
+
+
+@dataclass(frozen=True)
+class _HeldAnswer:
+    """A message committed with its answer held, its verdict still to be taken (see message_send)."""
+
+    user: Any
+    sent: SentMessage
+    admission: Admission
+    tier_id: int | None
 
 
 @transaction.atomic
@@ -205,7 +248,7 @@ def _message_save(
     verdict: Verdict | InputCheck,
     api_key: Any,
     client_id: uuid.UUID | None,
-) -> SentMessage:
+) -> SentMessage | _HeldAnswer:
     created = conversation_id is None
     if created:
         deployment = deployment_get(name=model)
@@ -231,7 +274,9 @@ def _message_save(
     # a savepoint. A blocked message rolls that back (the dispatch registered in it goes too) and
     # gets its charge back. A refusal (too long for the window, a limit reached) waits for the
     # verdict as well: a message moderation blocks is kept flagged whatever else is wrong with it.
-    queued, refused, kept = None, None, False
+    # Scores not in once the rest is done hold the answer instead of the transaction: it is
+    # committed held, and the verdict is taken after the commit while the engine starts on it.
+    queued, refused, kept, held = None, None, False, False
     try:
         with transaction.atomic():
             try:
@@ -247,13 +292,24 @@ def _message_save(
                 )
             except ClientError as exc:
                 refused = exc
-            verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
-            if refused is not None or verdict.blocks:
-                transaction.set_rollback(True)
-        kept = refused is None and not verdict.blocks
+            if refused is None and isinstance(verdict, InputCheck):
+                scored = verdict.verdict_if_scored(tier_id=limits.tier.id)
+                held = scored is None
+                if held:
+                    generation_hold(generation=queued.generation)
+                else:
+                    verdict = scored
+            if not held:
+                verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
+                if refused is not None or verdict.blocks:
+                    transaction.set_rollback(True)
+        kept = held or (refused is None and not verdict.blocks)
     finally:  # a charge the answer does not keep (blocked, refused, failed) is given back
         if queued is not None and not kept:
             admission_refund(admission=queued.admission)
+    if held:
+        sent = SentMessage(conversation, created, queued.user_message, queued.answer, queued.generation)
+        return _HeldAnswer(user=user, sent=sent, admission=queued.admission, tier_id=limits.tier.id)
     if verdict.blocks:
         user_message = Message.objects.create(
             conversation=conversation,
@@ -272,6 +328,90 @@ def _message_save(
         flag_create(user=user, message=queued.user_message, source="input", text=content, verdict=verdict)
         warning = verdict.warning()
     return SentMessage(conversation, created, queued.user_message, queued.answer, queued.generation, warning=warning)
+
+
+def _held_answer_settle(*, held: _HeldAnswer, check: InputCheck) -> SentMessage:
+    """Take the verdict on a message whose answer was committed held, after the commit, and apply it.
+
+    Scores that never come undo the send (its rows removed, its answer withdrawn, its charge given
+    back) and refuse it, as they do when the verdict is taken inside the transaction."""
+    try:
+        verdict = check.verdict(tier_id=held.tier_id)
+    except Exception:
+        _held_answer_undo(sent=held.sent)
+        admission_refund(admission=held.admission)
+        raise
+    sent = _held_verdict_apply(user=held.user, sent=held.sent, verdict=verdict)
+    if sent.blocked:
+        admission_refund(admission=held.admission)
+    return sent
+
+
+def _held_verdict_apply(*, user: Any, sent: SentMessage, verdict: Verdict) -> SentMessage:
+    """Apply input moderation's verdict to a message whose answer is held.
+
+    Passed (or warned): the answer is released, and its runner shows it from then on. Blocked: the
+    answer is withdrawn (never shown, never charged) and the message kept flagged, with its flag,
+    exactly as a message blocked before its answer was queued. The release and the withdrawal are
+    conditional, so of two verdicts racing (the web process's and a runner's last resort,
+    `message_verdict_take`) one decides; the other changes nothing and returns `sent` as it was."""
+    if not verdict.blocks:
+        warning = ""
+        if verdict.action == "warn":
+            flag_create(
+                user=user, message=sent.user_message, source="input", text=sent.user_message.content, verdict=verdict
+            )
+            warning = verdict.warning()
+        generation_release(generation_id=sent.generation.id)
+        return replace(sent, warning=warning)
+    with transaction.atomic():
+        if not generation_withdraw(generation_id=sent.generation.id):
+            return sent
+        Message.objects.filter(id=sent.assistant_message.id).delete()
+        Message.objects.filter(id=sent.user_message.id).update(status=Message.Status.FLAGGED, updated_at=timezone.now())
+        sent.user_message.status = Message.Status.FLAGGED
+        flag_create(
+            user=user, message=sent.user_message, source="input", text=sent.user_message.content, verdict=verdict
+        )
+    return SentMessage(
+        sent.conversation,
+        sent.conversation_created,
+        sent.user_message,
+        None,
+        None,
+        blocked_reason=verdict.explanation(),
+    )
+
+
+@transaction.atomic
+def _held_answer_undo(*, sent: SentMessage) -> None:
+    """Remove what a send committed with its answer held, as if it had never been sent."""
+    if not generation_withdraw(generation_id=sent.generation.id):
+        return
+    if sent.conversation_created:
+        Conversation.objects.filter(id=sent.conversation.id).delete()
+    else:
+        Message.objects.filter(id__in=[sent.user_message.id, sent.assistant_message.id]).delete()
+
+
+def message_verdict_take(*, generation_id: Any) -> None:
+    """Judge a held answer's message here: a runner's last resort when the web process that saved it
+    never took its verdict (it died between the commit and the verdict), so that no message goes
+    into a prompt, or its answer onto a screen, unjudged. Its rate-limit charge stays taken. A held
+    generation with no message (an API completion, whose client went with its web process) is
+    withdrawn."""
+    answer = (
+        Message.objects.select_related("parent", "conversation__user", "generation")
+        .filter(generation_id=generation_id, role=Message.Role.ASSISTANT)
+        .first()
+    )
+    if answer is None or answer.parent is None:
+        generation_withdraw(generation_id=generation_id)
+        return
+    conversation = answer.conversation
+    sent = SentMessage(conversation, False, answer.parent, answer, answer.generation)
+    verdict = input_moderate(user=conversation.user, text=answer.parent.content)
+    _held_verdict_apply(user=conversation.user, sent=sent, verdict=verdict)
 
 
 def _message_queue(

@@ -131,7 +131,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     try:
         user, api_key = await db_async(_authenticate)(request)
         data = validated_json_body(request.body, ChatCompletionInputSerializer)
-        # Scored beside the queueing transaction, which takes the verdict before anything is queued.
+        # Scored once the completion is committed held: the engine starts on it meanwhile.
         with InputCheck.started(newest_user_text(data)) as check:
             generations = await db_async(completion_create)(user=user, api_key=api_key, request=data, verdict=check)
     except ClientError as exc:

@@ -86,6 +86,10 @@ class LocalBackend:
         if self.runner is not None:
             self.runner.abort_threadsafe(generation_id)
 
+    def release(self, generation_id: Any) -> None:
+        if self.runner is not None:
+            self.runner.release_threadsafe(generation_id)
+
     def engine_state(self, deployment: str) -> str:
         host = engine_hosts().get(deployment)
         return host.state.value if host else EngineState.IDLE.value
@@ -112,6 +116,16 @@ def generation_abort(*, generation_id: Any) -> None:
         from inference.workers import abort_broadcast
 
         abort_broadcast(generation_id)
+
+
+def generation_gate_open(*, generation_id: Any) -> None:
+    """Tell the runner holding a generation's text for its message's verdict that it may show it."""
+    if settings.INFERENCE_BACKEND == "local":
+        local_backend.release(generation_id)
+    else:
+        from inference.workers import release_broadcast
+
+        release_broadcast(generation_id)
 
 
 def engine_state(deployment: str) -> str:

@@ -99,6 +99,10 @@ class Generation(models.Model):
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     stop_requested = models.BooleanField(default=False)
+    awaiting_verdict = models.BooleanField(
+        default=False,
+        help_text="Input moderation's verdict on its message is still coming: the answer is computed, not shown.",
+    )
     worker = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

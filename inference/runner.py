@@ -31,8 +31,15 @@ from moderation.services import CONTENT_FILTER, ContentFiltered, output_flag_cre
 logger = logging.getLogger(__name__)
 
 
-# How long a stop that came before its stream began is kept for it (see Runner.abort).
+# How long a stop or a release that came before its stream began is kept for it (see Runner.abort).
 EARLY_STOP_KEPT_S = 30.0
+# How often a runner holding an answer's text for its message's verdict looks for that verdict in the
+# database, in case the release it was sent was lost on the way (see Runner._verdict).
+VERDICT_POLL_S = 0.5
+
+
+class AnswerWithdrawn(Exception):
+    """The held answer's message was blocked (or never judged): its row is gone, its text unshown."""
 
 
 class Runner:
@@ -40,8 +47,11 @@ class Runner:
         self.worker_name = worker_name
         self.loop = loop
         self._streams: dict[str, asyncio.Task] = {}
-        # Stops that came before their stream began (generation id -> when): see `abort`.
+        # Stops and releases that came before their stream began (generation id -> when): see `abort`.
         self._early_stops: dict[str, float] = {}
+        self._early_releases: dict[str, float] = {}
+        # Held answers' gates, set when their message's verdict lets them through.
+        self._gates: dict[str, asyncio.Event] = {}
 
     @property
     def active(self) -> int:
@@ -65,6 +75,22 @@ class Runner:
     def abort_threadsafe(self, generation_id: Any) -> None:
         self.loop.call_soon_threadsafe(self.abort, str(generation_id))
 
+    def release_threadsafe(self, generation_id: Any) -> None:
+        self.loop.call_soon_threadsafe(self.release, str(generation_id))
+
+    def release(self, generation_id: str) -> bool:
+        """Show a held answer's text from now on; True when this runner was holding it.
+
+        Like a stop, a release can come before the stream has begun (the web process judged the
+        message while the task was on its way): it is kept a while, and the stream begins released."""
+        key = str(generation_id)
+        gate = self._gates.get(key)
+        if gate is None:
+            _remember(self._early_releases, key)
+            return False
+        gate.set()
+        return True
+
     def abort(self, generation_id: str) -> bool:
         """Stop a generation's stream; True when this runner had it streaming.
 
@@ -75,9 +101,7 @@ class Runner:
         key = str(generation_id)
         task = self._streams.get(key)
         if task is None:
-            now = time.monotonic()
-            self._early_stops = {k: t for k, t in self._early_stops.items() if now - t < EARLY_STOP_KEPT_S}
-            self._early_stops[key] = now
+            _remember(self._early_stops, key)
             return False
         if task.done():
             return False
@@ -93,6 +117,10 @@ class Runner:
 
     async def _run_claimed(self, generation: Generation) -> None:
         key = str(generation.id)
+        # Held for its message's verdict, unless the release came while the claim was on its way.
+        gate = None
+        if generation.awaiting_verdict and self._early_releases.pop(key, None) is None:
+            gate = self._gates[key] = asyncio.Event()
         host = engine_host_for(engine_spec_for(generation.deployment))
         publisher = StreamPublisher(generation.id)
         progress = {"prompt_tokens": len(generation.prompt_token_ids), "completion_tokens": 0, "finish_reason": ""}
@@ -117,6 +145,8 @@ class Runner:
                 monitor = None
                 async for delta in deltas:
                     if monitor is None:
+                        if gate is not None:
+                            await self._verdict(generation, gate)
                         monitor = await monitor_loading
                     progress["completion_tokens"] = delta.completion_tokens
                     await monitor.feed(delta.text, final=delta.finished)
@@ -151,6 +181,9 @@ class Runner:
                     "interrupted",
                     "The server stopped mid-answer.",
                 )
+        except AnswerWithdrawn:
+            status = Generation.Status.STOPPED
+            progress["finish_reason"] = "abort"
         except ContentFiltered as exc:
             filtered = exc
             status = Generation.Status.STOPPED
@@ -164,10 +197,40 @@ class Runner:
             status, error_code, error_message = Generation.Status.FAILED, "internal_error", type(exc).__name__
         finally:
             self._streams.pop(key, None)
+            self._gates.pop(key, None)
 
         await asyncio.shield(
             self._finish(publisher, generation, status, progress, error_code, error_message, filtered=filtered)
         )
+
+    async def _verdict(self, generation: Generation, gate: asyncio.Event) -> None:
+        """Wait until the held answer's message passes input moderation; its first text waits here.
+
+        The web process that saved the message releases it (`release`, through the release channel
+        on a worker); a release lost on the way is found in the database within VERDICT_POLL_S. A
+        verdict that blocks withdraws the answer: its stop cancels this wait, or the row is found
+        gone (AnswerWithdrawn). If no verdict comes within INFERENCE_VERDICT_WAIT_S, the web process
+        died between saving the message and judging it, and the runner judges the message itself.
+        """
+        from conversations.services import message_verdict_take
+        from inference.selectors import generation_awaiting_verdict
+
+        deadline = self.loop.time() + settings.INFERENCE_VERDICT_WAIT_S
+        while not gate.is_set():
+            try:
+                await asyncio.wait_for(gate.wait(), VERDICT_POLL_S)
+                return
+            except TimeoutError:
+                pass
+            awaiting = await db_async(generation_awaiting_verdict)(generation_id=generation.id)
+            if awaiting is None:
+                raise AnswerWithdrawn
+            if not awaiting:
+                return
+            if self.loop.time() >= deadline:
+                logger.warning("generation %s: no verdict on its message came; judging it here", generation.id)
+                await db_async(message_verdict_take)(generation_id=generation.id)
+                deadline = float("inf")  # judged: the next look finds it released or withdrawn
 
     async def _finish(
         self, publisher, generation, status, progress, error_code, error_message, *, filtered=None
@@ -201,6 +264,14 @@ class Runner:
                 usage=wire.usage(progress["prompt_tokens"], progress["completion_tokens"]),
                 text=text if filtered is not None else None,
             )
+
+
+def _remember(early: dict[str, float], key: str) -> None:
+    """Note a stop or release for a stream not begun yet, forgetting those kept long enough."""
+    now = time.monotonic()
+    for old_key in [k for k, t in early.items() if now - t >= EARLY_STOP_KEPT_S]:
+        del early[old_key]
+    early[key] = now
 
 
 def _log_failure(future: concurrent.futures.Future) -> None:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 
 from chatsite.errors import ClientError
@@ -79,3 +81,9 @@ def generation_tokens_reserved_for_user(*, user) -> int:
         user_id=user.id, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING]
     ).values_list("prompt_tokens", "sampling")
     return sum(prompt + int((sampling or {}).get("max_tokens") or 0) for prompt, sampling in rows)
+
+
+def generation_awaiting_verdict(*, generation_id: Any) -> bool | None:
+    """Whether a held generation still waits for its message's verdict; None when its row is gone
+    (withdrawn)."""
+    return Generation.objects.filter(id=generation_id).values_list("awaiting_verdict", flat=True).first()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -125,6 +126,39 @@ def generation_finish(
     return finished[0]
 
 
+def generation_hold(*, generation: Generation) -> None:
+    """Hold a queued generation's text until input moderation's verdict on its message is in.
+
+    It is still dispatched when the caller's transaction commits, so the engine computes the answer
+    while the message is scored; the runner shows none of it until `generation_release`, and a
+    verdict that blocks takes it back with `generation_withdraw`."""
+    Generation.objects.filter(id=generation.id).update(awaiting_verdict=True)
+    generation.awaiting_verdict = True
+
+
+def generation_release(*, generation_id: Any) -> bool:
+    """Let a held generation's text through: its runner shows it from now on. False when it was not
+    held any more (released or withdrawn already): of two verdicts racing, one decides."""
+    from inference.dispatch import generation_gate_open
+
+    released = Generation.objects.filter(id=generation_id, awaiting_verdict=True).update(awaiting_verdict=False)
+    if released:
+        generation_gate_open(generation_id=generation_id)
+    return bool(released)
+
+
+def generation_withdraw(*, generation_id: Any) -> bool:
+    """Take back a held generation that its message's verdict does not let through, as if it had
+    never been queued: the row goes (nothing of it was shown, nothing is charged), and once the
+    caller's transaction commits its engine request is aborted. False when it was not held any more."""
+    from inference.dispatch import generation_abort
+
+    withdrawn, _ = Generation.objects.filter(id=generation_id, awaiting_verdict=True).delete()
+    if withdrawn:
+        transaction.on_commit(lambda: generation_abort(generation_id=generation_id))
+    return bool(withdrawn)
+
+
 def generation_request_stop(*, generation: Generation) -> Generation | None:
     """Ask for a generation to stop: in the engine if it runs, before it starts if it is queued.
 
@@ -162,31 +196,77 @@ def completion_create(*, user: Any, api_key: Any, request: dict[str, Any], verdi
     """Moderate the newest user message and queue the completion (see _completion_queue).
 
     `verdict` is input moderation's verdict on `newest_user_text(request)`, or an `InputCheck`
-    scoring it beside the transaction (the API view starts one; the verdict is then taken under the
-    tier the transaction reads); without one, the text is classified before the transaction opens,
+    whose verdict is taken under the tier the transaction reads (the API view makes one, which
+    scores the text after the commit, the generations held meanwhile); without one, the text is classified before the transaction opens,
     so no lock is held while the classifier runs. A blocked request is refused with 400
-    `content_policy_violation` and nothing is queued.
+    `content_policy_violation`: nothing stays queued, and nothing is shown or charged (generations
+    committed held while the scores were coming are withdrawn).
     """
     from moderation.services import input_moderate
 
     if verdict is None:
         verdict = input_moderate(user=user, text=newest_user_text(request))
-    return _completion_queue(user=user, api_key=api_key, request=request, verdict=verdict)
+    queued = _completion_queue(user=user, api_key=api_key, request=request, verdict=verdict)
+    if isinstance(queued, _HeldCompletion):
+        return _held_completion_settle(held=queued, check=verdict)
+    return queued
+
+
+@dataclass(frozen=True)
+class _HeldCompletion:
+    """A completion's generations committed held, its verdict still to be taken (as message_send's)."""
+
+    generations: list[Generation]
+    admissions: list[Any]
+    tier_id: int | None
+
+
+def _held_completion_settle(*, held: _HeldCompletion, check: Any) -> list[Generation]:
+    """Take the verdict on a completion committed held, after the commit, and apply it: passed, its
+    generations are released; blocked (or scores that never come), they are withdrawn unseen and
+    uncharged, and the request is refused as it would have been had the verdict come first."""
+    try:
+        verdict = check.verdict(tier_id=held.tier_id)
+    except Exception:
+        _held_completion_withdraw(held=held)
+        raise
+    if verdict.blocks:
+        _held_completion_withdraw(held=held)
+        raise ClientError(verdict.explanation(), code="content_policy_violation", param="messages")
+    for generation in held.generations:
+        generation_release(generation_id=generation.id)
+        generation.awaiting_verdict = False
+    return held.generations
+
+
+def _held_completion_withdraw(*, held: _HeldCompletion) -> None:
+    from accounts.services import admission_refund
+
+    with transaction.atomic():
+        for generation in held.generations:
+            generation_withdraw(generation_id=generation.id)
+    for admission in held.admissions:
+        admission_refund(admission=admission)
 
 
 @transaction.atomic
-def _completion_queue(*, user: Any, api_key: Any, request: dict[str, Any], verdict: Any) -> list[Generation]:
+def _completion_queue(
+    *, user: Any, api_key: Any, request: dict[str, Any], verdict: Any
+) -> list[Generation] | _HeldCompletion:
     """Queue the generations of one OpenAI chat completion (`n` of them), after every check.
 
     The client owns the whole conversation here, system prompt included, so nothing is dropped to
     fit: a prompt that does not fit the window (with the answer asked for) is refused, as OpenAI does.
     The same gate as the chat page applies: the plan's models, limits, quotas and the queue bound.
-    The input check's verdict is taken once the prompt is rendered, which does not depend on it.
+    The input check's verdict is taken once the prompt is rendered, which does not depend on it; if
+    its scores are still coming then, the generations are queued held and the verdict is taken after
+    the commit (`_held_completion_settle`), as a chat message's is. A request that is both refused
+    and blocked is refused as blocked.
     """
-    from accounts.services import request_admit, request_limits
+    from accounts.services import request_limits
     from inference.selectors import deployment_get
     from inference.tokenizers import render_chat, tokenizer_for
-    from moderation.services import verdict_under_tier
+    from moderation.services import InputCheck, verdict_under_tier
 
     try:
         deployment = deployment_get(name=request["model"])
@@ -194,9 +274,35 @@ def _completion_queue(*, user: Any, api_key: Any, request: dict[str, Any], verdi
         raise ClientError(exc.message, code=exc.code, status=400, param="model") from None
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)
     prompt = render_chat(tokenizer_for(deployment.model_path), request["messages"])
-    verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
-    if verdict.blocks:
+    pending = None
+    if isinstance(verdict, InputCheck):
+        pending, verdict = verdict, verdict.verdict_if_scored(tier_id=limits.tier.id)
+    else:
+        verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
+    if verdict is not None and verdict.blocks:
         raise ClientError(verdict.explanation(), code="content_policy_violation", param="messages")
+    try:
+        generations, admissions = _completion_generations(
+            user=user, api_key=api_key, request=request, deployment=deployment, limits=limits, prompt=prompt
+        )
+    except ClientError:
+        verdict = verdict or pending.verdict(tier_id=limits.tier.id)
+        if verdict.blocks:
+            raise ClientError(verdict.explanation(), code="content_policy_violation", param="messages") from None
+        raise
+    if verdict is not None:
+        return generations
+    for generation in generations:
+        generation_hold(generation=generation)
+    return _HeldCompletion(generations=generations, admissions=admissions, tier_id=limits.tier.id)
+
+
+def _completion_generations(
+    *, user: Any, api_key: Any, request: dict[str, Any], deployment: ModelDeployment, limits: Any, prompt: list[int]
+) -> tuple[list[Generation], list[Any]]:
+    """The checks a completion's prompt must pass, then its `n` generations queued and charged."""
+    from accounts.services import request_admit
+
     asked = request.get("max_completion_tokens") or request.get("max_tokens")
     needed = len(prompt) + (asked or settings.INFERENCE_MIN_OUTPUT_TOKENS)
     if needed > limits.max_context:
@@ -219,7 +325,7 @@ def _completion_queue(*, user: Any, api_key: Any, request: dict[str, Any], verdi
             sampling[field] = request[field]
     if request.get("stop"):
         sampling["stop"] = request["stop"]
-    generations = []
+    generations, admissions = [], []
     for _ in range(request.get("n", 1)):
         admission = request_admit(
             user=user,
@@ -238,7 +344,8 @@ def _completion_queue(*, user: Any, api_key: Any, request: dict[str, Any], verdi
                 priority=admission.priority,
             )
         )
-    return generations
+        admissions.append(admission)
+    return generations, admissions
 
 
 def generation_promote_waiting(*, now: Any = None) -> list[tuple[Any, int]]:

@@ -33,6 +33,8 @@ from chatsite.heap import heap_freeze_when_warm, heap_frozen_count
 logger = logging.getLogger(__name__)
 
 ABORT_CHANNEL = "chatsite:abort"
+# A held answer's message passed input moderation: the runner holding its text shows it.
+RELEASE_CHANNEL = "chatsite:release"
 ABORT_LISTENER_NAME = "chatsite-abort-listener"  # its Redis connection's name (CLIENT LIST)
 ABORT_LISTENER_RETRY_MAX_S = 2.0  # the longest wait between its attempts to reconnect
 WORKER_KEY = "chatsite:worker:{name}"
@@ -141,14 +143,17 @@ class WorkerRuntime:
     async def _listen_for_aborts(self) -> None:
         delay = 0.0  # after a dropped connection: try again at once, so a stop missed meanwhile lands in ms
         while True:
-            # Its own connection with no read timeout: it waits, idle, for the next abort.
+            # Its own connection with no read timeout: it waits, idle, for the next abort or release.
             pubsub = _async_redis(socket_timeout=None, client_name=ABORT_LISTENER_NAME).pubsub()
             try:
-                await pubsub.subscribe(ABORT_CHANNEL)
+                await pubsub.subscribe(ABORT_CHANNEL, RELEASE_CHANNEL)
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
-                        self.runner.abort(message["data"].decode())
-                    elif message.get("type") == "subscribe":
+                        if message["channel"].decode() == RELEASE_CHANNEL:
+                            self.runner.release(message["data"].decode())
+                        else:
+                            self.runner.abort(message["data"].decode())
+                    elif message.get("type") == "subscribe" and message["channel"].decode() == ABORT_CHANNEL:
                         delay = 0.0
                         await self._abort_stops_missed()
             except Exception:
@@ -247,6 +252,12 @@ def worker_status(name: str) -> dict[str, Any] | None:
 def abort_broadcast(generation_id: Any) -> None:
     """Tell every worker to abort this generation if it is running it (within a second)."""
     _redis().publish(ABORT_CHANNEL, str(generation_id))
+
+
+def release_broadcast(generation_id: Any) -> None:
+    """Tell every worker that this held generation's text may be shown. A worker that misses it
+    (its listener reconnecting) finds it in the database within a second (Runner._verdict)."""
+    _redis().publish(RELEASE_CHANNEL, str(generation_id))
 
 
 def worker_engine_state(deployment: str) -> str:

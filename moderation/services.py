@@ -1,6 +1,8 @@
 """Moderation: verdicts on input and output, flags, the review decisions, and /v1/moderations.
 
-Input is checked before any GPU time is spent (`input_moderate`, called by `message_send`). Output is
+Input is checked before any of the answer is shown (`input_moderate`, or an `InputCheck` that scores
+the message once `message_send` has committed its answer held: the engine computes the answer
+meanwhile, and it is shown only once the message passes). Output is
 checked while it streams (`output_monitor_for`, fed by the runner): completed sentences are scored
 off the event loop, and a blocking verdict raises `ContentFiltered`, which the runner turns into an
 aborted engine request and a `content_filter` ending.
@@ -137,39 +139,60 @@ def input_moderate(*, user: Any, text: str) -> Verdict:
 
 
 class InputCheck:
-    """Input moderation started before the send transaction and finished inside it.
+    """Input moderation for a send, its verdict taken under the tier the send's transaction reads.
 
-    The message is scored (off the event loop, batched with messages sent together) while the
-    transaction does what does not depend on the verdict: the conversation, the plan's limits, the
-    prompt. The transaction then takes the verdict under the policy of the tier it has just read,
-    waiting for the scores only if that policy checks input. Nothing in the scoring touches the
-    database, so the transaction, which holds a database thread (on SQLite the process's only
-    one), cannot wait on itself.
+    The chat socket and the APIs make one per message (`started`) whose scoring begins only when
+    the verdict is first asked for: the send's transaction, which would otherwise share the process
+    (and the interpreter's lock) with the scoring, runs alone, commits the answer held and
+    dispatches it, and the message is scored after the commit (off the event loop, batched with
+    messages sent together) while the engine starts on the answer; the runner shows nothing of it
+    until the verdict lets it through. A policy that does not check input never starts the scoring
+    (`verdict_if_scored`). Nothing in the scoring touches the database, so a caller holding a
+    database thread (on SQLite the process's only one) cannot wait on itself.
     """
 
-    def __init__(self, scores: concurrent.futures.Future) -> None:
-        self._scores = scores
+    def __init__(self, scores: concurrent.futures.Future | None = None, *, begin: Any = None) -> None:
+        self._scores = scores  # the scores, coming or come; None until `begin` has been called
+        self._begin = begin  # what starts the scoring, the first time the verdict is asked for
 
     @classmethod
-    def start(cls, text: str) -> InputCheck:
-        """Begin scoring `text` now; call it on the event loop that will serve the scores."""
+    def deferred(cls, text: str) -> InputCheck:
+        """Score `text` only once its verdict is asked for; call it on the event loop that will serve
+        the scores."""
         loop = asyncio.get_running_loop()
-        return cls(asyncio.run_coroutine_threadsafe(input_scorer().score(text), loop))
+
+        async def score() -> Scores:
+            return await input_scorer().score(text)  # the loop's scorer: looked up on the loop
+
+        return cls(begin=lambda: asyncio.run_coroutine_threadsafe(score(), loop))
 
     @classmethod
     @contextlib.contextmanager
     def started(cls, text: str) -> Iterator[InputCheck]:
-        """`start`, and `discard` on the way out: a refused message's scores are not needed."""
-        check = cls.start(text)
+        """`deferred`, and `discard` on the way out: a refused message's scores are not needed."""
+        check = cls.deferred(text)
         try:
             yield check
         finally:
             check.discard()
 
+    def verdict_if_scored(self, *, tier_id: int | None) -> Verdict | None:
+        """The verdict if it can be taken now, without waiting: the policy does not check input, or
+        the scores are in. None while they are still coming (or not begun)."""
+        policy = policy_for_tier(tier_id=tier_id)
+        if not policy.moderate_input:
+            return ALLOW
+        scores = self._scores
+        if scores is None or not scores.done() or scores.cancelled() or scores.exception() is not None:
+            return None
+        return verdict_from_scores(scores=scores.result(), policy=policy)
+
     def verdict(self, *, tier_id: int | None) -> Verdict:
         policy = policy_for_tier(tier_id=tier_id)
         if not policy.moderate_input:
             return ALLOW
+        if self._scores is None:
+            self._scores = self._begin()
         try:
             scores = self._scores.result(timeout=INPUT_CHECK_TIMEOUT_S)
         except TimeoutError:
@@ -181,7 +204,8 @@ class InputCheck:
         return verdict_from_scores(scores=scores, policy=policy)
 
     def discard(self) -> None:
-        self._scores.cancel()
+        if self._scores is not None:
+            self._scores.cancel()
 
 
 def verdict_under_tier(verdict: Verdict | InputCheck, *, tier_id: int | None) -> Verdict:

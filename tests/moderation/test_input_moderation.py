@@ -268,7 +268,7 @@ async def test_messages_sent_together_are_classified_together(alice, monkeypatch
     texts = [f"Tell me about the history of the town of Sample number {i}." for i in range(7)] + [BOMB]
     # As eight sockets do: each starts its check on the loop, then its transaction takes the verdict.
     # (Their own threads: the loop's default executor runs the scoring, which they wait for.)
-    checks = [services.InputCheck.start(text) for text in texts]
+    checks = [services.InputCheck.deferred(text) for text in texts]
     loop = asyncio.get_running_loop()
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(texts)) as transactions:
         verdicts = await asyncio.gather(
