@@ -1,13 +1,15 @@
 """How long the web process takes to accept a chat message, without the engine.
 
-The chat socket's path from a message to its dispatch: the input check scoring the text in a thread
-while `message_send`'s transaction runs on PostgreSQL, then the Celery task sent through Redis. It
-runs in this process, as it does in a web process, at concurrency 1 (one message after another)
-and 8 (eight messages sent together), and prints:
+The chat socket's path from a message to its dispatch: `message_send`'s transaction on PostgreSQL,
+which commits the answer held, then the Celery task sent through Redis; then the input check scoring
+the text in a thread, and its verdict releasing the answer. It runs in this process, as it does in a
+web process, at concurrency 1 (one message after another) and 8 (eight messages sent together), and
+prints:
 
-- c=1: the time from the message to its dispatch, p50 and p90; and, for how the two overlap, the
-  same with the verdict taken before (the transaction alone) and the input check alone (its
-  scoring, what runs beside the transaction; the transaction reads the policy);
+- c=1: the time from the message to its dispatch, p50 and p90, and to its acceptance (the send
+  returns once the verdict is taken, after the dispatch, the answer held meanwhile), and in how many
+  sends the answer was held; and the same send with the verdict taken before (the transaction
+  alone) and the input check alone (its scoring; the transaction reads the policy);
 - the transaction alone again, sent back to back instead of after a pause (what an idle machine's
   waking up costs a message: the pauses above are what a message at c=1 finds);
 - c=8: when the first, the fourth and the last of the eight were dispatched (medians over rounds);
@@ -46,7 +48,9 @@ async def main() -> None:
     from accounts.models import Tier
     from accounts.services import user_set_tier
     from chatsite.database import db_async
+    from conversations import services as conversation_services
     from conversations.services import message_send
+    from inference import dispatch as dispatch_module
     from inference.models import Generation
     from moderation.selectors import policy_for_user
     from moderation.services import InputCheck, input_scorer, verdict_from_scores
@@ -57,49 +61,72 @@ async def main() -> None:
     policy = await asyncio.to_thread(policy_for_user, user=user)  # what the transaction would read
     # The classifiers load on first use, as in a web process: in the warm-up, outside the figures.
     client = redis.Redis.from_url(settings.REDIS_URL)
+    # When each generation was dispatched (at the send's commit), and how many sends held their
+    # answer (committed it before the verdict was in): the send returns only once it is.
+    dispatched_at: dict[str, float] = {}
+    dispatch = dispatch_module.generation_dispatch
+    hold = conversation_services.generation_hold
+    holds = []
 
-    async def send(text: str, started: float, verdict=None) -> float:
-        # As the chat socket does it: a task of its own (a context of its own), the check beside;
-        # or, given the verdict taken before, the transaction alone.
+    def timed_dispatch(*, generation_id, **kwargs) -> None:
+        dispatch(generation_id=generation_id, **kwargs)
+        dispatched_at[str(generation_id)] = time.perf_counter()
+
+    def counted_hold(*, generation) -> None:
+        holds.append(generation.id)
+        hold(generation=generation)
+
+    dispatch_module.generation_dispatch = timed_dispatch
+    conversation_services.generation_hold = counted_hold
+
+    async def send(text: str, started: float, verdict=None) -> tuple[float, float]:
+        """(ms to its dispatch, ms to its acceptance) of one message."""
+        # As the chat socket does it: a task of its own (a context of its own), the check scored
+        # after the commit; or, given the verdict taken before, the transaction alone.
         if verdict is None:
             with InputCheck.started(text) as check:
                 sent = await db_async(message_send)(user=user, content=text, verdict=check)
         else:
             sent = await db_async(message_send)(user=user, content=text, verdict=verdict)
-        took = time.perf_counter() - started
+        accepted = time.perf_counter() - started
+        dispatched = dispatched_at.pop(str(sent.generation.id)) - started
         await asyncio.to_thread(Generation.objects.filter(id=sent.generation.id).update, status="stopped")
-        return took * 1000
+        return dispatched * 1000, accepted * 1000
 
     connections_before = client.info("stats")["total_connections_received"]
-    alone, judged, checked = [], [], []
+    alone, accepted, judged, checked = [], [], [], []
     verdicts = {}
     for i in range(ALONE + WARM_UP):
         text = PROMPTS[i % len(PROMPTS)]
-        took = await asyncio.create_task(send(text, time.perf_counter()))
+        if i == WARM_UP:
+            holds.clear()
+        took, took_accepting = await asyncio.create_task(send(text, time.perf_counter()))
         await asyncio.sleep(0.05)
-        # The input check alone, timed as the send runs it beside its transaction: the scoring (the
+        # The input check alone, timed as the send runs it after its commit: the scoring (the
         # transaction reads the policy). Its verdict is the one the transaction alone is then given.
         started = time.perf_counter()
         scores = await input_scorer().score(text)
         took_checking = (time.perf_counter() - started) * 1000
         verdict = verdicts[text] = verdict_from_scores(scores=scores, policy=policy)
         await asyncio.sleep(0.05)
-        took_judged = await asyncio.create_task(send(text, time.perf_counter(), verdict))
+        took_judged, _ = await asyncio.create_task(send(text, time.perf_counter(), verdict))
         if i >= WARM_UP:
             alone.append(took)
+            accepted.append(took_accepting)
             judged.append(took_judged)
             checked.append(took_checking)
         await asyncio.sleep(0.05)
+    held_at_c1 = len(holds)
     back_to_back = []
     for i in range(ALONE + WARM_UP):
         text = PROMPTS[i % len(PROMPTS)]
-        took = await asyncio.create_task(send(text, time.perf_counter(), verdicts[text]))
+        took, _ = await asyncio.create_task(send(text, time.perf_counter(), verdicts[text]))
         if i >= WARM_UP:
             back_to_back.append(took)
     together = []
     for i in range(TOGETHER_ROUNDS + WARM_UP):
         started = time.perf_counter()
-        done = sorted(await asyncio.gather(*(send(text, started) for text in PROMPTS)))
+        done = sorted(dispatched for dispatched, _ in await asyncio.gather(*(send(text, started) for text in PROMPTS)))
         if i >= WARM_UP:
             together.append(done)
         await asyncio.sleep(0.2)
@@ -109,7 +136,9 @@ async def main() -> None:
 
     alone.sort()
     print(
-        f"c=1 accepted and dispatched: p50 {statistics.median(alone):.1f} ms, p90 {alone[len(alone) * 9 // 10]:.1f} ms"
+        f"c=1 dispatched: p50 {statistics.median(alone):.1f} ms, p90 {alone[len(alone) * 9 // 10]:.1f} ms; "
+        f"accepted (the verdict taken): p50 {statistics.median(accepted):.1f} ms; "
+        f"the answer held for the verdict in {held_at_c1} of {ALONE}"
     )
     first, fourth, last = (statistics.median(r[k] for r in together) for k in (0, 3, -1))
     print(
