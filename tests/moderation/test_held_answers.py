@@ -248,19 +248,24 @@ async def test_a_held_answer_whose_message_is_blocked_is_withdrawn_unseen(engine
     await socket.disconnect()
 
 
+async def _held_generation_queued(user, deployment, *, max_tokens: int) -> Generation:
+    """A short answer queued held (and not dispatched), as a send commits it before its verdict."""
+    return await Generation.objects.acreate(
+        user=user,
+        deployment=deployment,
+        prompt_token_ids=[1, 504, 3458, 2],
+        sampling={"max_tokens": max_tokens},
+        awaiting_verdict=True,
+    )
+
+
 @pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_a_release_whose_message_was_lost_is_found_in_the_database(engine, alice, default_deployment):
     """Pub/sub delivers at most once: the runner holding an answer looks for its verdict in the row."""
     from inference.dispatch import generation_dispatch
 
-    generation = await Generation.objects.acreate(
-        user=alice,
-        deployment=default_deployment,
-        prompt_token_ids=[1, 504, 3458, 2],
-        sampling={"max_tokens": 8},
-        awaiting_verdict=True,
-    )
+    generation = await _held_generation_queued(alice, default_deployment, max_tokens=8)
     generation_dispatch(generation_id=generation.id, queue=default_deployment.queue_name)
     await _held_generation_of(alice)
     await asyncio.sleep(1)
@@ -291,13 +296,7 @@ async def test_a_runner_judges_a_held_message_itself_when_no_verdict_comes(
     conversation = await Conversation.objects.acreate(user=alice, deployment=default_deployment)
     question = await Message.objects.acreate(conversation=conversation, role=Message.Role.USER, content=content)
     # Queued held without being dispatched, so only this test runs it.
-    generation = await Generation.objects.acreate(
-        user=alice,
-        deployment=default_deployment,
-        prompt_token_ids=[1, 504, 3458, 2],
-        sampling={"max_tokens": 16},
-        awaiting_verdict=True,
-    )
+    generation = await _held_generation_queued(alice, default_deployment, max_tokens=16)
     await Message.objects.acreate(
         conversation=conversation,
         role=Message.Role.ASSISTANT,
