@@ -65,19 +65,21 @@ async def main() -> None:
     # answer (committed it before the verdict was in): the send returns only once it is.
     dispatched_at: dict[str, float] = {}
     dispatch = dispatch_module.generation_dispatch
-    hold = conversation_services.generation_hold
+    create = conversation_services.generation_create
     holds = []
 
     def timed_dispatch(*, generation_id, **kwargs) -> None:
         dispatch(generation_id=generation_id, **kwargs)
         dispatched_at[str(generation_id)] = time.perf_counter()
 
-    def counted_hold(*, generation) -> None:
-        holds.append(generation.id)
-        hold(generation=generation)
+    def counted_create(**kwargs):
+        generation = create(**kwargs)
+        if generation.awaiting_verdict:
+            holds.append(generation.id)
+        return generation
 
     dispatch_module.generation_dispatch = timed_dispatch
-    conversation_services.generation_hold = counted_hold
+    conversation_services.generation_create = counted_create
 
     async def send(text: str, started: float, verdict=None) -> tuple[float, float]:
         """(ms to its dispatch, ms to its acceptance) of one message."""

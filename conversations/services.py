@@ -19,7 +19,6 @@ from inference.selectors import deployment_get, generation_awaiting_verdict
 from inference.services import (
     generation_admit,
     generation_create,
-    generation_hold,
     generation_release,
     generation_withdraw,
 )
@@ -123,8 +122,8 @@ def message_send(
 
     An `InputCheck` whose scores are not in when the transaction has done everything else (the
     socket's and the API's begin only when asked) does not hold the transaction up: the answer is
-    committed held (`generation_hold`) and dispatched, so the engine starts on it while the message
-    is scored, and the verdict is taken after the commit. The runner shows none of a held answer
+    committed held (`generation_create(awaiting_verdict=True)`) and dispatched, so the engine starts
+    on it while the message is scored, and the verdict is taken after the commit. The runner shows none of a held answer
     until the verdict lets it through; a verdict that blocks takes the answer back (never shown,
     never charged) and keeps the message flagged, so what this returns is what it would have
     returned had the verdict come first (`_held_answer_settle`).
@@ -274,8 +273,10 @@ def _message_save(
     # a savepoint. A blocked message rolls that back (the dispatch registered in it goes too) and
     # gets its charge back. A refusal (too long for the window, a limit reached) waits for the
     # verdict as well: a message moderation blocks is kept flagged whatever else is wrong with it.
-    # Scores not in once the rest is done hold the answer instead of the transaction: it is
-    # committed held, and the verdict is taken after the commit while the engine starts on it.
+    # Scores not in yet hold the answer instead of the transaction: it is committed held, and the
+    # verdict is taken after the commit while the engine starts on it.
+    if isinstance(verdict, InputCheck):
+        verdict = verdict.verdict_if_scored(tier_id=limits.tier.id) or verdict
     queued, refused, kept, held = None, None, False, False
     try:
         with transaction.atomic():
@@ -289,16 +290,11 @@ def _message_save(
                     api_key=api_key,
                     history=not created,
                     client_id=client_id,
+                    held=isinstance(verdict, InputCheck),
                 )
             except ClientError as exc:
                 refused = exc
-            if refused is None and isinstance(verdict, InputCheck):
-                scored = verdict.verdict_if_scored(tier_id=limits.tier.id)
-                held = scored is None
-                if held:
-                    generation_hold(generation=queued.generation)
-                else:
-                    verdict = scored
+            held = refused is None and isinstance(verdict, InputCheck)
             if not held:
                 verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
                 if refused is not None or verdict.blocks:
@@ -424,8 +420,10 @@ def _message_queue(
     api_key: Any,
     history: bool,
     client_id: uuid.UUID | None,
+    held: bool,
 ) -> _QueuedAnswer:
-    """The user's message saved, and its answer queued, as if moderation lets it through."""
+    """The user's message saved, and its answer queued, as if moderation lets it through (`held`:
+    shown only once the verdict lets it through, `_held_verdict_apply`)."""
     tokenizer = tokenizer_for(deployment.model_path)
     new_turn = Turn(role=Message.Role.USER, content=content, token_count=count_tokens(tokenizer, content))
     prompt = _prompt_for(
@@ -448,6 +446,7 @@ def _message_queue(
         limits=limits,
         prompt=prompt,
         touch_conversation=history,
+        held=held,
     )
     return _QueuedAnswer(user_message, answer, generation, admission)
 
@@ -492,12 +491,13 @@ def _answer_queue(
     limits: Any = None,
     prompt: AssembledPrompt | None = None,
     touch_conversation: bool = True,
+    held: bool = False,
 ) -> tuple[Generation, Admission]:
     """Pass the plan's gate, queue the answer's generation, and save `answer` pending. `prompt` is
     the one assembled for it; without it, the prompt is assembled from the history before `answer`.
     `touch_conversation`: move the conversation to the top of its owner's list; a conversation
     this transaction created is there already, and the update would be one more round trip on the
-    way to the first token."""
+    way to the first token. `held`: its text is held until its message's verdict is in."""
     limits = limits or request_limits(user=user, deployment=deployment, api_key=api_key)
     if prompt is None:
         prompt = _prompt_for(
@@ -525,6 +525,7 @@ def _answer_queue(
             "max_tokens": admission.max_tokens,
         },
         priority=admission.priority,
+        awaiting_verdict=held,
     )
     answer.generation = generation
     answer.status = Message.Status.PENDING

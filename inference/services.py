@@ -40,8 +40,14 @@ def generation_create(
     prompt_token_ids: list[int],
     sampling: dict[str, Any],
     priority: int = 0,
+    awaiting_verdict: bool = False,
 ) -> Generation:
-    """A queued generation; dispatched to an engine once the caller's transaction commits."""
+    """A queued generation; dispatched to an engine once the caller's transaction commits.
+
+    `awaiting_verdict`: hold its text until input moderation's verdict on its message is in. It is
+    dispatched all the same, so the engine computes the answer while the message is scored; the
+    runner shows none of it until `generation_release`, and a verdict that blocks takes it back with
+    `generation_withdraw`. Set on the row's INSERT: no statement of its own before the dispatch."""
     from inference.dispatch import generation_dispatch
 
     generation = Generation.objects.create(
@@ -52,6 +58,7 @@ def generation_create(
         priority=priority,
         queue_priority=priority,
         prompt_tokens=len(prompt_token_ids),
+        awaiting_verdict=awaiting_verdict,
     )
     transaction.on_commit(
         lambda: generation_dispatch(generation_id=generation.id, queue=deployment.queue_name, priority=priority)
@@ -124,16 +131,6 @@ def generation_finish(
         return None
     generation_finished.send(sender=Generation, generation=finished[0])
     return finished[0]
-
-
-def generation_hold(*, generation: Generation) -> None:
-    """Hold a queued generation's text until input moderation's verdict on its message is in.
-
-    It is still dispatched when the caller's transaction commits, so the engine computes the answer
-    while the message is scored; the runner shows none of it until `generation_release`, and a
-    verdict that blocks takes it back with `generation_withdraw`."""
-    Generation.objects.filter(id=generation.id).update(awaiting_verdict=True)
-    generation.awaiting_verdict = True
 
 
 def generation_release(*, generation_id: Any) -> bool:
@@ -283,7 +280,13 @@ def _completion_queue(
         raise ClientError(verdict.explanation(), code="content_policy_violation", param="messages")
     try:
         generations, admissions = _completion_generations(
-            user=user, api_key=api_key, request=request, deployment=deployment, limits=limits, prompt=prompt
+            user=user,
+            api_key=api_key,
+            request=request,
+            deployment=deployment,
+            limits=limits,
+            prompt=prompt,
+            awaiting_verdict=verdict is None,
         )
     except ClientError:
         verdict = verdict or pending.verdict(tier_id=limits.tier.id)
@@ -292,15 +295,21 @@ def _completion_queue(
         raise
     if verdict is not None:
         return generations
-    for generation in generations:
-        generation_hold(generation=generation)
     return _HeldCompletion(generations=generations, admissions=admissions, tier_id=limits.tier.id)
 
 
 def _completion_generations(
-    *, user: Any, api_key: Any, request: dict[str, Any], deployment: ModelDeployment, limits: Any, prompt: list[int]
+    *,
+    user: Any,
+    api_key: Any,
+    request: dict[str, Any],
+    deployment: ModelDeployment,
+    limits: Any,
+    prompt: list[int],
+    awaiting_verdict: bool,
 ) -> tuple[list[Generation], list[Any]]:
-    """The checks a completion's prompt must pass, then its `n` generations queued and charged."""
+    """The checks a completion's prompt must pass, then its `n` generations queued and charged (held
+    until the verdict is in, with `awaiting_verdict`)."""
     from accounts.services import request_admit
 
     asked = request.get("max_completion_tokens") or request.get("max_tokens")
@@ -342,6 +351,7 @@ def _completion_generations(
                 prompt_token_ids=prompt,
                 sampling={**sampling, "max_tokens": admission.max_tokens},
                 priority=admission.priority,
+                awaiting_verdict=awaiting_verdict,
             )
         )
         admissions.append(admission)
