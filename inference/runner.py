@@ -130,8 +130,16 @@ class Runner:
         # An answer that ends before its first token (a stop, an engine error) never awaits it.
         monitor_loading.add_done_callback(lambda future: future.cancelled() or future.exception())
         filtered: ContentFiltered | None = None
+        released = gate is None  # whether the text may be shown: a held answer's, once its verdict passes
+
+        def mark_started() -> None:
+            # The message shows as streaming, off the path to the first token; a held one only once
+            # its verdict lets it through (until then it is pending, whatever the engine is doing).
+            marking = asyncio.ensure_future(db_async(generation_mark_started)(generation=generation))
+            marking.add_done_callback(_log_failure)
 
         async def pump() -> None:
+            nonlocal released
             # aclosing: leaving the loop early (a content-filter cut) closes the stream, which aborts
             # the request inside vLLM just as a cancelled consumer does.
             async with aclosing(
@@ -145,8 +153,10 @@ class Runner:
                 monitor = None
                 async for delta in deltas:
                     if monitor is None:
-                        if gate is not None:
+                        if not released:
                             await self._verdict(generation, gate)
+                            released = True
+                            mark_started()
                         monitor = await monitor_loading
                     progress["completion_tokens"] = delta.completion_tokens
                     await monitor.feed(delta.text, final=delta.finished)
@@ -159,8 +169,8 @@ class Runner:
         if self._early_stops.pop(key, None) is not None:
             stream.cancel()
         # The message shows as streaming once the engine request is under way, not before it starts.
-        marking = asyncio.ensure_future(db_async(generation_mark_started)(generation=generation))
-        marking.add_done_callback(_log_failure)
+        if released:
+            mark_started()
         status, error_code, error_message = Generation.Status.COMPLETE, "", ""
         try:
             async with asyncio.timeout(settings.INFERENCE_GENERATION_TIMEOUT_S):
@@ -200,7 +210,16 @@ class Runner:
             self._gates.pop(key, None)
 
         await asyncio.shield(
-            self._finish(publisher, generation, status, progress, error_code, error_message, filtered=filtered)
+            self._finish(
+                publisher,
+                generation,
+                status,
+                progress,
+                error_code,
+                error_message,
+                filtered=filtered,
+                withdrawn=not released,
+            )
         )
 
     async def _verdict(self, generation: Generation, gate: asyncio.Event) -> None:
@@ -233,9 +252,11 @@ class Runner:
                 deadline = float("inf")  # judged: the next look finds it released or withdrawn
 
     async def _finish(
-        self, publisher, generation, status, progress, error_code, error_message, *, filtered=None
+        self, publisher, generation, status, progress, error_code, error_message, *, filtered=None, withdrawn=False
     ) -> None:
-        """Record the end, then announce it, so whoever hears `done` finds the row final."""
+        """Record the end, then announce it, so whoever hears `done` finds the row final. `withdrawn`:
+        a held answer that ended before its verdict let it through (most often, the verdict blocked
+        it and took its row away)."""
         # A cut answer keeps only the text that passed moderation, and the client is told to show that.
         text = filtered.shown_text if filtered is not None else publisher.text
         finished = await db_async(generation_finish)(
@@ -249,7 +270,10 @@ class Runner:
             error_message=error_message,
         )
         if finished is None:
-            logger.warning("generation %s had already been ended elsewhere", generation.id)
+            if withdrawn:
+                logger.info("generation %s was withdrawn: its message did not pass input moderation", generation.id)
+            else:
+                logger.warning("generation %s had already been ended elsewhere", generation.id)
             return
         if filtered is not None:
             await db_async(output_flag_create)(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 import time
 
@@ -174,6 +175,13 @@ def _first_generation_of(user) -> Generation | None:
         connection.close()
 
 
+def _answer_status_of(generation: Generation) -> str:
+    try:
+        return Message.objects.get(generation_id=generation.id).status
+    finally:
+        connection.close()
+
+
 async def _held_generation_of(user) -> Generation:
     """The user's held generation once the send has committed it (and, where a worker runs it, once
     the worker has claimed it: the engine is computing it while the message is judged)."""
@@ -202,6 +210,8 @@ async def test_a_held_answer_shows_nothing_until_its_message_passes(engine, alic
     assert generation.awaiting_verdict
     await asyncio.sleep(2)  # far longer than the engine takes to its first token
     assert await events_after(str(generation.id), 0) == [], "nothing of a held answer may be published"
+    status = await asyncio.to_thread(_answer_status_of, generation)
+    assert status == Message.Status.PENDING, "a held answer is pending, not streaming, until it passes"
 
     scores_may_come.set()
     events = await drain_until_finished(socket, timeout=120)
@@ -219,8 +229,10 @@ async def test_a_held_answer_shows_nothing_until_its_message_passes(engine, alic
 
 @pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
-async def test_a_held_answer_whose_message_is_blocked_is_withdrawn_unseen(engine, alice, monkeypatch):
+async def test_a_held_answer_whose_message_is_blocked_is_withdrawn_unseen(engine, alice, monkeypatch, caplog):
     from tests.conftest import next_event, open_socket
+
+    caplog.set_level(logging.INFO, logger="inference.runner")
 
     scores_may_come = _late_scores(monkeypatch)
     socket, _ = await open_socket(alice)
@@ -245,16 +257,24 @@ async def test_a_held_answer_whose_message_is_blocked_is_withdrawn_unseen(engine
             break
         await asyncio.sleep(0.2)
     assert await engine.engine_requests() == 0
+    if settings.INFERENCE_BACKEND == "local":  # the runner runs in this process: its word on the end
+        for _ in range(50):
+            if any("was withdrawn" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.1)
+        ends = [r for r in caplog.records if r.name == "inference.runner" and str(generation.id) in r.getMessage()]
+        assert [r.levelno for r in ends] == [logging.INFO], [r.getMessage() for r in ends]
     await socket.disconnect()
 
 
 async def _held_generation_queued(user, deployment, *, max_tokens: int) -> Generation:
-    """A short answer queued held (and not dispatched), as a send commits it before its verdict."""
+    """A short answer queued held (and not dispatched), as a send commits it before its verdict.
+    Greedy, so its text is the same every run (sampled, it was at times a lone newline)."""
     return await Generation.objects.acreate(
         user=user,
         deployment=deployment,
         prompt_token_ids=[1, 504, 3458, 2],
-        sampling={"max_tokens": max_tokens},
+        sampling={"max_tokens": max_tokens, "temperature": 0.0},
         awaiting_verdict=True,
     )
 
