@@ -193,6 +193,8 @@ CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 32_000, minimum=1)
 # CPU threads for the moderation classifiers' forward pass. One: a short text gains nothing from more,
 # and a multi-threaded pass stalls at every barrier when an engine on the same cores holds them.
 MODERATION_CPU_THREADS = env_int("MODERATION_CPU_THREADS", 1, minimum=1)
+# How far below the web process's OS priority incoming messages are scored (docs/moderation.md).
+MODERATION_INPUT_NICE = env_int("MODERATION_INPUT_NICE", 10, minimum=0, maximum=19)
 # The moderation embedder's dtype: "auto" times float32 and bfloat16 (where the CPU has native bf16)
 # at load and keeps the faster, since which one wins differs from CPU to CPU.
 MODERATION_EMBEDDER_DTYPE = env_str("MODERATION_EMBEDDER_DTYPE", "auto").lower()

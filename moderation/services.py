@@ -14,7 +14,9 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
 import re
+import threading
 import uuid
 import weakref
 from collections.abc import Iterator
@@ -349,9 +351,19 @@ class BatchScorer:
     scored at once.
     """
 
-    def __init__(self, score: Any = None) -> None:
+    def __init__(self, score: Any = None, *, nice: int = 0) -> None:
         self._score = score  # texts -> their Scores, in order; None: the classifiers' score_many
         self._batcher: Batcher[str, Scores] = Batcher(self._score_in_a_thread)
+        # `nice`: score in a thread of its own, that much below the process's OS priority. The
+        # batcher runs one pass at a time, so one thread is all it needs.
+        self.nice = nice
+        self._executor = (
+            concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, initializer=_thread_nice_raise, initargs=(nice,), thread_name_prefix="scoring"
+            )
+            if nice
+            else None
+        )
 
     async def score(self, text: str) -> Scores:
         return await self._batcher.submit(text)
@@ -361,7 +373,18 @@ class BatchScorer:
         return list(await asyncio.gather(*(self._batcher.submit(text) for text in texts)))
 
     async def _score_in_a_thread(self, texts: list[str]) -> list[Scores | Exception]:
+        if self._executor is not None:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self._score or score_many, texts)
         return await asyncio.to_thread(self._score or score_many, texts)
+
+
+def _thread_nice_raise(nice: int) -> None:
+    """Lower the calling thread's OS priority by `nice` (Linux gives each thread its own; raising
+    it back would take a privilege, which is why the thread is one of its own)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + nice)
+    except OSError:  # not Linux, or not allowed: the scoring runs at the process's priority
+        logger.warning("could not lower the scoring thread's priority", exc_info=True)
 
 
 # Per event loop (the web server's in the embedded default, a worker's engine loop): a scorer for
@@ -369,10 +392,10 @@ class BatchScorer:
 _scorers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, BatchScorer]] = weakref.WeakKeyDictionary()
 
 
-def _loop_scorer(kind: str, score: Any = None) -> BatchScorer:
+def _loop_scorer(kind: str, score: Any = None, *, nice: int = 0) -> BatchScorer:
     per_loop = _scorers.setdefault(asyncio.get_running_loop(), {})
     if kind not in per_loop:
-        per_loop[kind] = BatchScorer(score=score)
+        per_loop[kind] = BatchScorer(score=score, nice=nice)
     return per_loop[kind]
 
 
@@ -381,7 +404,10 @@ def output_scorer() -> BatchScorer:
 
 
 def input_scorer() -> BatchScorer:
-    return _loop_scorer("input", _input_scores_many)
+    """Incoming messages' scorer. A message is scored while its answer's engine request starts
+    (`InputCheck`), and its verdict is needed only by the first token: at MODERATION_INPUT_NICE, the
+    scoring gives way to that first step where the engine shares the CPU with the web process."""
+    return _loop_scorer("input", _input_scores_many, nice=settings.MODERATION_INPUT_NICE)
 
 
 class _Unmonitored(OutputMonitor):

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import os
+import threading
 
 import pytest
 
@@ -249,7 +252,6 @@ async def test_the_socket_tells_the_user_their_message_was_held_back(alice, monk
 @pytest.mark.django_db(transaction=True)
 async def test_messages_sent_together_are_classified_together(alice, monkeypatch):
     """Eight sockets sending at once cost a few embedding passes, not one each, and get their own verdicts."""
-    import asyncio
 
     from asgiref.sync import sync_to_async
 
@@ -308,3 +310,23 @@ def test_a_check_that_never_answers_gives_the_rate_limit_charge_back(alice, monk
         message_send(user=alice, content="Hello there", verdict=InputCheck(concurrent.futures.Future()))
     assert refused.value.code == "moderation_unavailable"
     assert not message_send(user=alice, content="Hello again").blocked
+
+
+def test_incoming_messages_are_scored_below_the_web_processs_priority(monkeypatch, settings):
+    """A message is scored while its answer's engine request starts: the scoring gives way to it."""
+    from moderation import services
+
+    settings.MODERATION_INPUT_NICE = 5
+    priorities = []
+
+    def recorded(texts):
+        priorities.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return [None] * len(texts)
+
+    monkeypatch.setattr(services, "_input_scores_many", recorded)
+
+    async def score() -> None:
+        await services.input_scorer().score("What is the capital of France?")
+
+    asyncio.run(score())  # a loop of its own, so a scorer of its own, made with these settings
+    assert priorities == [min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)]
