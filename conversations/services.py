@@ -123,10 +123,10 @@ def message_send(
     An `InputCheck` whose scores are not in when the transaction has done everything else (the
     socket's and the API's begin only when asked) does not hold the transaction up: the answer is
     committed held (`generation_create(awaiting_verdict=True)`) and dispatched, so the engine starts
-    on it while the message is scored, and the verdict is taken after the commit. The runner shows none of a held answer
-    until the verdict lets it through; a verdict that blocks takes the answer back (never shown,
-    never charged) and keeps the message flagged, so what this returns is what it would have
-    returned had the verdict come first (`_held_answer_settle`).
+    on it while the message is scored, and the verdict is taken after the commit. The runner shows
+    none of a held answer until the verdict lets it through; a verdict that blocks takes the answer
+    back (never shown, never charged) and keeps the message flagged, so what this returns is what it
+    would have returned had the verdict come first (`_held_answer_settle`).
 
     `client_id` is the sender's own id for the message (a UUID): a message is saved once per id. A
     send whose id the user has sent before saves nothing and returns what the first send saved

@@ -195,9 +195,10 @@ def completion_create(*, user: Any, api_key: Any, request: dict[str, Any], verdi
     `verdict` is input moderation's verdict on `newest_user_text(request)`, or an `InputCheck`
     whose verdict is taken under the tier the transaction reads (the API view makes one, which
     scores the text after the commit, the generations held meanwhile); without one, the text is
-    classified before the transaction opens, so no lock is held while the classifier runs. A blocked request is refused with 400
-    `content_policy_violation`: nothing stays queued, and nothing is shown or charged (generations
-    committed held while the scores were coming are withdrawn).
+    classified before the transaction opens, so no lock is held while the classifier runs. A
+    blocked request is refused with 400 `content_policy_violation`: nothing stays queued, and
+    nothing is shown or charged (generations committed held while the scores were coming are
+    withdrawn).
     """
     from moderation.services import input_moderate
 

@@ -356,7 +356,6 @@ class BatchScorer:
         self._batcher: Batcher[str, Scores] = Batcher(self._score_in_a_thread)
         # `nice`: score in a thread of its own, that much below the process's OS priority. The
         # batcher runs one pass at a time, so one thread is all it needs.
-        self.nice = nice
         self._executor = (
             concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, initializer=_thread_nice_raise, initargs=(nice,), thread_name_prefix="scoring"
