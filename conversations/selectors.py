@@ -5,6 +5,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from conversations.models import Conversation, Message
+from moderation.models import Flag
 
 
 def conversation_list_for_user(*, user: Any) -> QuerySet[Conversation]:
@@ -24,6 +25,15 @@ def conversation_get_for_user(*, user: Any, conversation_id: Any) -> Conversatio
 
 def message_list(*, conversation: Conversation) -> list[Message]:
     return list(conversation.messages.select_related("generation").all())
+
+
+def held_back_flags(*, messages: list[Message]) -> dict[int, Flag]:
+    """The input flag of each of `messages` that moderation held back, by message id, in one query."""
+    held = [m.id for m in messages if m.role == Message.Role.USER and m.status == Message.Status.FLAGGED]
+    if not held:
+        return {}
+    flags = Flag.objects.filter(message_id__in=held, source=Flag.Source.INPUT).order_by("-id")
+    return {flag.message_id: flag for flag in flags}  # newest first, so a message's first flag wins
 
 
 def conversation_has_message_in_progress(*, conversation: Conversation) -> bool:

@@ -23,6 +23,7 @@ from inference.services import (
     generation_withdraw,
 )
 from inference.tokenizers import count_tokens, render_chat, tokenizer_for
+from moderation.models import Flag
 from moderation.services import CONTENT_FILTER, InputCheck, Verdict, flag_create, input_moderate, verdict_under_tier
 
 TITLE_LENGTH = 60
@@ -30,6 +31,8 @@ TITLE_LENGTH = 60
 VERDICT_WAIT_POLL_S = 0.01
 # What a message held back by moderation says when the verdict that held it is gone.
 HELD_BACK = "This message wasn't sent to the assistant: an automatic safety check held it back."
+# What an answer output moderation cut says under what it had written (the chat page and its script).
+ANSWER_CUT = "This answer was stopped by an automatic safety check; what it had written before that is kept."
 
 
 @dataclass(frozen=True)
@@ -204,10 +207,17 @@ def _message_sent_earlier(*, user: Any, client_id: uuid.UUID, conversation_id: A
     flag = user_message.moderation_flags.filter(source="input").first()
     verdict = Verdict(action=flag.action, categories=tuple(flag.categories)) if flag is not None else None
     if answer is None:  # held back by moderation: it has no answer
-        reason = verdict.explanation() if verdict is not None else HELD_BACK
+        reason = held_back_reason(flag=flag)
         return SentMessage(conversation, created, user_message, None, None, blocked_reason=reason, replayed=True)
     warning = verdict.warning() if verdict is not None and verdict.action == "warn" else ""
     return SentMessage(conversation, created, user_message, answer, answer.generation, warning=warning, replayed=True)
+
+
+def held_back_reason(*, flag: Flag | None) -> str:
+    """What a message input moderation held back says, from its flag: what the send said then."""
+    if flag is None:
+        return HELD_BACK
+    return Verdict(action=flag.action, categories=tuple(flag.categories)).explanation()
 
 
 def _verdict_wait(*, generation_id: Any) -> None:

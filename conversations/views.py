@@ -7,8 +7,14 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.selectors import deployments_allowed_for_user
-from conversations.selectors import conversation_get_for_user, conversation_list_for_user, message_list
-from conversations.services import conversation_delete
+from conversations.models import Message
+from conversations.selectors import (
+    conversation_get_for_user,
+    conversation_list_for_user,
+    held_back_flags,
+    message_list,
+)
+from conversations.services import ANSWER_CUT, conversation_delete, held_back_reason
 from inference.dispatch import engine_state
 from inference.selectors import deployment_list_enabled
 
@@ -23,6 +29,7 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
         if conversation is None:
             raise Http404("No such conversation.")
         messages = message_list(conversation=conversation)
+        _notes_attach(messages)
     return render(
         request,
         "conversations/chat.html",
@@ -33,8 +40,23 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
             "deployments": deployments_allowed_for_user(user=request.user, deployments=deployment_list_enabled()),
             "default_deployment": settings.INFERENCE_DEFAULT_DEPLOYMENT,
             "engine_state": engine_state(settings.INFERENCE_DEFAULT_DEPLOYMENT),
+            "answer_cut_note": ANSWER_CUT,
         },
     )
+
+
+def _notes_attach(messages: list[Message]) -> None:
+    """Give each flagged message the note the page shows under it: a held-back message its own
+    reason, as its send gave it (with the self-harm support line where it applies), and an answer
+    output moderation cut the same words the live page adds."""
+    flags = held_back_flags(messages=messages)
+    for message in messages:
+        if message.status != Message.Status.FLAGGED:
+            continue
+        if message.role == Message.Role.USER:
+            message.note = held_back_reason(flag=flags.get(message.id))
+        else:
+            message.note = ANSWER_CUT
 
 
 @login_required

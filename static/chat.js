@@ -221,7 +221,7 @@
         } else {
           if (msg.finish_reason === "content_filter") {
             setStatus(stream.el, "flagged");
-            addNote(stream.el, "This answer was stopped by an automatic safety check; what it had written before that is kept.", false);
+            addNote(stream.el, chat.dataset.answerCutNote, false);
           } else {
             setStatus(stream.el, msg.status);
           }

@@ -2,9 +2,11 @@ from __future__ import annotations
 
 from django.urls import reverse
 
-from conversations.models import Conversation
-from conversations.services import message_send
+from conversations.models import Conversation, Message
+from conversations.services import ANSWER_CUT, HELD_BACK, message_send
 from inference.services import generation_finish
+from moderation.models import Flag
+from moderation.services import SELF_HARM_SUPPORT, Verdict
 
 
 def test_the_chat_page_requires_a_login(client, db):
@@ -63,3 +65,34 @@ def test_deleting_my_conversation(client, alice):
     client.force_login(alice)
     assert client.post(reverse("conversations:delete", args=[sent.conversation.id])).status_code == 302
     assert not Conversation.objects.filter(id=sent.conversation.id).exists()
+
+
+def test_a_held_back_message_shows_after_a_reload_the_reason_its_send_gave(client, alice):
+    verdict = Verdict(action="block", categories=("self-harm",))
+    sent = message_send(user=alice, content="A message moderation holds back", verdict=verdict)
+    client.force_login(alice)
+    page = client.get(reverse("conversations:conversation", args=[sent.conversation.id])).content.decode()
+    assert sent.blocked
+    assert "our policy on self-harm" in page
+    assert SELF_HARM_SUPPORT.replace("'", "&#x27;") in page
+    assert HELD_BACK.replace("'", "&#x27;") not in page
+
+
+def test_a_held_back_message_whose_flag_is_gone_says_it_was_held_back(client, alice):
+    sent = message_send(user=alice, content="Held back", verdict=Verdict(action="block", categories=("violence",)))
+    Flag.objects.filter(message=sent.user_message).delete()
+    client.force_login(alice)
+    page = client.get(reverse("conversations:conversation", args=[sent.conversation.id])).content.decode()
+    assert HELD_BACK.replace("'", "&#x27;") in page
+
+
+def test_an_answer_output_moderation_cut_says_so_and_the_script_gets_the_same_words(client, alice):
+    sent = message_send(user=alice, content="Tell me a story")
+    generation_finish(
+        generation_id=sent.generation.id, status="complete", text="Once upon", finish_reason="content_filter"
+    )
+    Message.objects.filter(id=sent.assistant_message.id).update(status=Message.Status.FLAGGED)
+    client.force_login(alice)
+    page = client.get(reverse("conversations:conversation", args=[sent.conversation.id])).content.decode()
+    assert f'<div class="note">{ANSWER_CUT}</div>' in page
+    assert f'data-answer-cut-note="{ANSWER_CUT}"' in page
