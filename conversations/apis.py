@@ -41,6 +41,8 @@ from conversations.services import (
     conversation_start,
     message_send,
 )
+from inference import openai_format as wire
+from inference.models import Generation
 from moderation.services import InputCheck
 
 READ, WRITE, CHAT = ApiKey.Scope.CONVERSATIONS_READ, ApiKey.Scope.CONVERSATIONS_WRITE, ApiKey.Scope.CHAT
@@ -204,6 +206,12 @@ class ConversationDetailApi(ScopedApi):
 class MessageSendInputSerializer(serializers.Serializer):
     content = StrictCharField(trim_whitespace=False, allow_blank=True)
     model = StrictCharField(max_length=100, required=False, allow_null=True, default=None)
+    client_id = StrictCharField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Your own id for the message, a UUID: a send repeated with it is saved and answered once.",
+    )
 
 
 def _json_error(exc: ClientError) -> JsonResponse:
@@ -279,6 +287,10 @@ async def message_send_stream(request: HttpRequest, conversation_id: int | None 
                 model=data["model"] if conversation_id is None else None,
                 api_key=api_key,
                 verdict=check,
+                client_id=data["client_id"],
+                # A client cannot say whether a request whose answer it never heard arrived: any send
+                # with an id looks for an earlier one (a query more, for clients that ask for it).
+                retry=data["client_id"] is not None,
             )
     except ClientError as exc:
         return _json_error(exc)
@@ -305,6 +317,7 @@ async def _blocked(sent):
             "conversation_created": sent.conversation_created,
             "user_message": sent.user_message.id,
             "message": sent.blocked_reason,
+            "replayed": sent.replayed,
         },
     )
 
@@ -327,14 +340,45 @@ async def _stream(sent):
                     "assistant_message": sent.assistant_message.id,
                     "generation": generation_id,
                     "warning": sent.warning,
+                    "replayed": sent.replayed,
                 },
             )
-            async with aclosing(follow_streams([generation_id])) as events:
-                async for event in events:
-                    yield _answer_sse(sent, event)
+            final = await _final_from_row(sent) if sent.replayed else None
+            if final is not None:
+                yield final
+            else:
+                async with aclosing(follow_streams([generation_id])) as events:
+                    async for event in events:
+                        yield _answer_sse(sent, event)
             following.ended = True
     except TimeoutError:
         yield sse("error", {"code": "timeout", "message": FOLLOW_TIMEOUT_MESSAGE})
+
+
+async def _final_from_row(sent) -> str | None:
+    """The end of a replayed send's answer, with its whole text, from its row, when the answer ended
+    so long ago that its stream's buffer is gone; None while the answer runs or its buffer holds
+    events (then the stream is followed as for a first send). The row is read first: an answer's end
+    is recorded before it is announced, so a finished row beside an empty buffer is an answer whose
+    events are gone, or that ended before it published any, and the row holds all of it."""
+    from inference.streaming import events_after
+
+    generation = await Generation.objects.aget(id=sent.generation.id)
+    if not generation.is_finished or await events_after(str(generation.id), 0):
+        return None
+    if generation.status == Generation.Status.FAILED:
+        return sse("error", {"seq": 1, "code": generation.error_code, "message": generation.error_message})
+    return sse(
+        "done",
+        {
+            "seq": 1,
+            "message": sent.assistant_message.id,
+            "status": generation.status,
+            "finish_reason": generation.finish_reason,
+            "usage": wire.usage(generation.prompt_tokens, generation.completion_tokens),
+            "text": generation.text,
+        },
+    )
 
 
 def _answer_sse(sent, event: dict[str, Any]) -> str:
@@ -362,9 +406,14 @@ def _answer_sse(sent, event: dict[str, Any]) -> str:
 SEND_DESCRIPTION = (
     "Sends `content` into the conversation in the path, or, on /api/conversations/messages/, into a new "
     "conversation (optionally on `model`). The answer streams as `text/event-stream`: `message.accepted` "
-    "{conversation, conversation_created, user_message, assistant_message, generation}, then `delta` {seq, text} "
-    "events, then one `done` {seq, message, status, finish_reason, usage} or `error` {code, message}. Refusals "
-    "(400, 401, 403, 404, 409, 429 with Retry-After, 503) are JSON errors in OpenAI's shape before any event."
+    "{conversation, conversation_created, user_message, assistant_message, generation, warning, replayed}, then "
+    "`delta` {seq, text} events, then one `done` {seq, message, status, finish_reason, usage} or `error` "
+    "{code, message}; a message moderation holds back gets one `message.blocked` {conversation, "
+    "conversation_created, user_message, message, replayed} instead. With `client_id` (a UUID of your own), a send "
+    "repeated after a dropped connection saves, charges and generates nothing: it is answered `replayed: true` "
+    "with the first send's message and its answer from the start (an answer that ended long ago comes as one "
+    "`done` carrying its whole `text`). Refusals (400, 401, 403, 404, 409, 429 with Retry-After, 503) are JSON "
+    "errors in OpenAI's shape before any event."
 )
 SEND_RESPONSES = {
     (200, "text/event-stream"): OpenApiResponse(

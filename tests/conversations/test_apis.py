@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from types import SimpleNamespace
 
 import httpx
@@ -14,7 +15,7 @@ from rest_framework.test import APIClient
 from accounts.models import ApiKey
 from accounts.services import api_key_create
 from conversations.models import Conversation, Message
-from conversations.services import conversation_create
+from conversations.services import conversation_create, message_send
 from inference.models import Generation, ModelDeployment
 from tests.conftest import generation_once_finished, stopped_while_streaming
 
@@ -244,6 +245,25 @@ def test_a_bad_message_is_refused_before_streaming_and_leaves_nothing_behind(ali
     assert not Generation.objects.exists()
 
 
+@pytest.mark.parametrize("client_id", ["not-a-uuid", 42, True, ""])
+def test_a_client_id_that_is_not_a_uuid_is_refused_and_leaves_nothing_behind(alice, client_id):
+    response = client_for(alice).post(send_url(), {"content": "Hi", "client_id": client_id}, format="json")
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "client_id"
+    assert not Conversation.objects.exists() and not Generation.objects.exists()
+
+
+def test_another_users_client_id_is_refused_without_a_word_about_whose_it_is(alice, mallory):
+    client_id = str(uuid.uuid4())
+    message_send(user=alice, content="Alice's message", client_id=client_id)
+    response = client_for(mallory).post(send_url(), {"content": "Mine now?", "client_id": client_id}, format="json")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "client_id" and "Alice" not in error["message"]
+    assert not Conversation.objects.filter(user=mallory).exists()
+    assert Message.objects.count() == 2 and Generation.objects.count() == 1
+
+
 def test_a_body_beyond_the_upload_limit_is_refused(alice):
     conversation = conversation_with_messages(alice)
     response = client_for(alice).post(send_url(conversation.id), {"content": MEGABYTE * 3}, format="json")
@@ -305,6 +325,60 @@ async def test_a_message_streams_its_answer_and_is_saved_complete(chat_server, a
     assert answer.content == streamed
 
 
+async def _send_and_read(server: str, key: str, body: dict) -> list[tuple[str, dict]]:
+    async with (
+        httpx.AsyncClient(base_url=server, headers={"Authorization": f"Bearer {key}"}, timeout=120) as client,
+        client.stream("POST", send_url(), json=body) as response,
+    ):
+        assert response.status_code == 200
+        return sse_events("".join([chunk async for chunk in response.aiter_text()]))
+
+
+@pytest.mark.engine
+@pytest.mark.django_db(transaction=True)
+async def test_a_send_repeated_with_its_client_id_is_saved_and_answered_once(chat_server, alice):
+    key = await database_sync_to_async(lambda: api_key_create(user=alice, name="t", scopes=["chat"]).key)()
+    body = {"content": "Say hello in one short sentence.", "client_id": str(uuid.uuid4())}
+    first = await _send_and_read(chat_server, key, body)
+    again = await _send_and_read(chat_server, key, body)
+    assert first[0][1]["replayed"] is False and again[0][1]["replayed"] is True
+    for field in ("conversation", "user_message", "assistant_message", "generation"):
+        assert again[0][1][field] == first[0][1][field]
+    assert again[0][1]["conversation_created"] is True  # told again, for a client that missed it
+    assert [name for name, _ in again] == [name for name, _ in first]
+    assert again[-1][1]["finish_reason"] == first[-1][1]["finish_reason"]
+    text = "".join(data["text"] for name, data in first if name == "delta")
+    assert "".join(data["text"] for name, data in again if name == "delta") == text
+    assert await Conversation.objects.filter(user=alice).acount() == 1
+    assert await Message.objects.filter(conversation__user=alice).acount() == 2
+    assert await Generation.objects.filter(user=alice).acount() == 1
+
+
+@pytest.mark.engine
+@pytest.mark.django_db(transaction=True)
+async def test_a_send_repeated_after_its_answer_is_gone_from_the_buffer_gets_it_whole_from_the_row(
+    chat_server, alice, monkeypatch
+):
+    from inference.streaming import replay_buffer
+
+    key = await database_sync_to_async(lambda: api_key_create(user=alice, name="t", scopes=["chat"]).key)()
+    body = {"content": "Say hello in one short sentence.", "client_id": str(uuid.uuid4())}
+    first = await _send_and_read(chat_server, key, body)
+
+    async def expired(generation_id, after_seq):
+        return []
+
+    monkeypatch.setattr(replay_buffer(), "read", expired)
+    again = await _send_and_read(chat_server, key, body)
+    assert [name for name, _ in again] == ["message.accepted", "done"]
+    accepted, done = again[0][1], again[1][1]
+    assert accepted["replayed"] is True and accepted["assistant_message"] == first[0][1]["assistant_message"]
+    assert done["text"] == "".join(data["text"] for name, data in first if name == "delta")
+    assert done["status"] == "complete" and done["finish_reason"] == first[-1][1]["finish_reason"]
+    assert done["usage"] == first[-1][1]["usage"]
+    assert await Generation.objects.filter(user=alice).acount() == 1
+
+
 @pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_a_client_that_disconnects_stops_the_answer(chat_server, alice):
@@ -343,6 +417,7 @@ def _sent(generation: Generation) -> SimpleNamespace:
         user_message=SimpleNamespace(id=1),
         assistant_message=SimpleNamespace(id=2),
         warning="",
+        replayed=False,
     )
 
 
