@@ -53,7 +53,7 @@ async def main() -> None:
     from inference import dispatch as dispatch_module
     from inference.models import Generation
     from moderation.selectors import policy_for_user
-    from moderation.services import InputCheck, input_scorer, verdict_from_scores
+    from moderation.services import checked_after_commit, input_scorer, verdict_from_scores
 
     user, _ = await asyncio.to_thread(get_user_model().objects.get_or_create, username="benchmark-send")
     # The plan with the highest limits, so no send is refused over the run.
@@ -86,8 +86,7 @@ async def main() -> None:
         # As the chat socket does it: a task of its own (a context of its own), the check scored
         # after the commit; or, given the verdict taken before, the transaction alone.
         if verdict is None:
-            with InputCheck.started(text) as check:
-                sent = await db_async(message_send)(user=user, content=text, verdict=check)
+            sent = await checked_after_commit(db_async, message_send, text=text, user=user, content=text)
         else:
             sent = await db_async(message_send)(user=user, content=text, verdict=verdict)
         accepted = time.perf_counter() - started

@@ -43,7 +43,7 @@ from conversations.services import (
 )
 from inference import openai_format as wire
 from inference.models import Generation
-from moderation.services import InputCheck
+from moderation.services import checked_after_commit
 
 READ, WRITE, CHAT = ApiKey.Scope.CONVERSATIONS_READ, ApiKey.Scope.CONVERSATIONS_WRITE, ApiKey.Scope.CHAT
 
@@ -279,19 +279,20 @@ async def message_send_stream(request: HttpRequest, conversation_id: int | None 
         user, api_key, data = await sync_to_async(_send_request)(request)
         content = clean_message_content(data["content"])
         # Scored once the send has committed its answer held: the engine starts on it meanwhile.
-        with InputCheck.started(content) as check:
-            sent = await sync_to_async(message_send)(
-                user=user,
-                content=content,
-                conversation_id=conversation_id,
-                model=data["model"] if conversation_id is None else None,
-                api_key=api_key,
-                verdict=check,
-                client_id=data["client_id"],
-                # A client cannot say whether a request whose answer it never heard arrived: any send
-                # with an id looks for an earlier one (a query more, for clients that ask for it).
-                retry=data["client_id"] is not None,
-            )
+        sent = await checked_after_commit(
+            sync_to_async,
+            message_send,
+            text=content,
+            user=user,
+            content=content,
+            conversation_id=conversation_id,
+            model=data["model"] if conversation_id is None else None,
+            api_key=api_key,
+            client_id=data["client_id"],
+            # A client cannot say whether a request whose answer it never heard arrived: any send
+            # with an id looks for an earlier one (a query more, for clients that ask for it).
+            retry=data["client_id"] is not None,
+        )
     except ClientError as exc:
         return _json_error(exc)
     response = StreamingHttpResponse(

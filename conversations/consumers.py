@@ -43,7 +43,7 @@ from inference.streaming import (
     events_after,
     generation_group,
 )
-from moderation.services import InputCheck, classifiers_prepare
+from moderation.services import checked_after_commit, classifiers_prepare
 
 logger = logging.getLogger(__name__)
 
@@ -143,16 +143,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             raise ClientError("'retry' must be true or false.", code="invalid_request")
         text = clean_message_content(content.get("content"))
         # Scored once the send has committed its answer held: the engine starts on it meanwhile.
-        with InputCheck.started(text) as check:
-            sent = await db_async(message_send)(
-                user=self.user,
-                content=text,
-                conversation_id=conversation_id,
-                model=model,
-                verdict=check,
-                client_id=content.get("client_id"),
-                retry=retry,
-            )
+        sent = await checked_after_commit(
+            db_async,
+            message_send,
+            text=text,
+            user=self.user,
+            content=text,
+            conversation_id=conversation_id,
+            model=model,
+            client_id=content.get("client_id"),
+            retry=retry,
+        )
         if sent.conversation_created:
             await self.send_json(
                 {

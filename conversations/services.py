@@ -24,7 +24,15 @@ from inference.services import (
 )
 from inference.tokenizers import count_tokens, render_chat, tokenizer_for
 from moderation.models import Flag
-from moderation.services import CONTENT_FILTER, InputCheck, Verdict, flag_create, input_moderate, verdict_under_tier
+from moderation.services import (
+    CONTENT_FILTER,
+    HeldForVerdict,
+    InputCheck,
+    Verdict,
+    flag_create,
+    input_moderate,
+    verdict_under_tier,
+)
 
 TITLE_LENGTH = 60
 # How often a repeated send looks whether its first send's message has been judged yet.
@@ -110,7 +118,8 @@ def message_send(
     verdict: Verdict | InputCheck | None = None,
     client_id: Any = None,
     retry: bool = False,
-) -> SentMessage:
+    settle: bool = True,
+) -> SentMessage | HeldForVerdict:
     """Save the user's message and a pending answer, and queue the answer's generation.
 
     All or nothing: a refused message (too long for the window, a conversation already answering,
@@ -129,7 +138,10 @@ def message_send(
     on it while the message is scored, and the verdict is taken after the commit. The runner shows
     none of a held answer until the verdict lets it through; a verdict that blocks takes the answer
     back (never shown, never charged) and keeps the message flagged, so what this returns is what it
-    would have returned had the verdict come first (`_held_answer_settle`).
+    would have returned had the verdict come first (`_held_answer_settle`). With `settle=False`, a
+    send committed held returns its `_HeldAnswer` instead, for an async caller to await the scores on
+    its event loop and settle it in a call of its own (`checked_after_commit`), so that no database
+    thread waits for the scores.
 
     `client_id` is the sender's own id for the message (a UUID): a message is saved once per id. A
     send whose id the user has sent before saves nothing and returns what the first send saved
@@ -167,8 +179,8 @@ def message_send(
         if Message.objects.filter(client_id=client_id).exists():  # someone else's id: say no more
             raise ClientError("That 'client_id' cannot be used.", code="invalid_request", param="client_id") from None
         raise
-    if isinstance(saved, _HeldAnswer):
-        return _held_answer_settle(held=saved, check=verdict)
+    if isinstance(saved, _HeldAnswer) and settle:
+        return saved.settle(verdict)
     return saved
 
 
@@ -238,13 +250,16 @@ class _QueuedAnswer:
 
 
 @dataclass(frozen=True)
-class _HeldAnswer:
+class _HeldAnswer(HeldForVerdict):
     """A message committed with its answer held, its verdict still to be taken (see message_send)."""
 
     user: Any
     sent: SentMessage
     admission: Admission
     tier_id: int | None
+
+    def settle(self, check: InputCheck) -> SentMessage:
+        return _held_answer_settle(held=self, check=check)
 
 
 @transaction.atomic

@@ -28,7 +28,7 @@ from chatsite.errors import ClientError, validated_json_body
 from inference import openai_format as wire
 from inference.services import completion_create, newest_user_text
 from inference.streaming import FOLLOW_TIMEOUT_MESSAGE, follow_streams, stopped_if_abandoned
-from moderation.services import InputCheck
+from moderation.services import checked_after_commit
 
 
 class ChatCompletionInputSerializer(serializers.Serializer):
@@ -132,8 +132,9 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         user, api_key = await db_async(_authenticate)(request)
         data = validated_json_body(request.body, ChatCompletionInputSerializer)
         # Scored once the completion is committed held: the engine starts on it meanwhile.
-        with InputCheck.started(newest_user_text(data)) as check:
-            generations = await db_async(completion_create)(user=user, api_key=api_key, request=data, verdict=check)
+        generations = await checked_after_commit(
+            db_async, completion_create, text=newest_user_text(data), user=user, api_key=api_key, request=data
+        )
     except ClientError as exc:
         return _error(exc)
     ids = [str(g.id) for g in generations]

@@ -12,6 +12,7 @@ from chatsite.errors import ClientError
 from chatsite.queries import update_returning
 from inference.models import Generation, ModelDeployment
 from inference.signals import generation_finished, generation_started
+from moderation.services import HeldForVerdict
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +190,9 @@ def newest_user_text(request: dict[str, Any]) -> str:
     return next(m["content"] for m in reversed(request["messages"]) if m["role"] == "user")
 
 
-def completion_create(*, user: Any, api_key: Any, request: dict[str, Any], verdict: Any = None) -> list[Generation]:
+def completion_create(
+    *, user: Any, api_key: Any, request: dict[str, Any], verdict: Any = None, settle: bool = True
+) -> list[Generation] | _HeldCompletion:
     """Moderate the newest user message and queue the completion (see _completion_queue).
 
     `verdict` is input moderation's verdict on `newest_user_text(request)`, or an `InputCheck`
@@ -198,25 +201,29 @@ def completion_create(*, user: Any, api_key: Any, request: dict[str, Any], verdi
     classified before the transaction opens, so no lock is held while the classifier runs. A
     blocked request is refused with 400 `content_policy_violation`: nothing stays queued, and
     nothing is shown or charged (generations committed held while the scores were coming are
-    withdrawn).
+    withdrawn). `settle=False` returns a completion committed held as it is, for an async caller to
+    settle once its scores are in (`checked_after_commit`, as for `message_send`).
     """
     from moderation.services import input_moderate
 
     if verdict is None:
         verdict = input_moderate(user=user, text=newest_user_text(request))
     queued = _completion_queue(user=user, api_key=api_key, request=request, verdict=verdict)
-    if isinstance(queued, _HeldCompletion):
-        return _held_completion_settle(held=queued, check=verdict)
+    if isinstance(queued, _HeldCompletion) and settle:
+        return queued.settle(verdict)
     return queued
 
 
 @dataclass(frozen=True)
-class _HeldCompletion:
+class _HeldCompletion(HeldForVerdict):
     """A completion's generations committed held, its verdict still to be taken (as message_send's)."""
 
     generations: list[Generation]
     admissions: list[Any]
     tier_id: int | None
+
+    def settle(self, check: Any) -> list[Generation]:
+        return _held_completion_settle(held=self, check=check)
 
 
 def _held_completion_settle(*, held: _HeldCompletion, check: Any) -> list[Generation]:

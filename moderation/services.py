@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import os
 import re
 import threading
+import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,19 +143,21 @@ def input_moderate(*, user: Any, text: str) -> Verdict:
 class InputCheck:
     """Input moderation for a send, its verdict taken under the tier the send's transaction reads.
 
-    The chat socket and the APIs make one per message (`started`) whose scoring begins only when
-    the verdict is first asked for: the send's transaction, which would otherwise share the process
-    (and the interpreter's lock) with the scoring, runs alone, commits the answer held and
-    dispatches it, and the message is scored after the commit (off the event loop, batched with
-    messages sent together) while the engine starts on the answer; the runner shows nothing of it
-    until the verdict lets it through. A policy that does not check input never starts the scoring
-    (`verdict_if_scored`). Nothing in the scoring touches the database, so a caller holding a
-    database thread (on SQLite the process's only one) cannot wait on itself.
+    The chat socket and the APIs make one per message (`deferred`, in `checked_after_commit`)
+    whose scoring begins only when the verdict is first asked for: the send's transaction, which
+    would otherwise share the process (and the interpreter's lock) with the scoring, runs alone,
+    commits the answer held and dispatches it, and the message is scored after the commit (off the
+    event loop, batched with messages sent together) while the engine starts on the answer; the
+    runner shows nothing of it until the verdict lets it through. A policy that does not check
+    input never starts the scoring (`verdict_if_scored`). Nothing in the scoring touches the
+    database, and async callers wait for it on their event loop (`scored`), holding no database
+    thread (on SQLite the process's only one).
     """
 
     def __init__(self, scores: concurrent.futures.Future | None = None, *, begin: Any = None) -> None:
         self._scores = scores  # the scores, coming or come; None until `begin` has been called
         self._begin = begin  # what starts the scoring, the first time the verdict is asked for
+        self._deadline: float | None = None  # when waiting for the scores gives up
 
     @classmethod
     def deferred(cls, text: str) -> InputCheck:
@@ -167,16 +169,6 @@ class InputCheck:
             return await input_scorer().score(text)  # the loop's scorer: looked up on the loop
 
         return cls(begin=lambda: asyncio.run_coroutine_threadsafe(score(), loop))
-
-    @classmethod
-    @contextlib.contextmanager
-    def started(cls, text: str) -> Iterator[InputCheck]:
-        """`deferred`, and `discard` on the way out: a refused message's scores are not needed."""
-        check = cls.deferred(text)
-        try:
-            yield check
-        finally:
-            check.discard()
 
     def verdict_if_scored(self, *, tier_id: int | None) -> Verdict | None:
         """The verdict if it can be taken now, without waiting: the policy does not check input, or
@@ -193,10 +185,9 @@ class InputCheck:
         policy = policy_for_tier(tier_id=tier_id)
         if not policy.moderate_input:
             return ALLOW
-        if self._scores is None:
-            self._scores = self._begin()
+        scores = self._scores_begun()
         try:
-            scores = self._scores.result(timeout=INPUT_CHECK_TIMEOUT_S)
+            scores = scores.result(timeout=max(0.0, self._deadline - time.monotonic()))
         except TimeoutError:
             raise ClientError(
                 "The safety check did not answer in time. Try again in a moment.",
@@ -205,9 +196,70 @@ class InputCheck:
             ) from None
         return verdict_from_scores(scores=scores, policy=policy)
 
+    async def scored(self) -> None:
+        """Begin the scoring if it has not begun, and wait on the event loop until the scores are in
+        (or waiting for them has given up), holding no thread: `verdict` then answers at once, or
+        raises what went wrong."""
+        scores = asyncio.wrap_future(self._scores_begun())
+        # asyncio.wait, unlike wait_for, leaves the scores be when it gives up.
+        await asyncio.wait({scores}, timeout=max(0.0, self._deadline - time.monotonic()))
+
+    def _scores_begun(self) -> concurrent.futures.Future:
+        if self._scores is None:
+            self._scores = self._begin()
+        if self._deadline is None:
+            self._deadline = time.monotonic() + INPUT_CHECK_TIMEOUT_S
+        return self._scores
+
     def discard(self) -> None:
         if self._scores is not None:
             self._scores.cancel()
+
+
+class HeldForVerdict:
+    """What a service given an `InputCheck` and `settle=False` returns when it committed its work
+    held, the verdict still to be taken: `settle` takes it and applies it (releases or withdraws)."""
+
+    def settle(self, check: InputCheck) -> Any:
+        raise NotImplementedError
+
+
+_settling: set[asyncio.Future] = set()
+
+
+async def checked_after_commit(call: Callable, service: Callable[..., Any], *, text: str, **fields: Any) -> Any:
+    """`service(verdict=<an InputCheck of text>, settle=False, **fields)` from async code, run through
+    `call` (how the caller reaches the database from its loop), and its held work settled.
+
+    The service commits its work held and returns; the scores are then awaited here, on the event
+    loop, and the verdict applied in a second call. A service that waited for them itself would hold
+    a database thread meanwhile: on SQLite the process's only one, so a send kept its own answer's
+    claim waiting for its verdict, and the engine could not start on the answer while the message
+    was scored. Both calls run to their end even if the caller is cancelled (its socket closed), so a
+    committed answer is always released or withdrawn, as when all of it ran in one call.
+    """
+    check = InputCheck.deferred(text)
+
+    async def run() -> Any:
+        try:
+            result = await call(service)(verdict=check, settle=False, **fields)
+            if isinstance(result, HeldForVerdict):
+                await check.scored()
+                result = await call(result.settle)(check)
+            return result
+        finally:
+            check.discard()
+
+    task = asyncio.ensure_future(run())
+    _settling.add(task)  # a task nothing else holds could be collected mid-way
+    task.add_done_callback(_settled)
+    return await asyncio.shield(task)
+
+
+def _settled(task: asyncio.Future) -> None:
+    _settling.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: a caller that went away leaves no "never retrieved" warning
 
 
 def verdict_under_tier(verdict: Verdict | InputCheck, *, tier_id: int | None) -> Verdict:

@@ -64,10 +64,10 @@ async def test_a_sends_input_check_scores_nothing_until_its_verdict_is_asked_for
 
     monkeypatch.setattr(services, "score_many", counted)
     monkeypatch.setattr(services, "policy_for_tier", lambda *, tier_id: policy_built_in())
-    with InputCheck.started(BOMB) as check:
-        await asyncio.sleep(0.2)
-        assert passes == [] and check.verdict_if_scored(tier_id=None) is None
-        verdict = await asyncio.to_thread(check.verdict, tier_id=None)
+    check = InputCheck.deferred(BOMB)
+    await asyncio.sleep(0.2)
+    assert passes == [] and check.verdict_if_scored(tier_id=None) is None
+    verdict = await asyncio.to_thread(check.verdict, tier_id=None)
     assert passes == [[BOMB]] and verdict.blocks
 
 
@@ -184,19 +184,16 @@ def _answer_status_of(generation: Generation) -> str:
 
 
 async def _held_generation_of(user) -> Generation:
-    """The user's held generation once the send has committed it (and, where a worker runs it, once
-    the worker has claimed it: the engine is computing it while the message is judged)."""
+    """The user's held generation once its runner has claimed it: the engine computes it while the
+    message is judged, in the embedded default too, where the send waits for the scores on the
+    event loop rather than on the process's one database thread, which the claim needs."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        # Read in a thread of its own: on SQLite the send holds the one database thread meanwhile.
         generation = await asyncio.to_thread(_first_generation_of, user)
-        claimed = generation is not None and (
-            settings.INFERENCE_BACKEND == "local" or generation.status == Generation.Status.RUNNING
-        )
-        if claimed:
+        if generation is not None and generation.status == Generation.Status.RUNNING:
             return generation
         await asyncio.sleep(0.05)
-    raise AssertionError("the held answer was never committed (or never claimed by the worker)")
+    raise AssertionError("the held answer was never claimed while its message was judged")
 
 
 @pytest.mark.engine
@@ -226,6 +223,25 @@ async def test_a_held_answer_shows_nothing_until_its_message_passes(engine, alic
     assert answer.content == text and answer.status == Message.Status.COMPLETE
     assert not (await Generation.objects.aget(id=generation.id)).awaiting_verdict
     await socket.disconnect()
+
+
+@pytest.mark.engine
+@pytest.mark.django_db(transaction=True)
+async def test_a_held_answer_whose_socket_closes_before_the_verdict_is_still_released_by_it(engine, alice, monkeypatch):
+    """The socket's handler is cancelled when it closes; the verdict is still taken and applied
+    then, not left for the runner's last resort seconds later."""
+    from tests.conftest import open_socket
+
+    scores_may_come = _late_scores(monkeypatch)
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to({"type": "message.send", "content": "Name three colours of the rainbow."})
+    generation = await _held_generation_of(alice)
+    await socket.disconnect()
+    scores_may_come.set()
+    deadline = time.monotonic() + 10  # well inside INFERENCE_VERDICT_WAIT_S
+    while (await Generation.objects.aget(id=generation.id)).awaiting_verdict:
+        assert time.monotonic() < deadline, "the verdict was never applied"
+        await asyncio.sleep(0.05)
 
 
 @pytest.mark.engine
