@@ -41,7 +41,6 @@ from conversations.services import (
     conversation_start,
     message_send,
 )
-from inference import openai_format as wire
 from inference.models import Generation
 from moderation.services import checked_after_commit
 
@@ -362,24 +361,12 @@ async def _final_from_row(sent) -> str | None:
     events (then the stream is followed as for a first send). The row is read first: an answer's end
     is recorded before it is announced, so a finished row beside an empty buffer is an answer whose
     events are gone, or that ended before it published any, and the row holds all of it."""
-    from inference.streaming import events_after
+    from inference.streaming import events_after, final_event_from_row
 
     generation = await Generation.objects.aget(id=sent.generation.id)
     if not generation.is_finished or await events_after(str(generation.id), 0):
         return None
-    if generation.status == Generation.Status.FAILED:
-        return sse("error", {"seq": 1, "code": generation.error_code, "message": generation.error_message})
-    return sse(
-        "done",
-        {
-            "seq": 1,
-            "message": sent.assistant_message.id,
-            "status": generation.status,
-            "finish_reason": generation.finish_reason,
-            "usage": wire.usage(generation.prompt_tokens, generation.completion_tokens),
-            "text": generation.text,
-        },
-    )
+    return _answer_sse(sent, final_event_from_row(generation, seq=1))
 
 
 def _answer_sse(sent, event: dict[str, Any]) -> str:

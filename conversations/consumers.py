@@ -41,6 +41,7 @@ from inference.streaming import (
     TERMINAL_EVENTS,
     StreamPublisher,
     events_after,
+    final_event_from_row,
     generation_group,
 )
 from moderation.services import checked_after_commit, classifiers_prepare
@@ -241,18 +242,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         return bool(buffered)
 
     async def _send_final_from_row(self, generation: Generation) -> None:
-        key = str(generation.id)
-        seq = self.following.get(key, 0) + 1
-        if generation.status == Generation.Status.FAILED:
-            event = {"type": "generation.error", "code": generation.error_code, "message": generation.error_message}
-        else:
-            event = {
-                "type": "generation.done",
-                "status": generation.status,
-                "finish_reason": generation.finish_reason,
-                "usage": _usage(generation),
-            }
-        await self._forward({**event, "generation": key, "seq": seq, "text": generation.text})
+        seq = self.following.get(str(generation.id), 0) + 1
+        await self._forward(final_event_from_row(generation, seq=seq))
 
     async def _forward(self, event: dict[str, Any]) -> None:
         """Pass a stream's event on once, in order. A `seq` beyond the next one means live delivery

@@ -259,6 +259,24 @@ async def engine_status_broadcast(deployment: str, state: str) -> None:
 TERMINAL_EVENTS = ("generation.done", "generation.error")
 
 
+def final_event_from_row(generation: Any, *, seq: int) -> dict[str, Any]:
+    """A finished generation's end as its stream announced it, with its whole text, from its row: for
+    a follower that finds its stream's buffer gone."""
+    from inference import openai_format as wire
+    from inference.models import Generation
+
+    if generation.status == Generation.Status.FAILED:
+        event = {"type": "generation.error", "code": generation.error_code, "message": generation.error_message}
+    else:
+        event = {
+            "type": "generation.done",
+            "status": generation.status,
+            "finish_reason": generation.finish_reason,
+            "usage": wire.usage(generation.prompt_tokens, generation.completion_tokens),
+        }
+    return {**event, "generation": str(generation.id), "seq": seq, "text": generation.text}
+
+
 async def events_after(generation_id: str, after_seq: int, *, before_seq: int | None = None) -> list[dict[str, Any]]:
     """The buffered events of a stream after `after_seq` (and before `before_seq`), in `seq` order."""
     events = await replay_buffer().read(generation_id, after_seq)
