@@ -31,6 +31,7 @@ from moderation.services import (
     Verdict,
     flag_create,
     input_moderate,
+    verdict_of_flag,
     verdict_under_tier,
 )
 
@@ -217,7 +218,7 @@ def _message_sent_earlier(*, user: Any, client_id: uuid.UUID, conversation_id: A
         _verdict_wait(generation_id=answer.generation_id)
         return _message_sent_earlier(user=user, client_id=client_id, conversation_id=conversation_id)
     flag = user_message.moderation_flags.filter(source="input").first()
-    verdict = Verdict(action=flag.action, categories=tuple(flag.categories)) if flag is not None else None
+    verdict = verdict_of_flag(flag) if flag is not None else None
     if answer is None:  # held back by moderation: it has no answer
         reason = held_back_reason(flag=flag)
         return SentMessage(conversation, created, user_message, None, None, blocked_reason=reason, replayed=True)
@@ -229,7 +230,7 @@ def held_back_reason(*, flag: Flag | None) -> str:
     """What a message input moderation held back says, from its flag: what the send said then."""
     if flag is None:
         return HELD_BACK
-    return Verdict(action=flag.action, categories=tuple(flag.categories)).explanation()
+    return verdict_of_flag(flag).explanation()
 
 
 def _verdict_wait(*, generation_id: Any) -> None:

@@ -105,6 +105,11 @@ class Verdict:
 ALLOW = Verdict(action=Action.ALLOW)
 
 
+def verdict_of_flag(flag: Flag) -> Verdict:
+    """The verdict a flag recorded, as far as the user was told it (its action and categories)."""
+    return Verdict(action=flag.action, categories=tuple(flag.categories))
+
+
 def classifiers_prepare() -> None:
     """Start loading the classifiers in the background (once per process); returns at once."""
     warm_up_in_background()
