@@ -22,7 +22,9 @@ Prints TTFT p50/p99, inter-token latency, output tokens/s, their ratios, the CPU
 machine spent per output token at concurrency 8 (this process, each side's model process and
 scheduler process, the web process, the worker process, Redis, PostgreSQL) and how long its
 threads were ready to run but waited for a core (from the kernel's schedstat), how much dearer the
-model process's token was through the stack than alone (and the ratio times that), and a final line
+model process's token was through the stack than alone (and the ratio times that), how long each
+user's place in the closed loop's batch stood empty while its next message crossed the stack, and a
+final line
   RESULT ttft_added_p50_ms=<x> ttft_added_p99_ms=<y> throughput_ratio_c8=<z>
 (added TTFT at concurrency 1, the throughput ratio at concurrency 8). BENCH_ROUNDS sets the rounds.
 Then, through the stack, it stops answers after their first text and prints how long each stop took
@@ -483,6 +485,17 @@ def summarize(results: Results) -> dict[str, dict[str, float]]:
     return out
 
 
+def closed_loop_gap(results: dict[str, Results], shape: str = "c=8") -> tuple[float, float]:
+    """In the closed loop, how much later a message's first text came through the stack than alone
+    (mean, ms), and that as a share of an answer's whole time through the stack. As far as that delay
+    lies before the engine (the send, Celery, the claim), it is how long each user's place in the
+    engine's batch stood empty while its next message crossed the stack, which the engine alone's next
+    request does not: so it bounds what the closed loop's shape costs the ratio (docs/performance.md)."""
+    samples = {name: [s for stretch, _ in results[name][shape] for s in stretch] for name in results}
+    added = statistics.mean(s.ttft for s in samples["stack"]) - statistics.mean(s.ttft for s in samples["engine"])
+    return 1000 * added, added / statistics.mean(s.duration for s in samples["stack"])
+
+
 def rates(stretches: list[tuple[list[Sample], float]]) -> str:
     return " ".join(f"{sum(s.tokens for s in stretch) / wall:.0f}" for stretch, wall in stretches)
 
@@ -571,6 +584,12 @@ def main() -> None:
             f"  the model process's CPU a token, through the stack against alone: x{dearer:.3f};"
             f" the {label} ratio times that: {throughput * dearer:.3f}"
         )
+        if shape == "c=8":
+            added_ms, empty = closed_loop_gap(results)
+            print(
+                f"  the next message through the stack: its first text {added_ms:.1f} ms later (mean), each"
+                f" user's place in the batch empty up to {100 * empty:.1f} % of the time"
+            )
     stop_ms = [1000 * stop.seconds for stop in stops]
     print(
         f"stop to done: p50 {pct(stop_ms, 50):.0f} ms, max {max(stop_ms):.0f} ms; "
