@@ -74,13 +74,13 @@ class LocalBackend:
         for generation_id in queued:
             self.runner.submit_threadsafe(generation_id)
 
-    def submit(self, generation_id: Any) -> None:
+    def submit(self, generation_id: Any, *, order: dict[str, Any] | None = None) -> None:
         if self.runner is None:
             # Nothing is serving yet (e.g. a management command): the row stays queued and the
             # server picks it up when it starts.
             logger.warning("no local engine running; generation %s stays queued", generation_id)
             return
-        self.runner.submit_threadsafe(generation_id)
+        self.runner.submit_threadsafe(generation_id, order=order)
 
     def abort(self, generation_id: Any) -> None:
         if self.runner is not None:
@@ -98,15 +98,25 @@ class LocalBackend:
 local_backend = LocalBackend()
 
 
-def generation_dispatch(*, generation_id: Any, queue: str, priority: int = 0) -> None:
-    """Send a committed generation to its engine. `priority` follows vLLM: lower is served first."""
+def generation_dispatch(
+    *, generation_id: Any, queue: str, priority: int = 0, order: dict[str, Any] | None = None
+) -> None:
+    """Send a committed generation to its engine. `priority` follows vLLM: lower is served first.
+
+    `order` (`generation_order`) lets the runner start the engine request before its claim; without
+    one (a re-dispatch, a restart's recovery) the runner claims the row first and reads it there."""
     if settings.INFERENCE_BACKEND == "local":
-        local_backend.submit(generation_id)
+        local_backend.submit(generation_id, order=order)
     else:
         from inference.tasks import generation_run_task
 
         # The Redis transport reads priority 0 first, like vLLM; it knows ten steps.
-        generation_run_task.apply_async(args=[str(generation_id)], queue=queue, priority=min(max(priority, 0), 9))
+        generation_run_task.apply_async(
+            args=[str(generation_id)],
+            kwargs={"order": order} if order is not None else {},
+            queue=queue,
+            priority=min(max(priority, 0), 9),
+        )
 
 
 def generation_abort(*, generation_id: Any) -> None:

@@ -2,7 +2,10 @@
 
 It runs on the event loop that hosts the engine (the web server's in the embedded default, a worker's
 engine thread under Celery). For each generation it claims the row, streams the engine's deltas to
-the channel layer through a coalescing publisher, and records the end exactly once. Stop cancels the
+the channel layer through a coalescing publisher, and records the end exactly once. A generation's
+first dispatch carries its order (what the engine needs): the engine request starts at once and the
+claim runs beside the engine's first step instead of before it, and nothing is shown or recorded
+unless the claim succeeds. Stop cancels the
 task that consumes the engine's stream, and vLLM aborts a request whose consumer is cancelled, so the
 engine stops spending time on it.
 """
@@ -23,8 +26,8 @@ from chatsite.database import db_async
 from inference import openai_format as wire
 from inference.engine import EngineRequestError, EngineUnavailable, engine_host_for
 from inference.models import Generation
-from inference.selectors import engine_spec_for
-from inference.services import generation_claim, generation_finish, generation_mark_started
+from inference.selectors import deployment_cached, deployment_get_cached, engine_spec_for
+from inference.services import generation_claim, generation_finish, generation_from_order, generation_mark_started
 from inference.streaming import StreamPublisher
 from moderation.services import CONTENT_FILTER, ContentFiltered, output_flag_create, output_monitor_for
 
@@ -42,11 +45,17 @@ class AnswerWithdrawn(Exception):
     """The held answer's message was blocked (or never judged): its row is gone, its text unshown."""
 
 
+class NotClaimed(Exception):
+    """Another run claimed the generation first, or it ended (stopped, withdrawn) before the claim."""
+
+
 class Runner:
     def __init__(self, *, worker_name: str, loop: asyncio.AbstractEventLoop) -> None:
         self.worker_name = worker_name
         self.loop = loop
         self._streams: dict[str, asyncio.Task] = {}
+        # Generations this runner is running, from the task's arrival to its end (see `run`).
+        self._runs: set[str] = set()
         # Stops and releases that came before their stream began (generation id -> when): see `abort`.
         self._early_stops: dict[str, float] = {}
         self._early_releases: dict[str, float] = {}
@@ -61,14 +70,18 @@ class Runner:
         """The generations whose engine streams this runner is reading now."""
         return list(self._streams)
 
-    def submit_threadsafe(self, generation_id: Any) -> concurrent.futures.Future:
+    def submit_threadsafe(
+        self, generation_id: Any, *, order: dict[str, Any] | None = None
+    ) -> concurrent.futures.Future:
         """Schedule a generation from any thread; the returned future ends when the generation does.
 
         The task starts in an empty context: the caller is usually a sync ORM thread inside asgiref,
         whose context marks its single thread as busy, and a task inheriting that would fail its
         first database call with "would deadlock".
         """
-        future = contextvars.Context().run(asyncio.run_coroutine_threadsafe, self.run(generation_id), self.loop)
+        future = contextvars.Context().run(
+            asyncio.run_coroutine_threadsafe, self.run(generation_id, order=order), self.loop
+        )
         future.add_done_callback(_log_failure)
         return future
 
@@ -108,14 +121,43 @@ class Runner:
         task.cancel()
         return True
 
-    async def run(self, generation_id: Any) -> None:
-        generation = await db_async(generation_claim)(generation_id=generation_id, worker=self.worker_name)
-        if generation is None:
-            logger.info("generation %s was already claimed or ended; skipping", generation_id)
-            return
-        await self._run_claimed(generation)
+    async def run(self, generation_id: Any, *, order: dict[str, Any] | None = None) -> None:
+        """Run a generation if this runner's claim on it succeeds.
 
-    async def _run_claimed(self, generation: Generation) -> None:
+        Without an order (a re-dispatch, a restart's recovery) the row is claimed first and read from
+        the claim. With one (`generation_order`, the first dispatch's), the engine request starts at
+        once and the claim, a database round trip, runs beside the engine's first step. The claim
+        alone still decides: nothing is shown before it succeeds, and when it fails (another delivery
+        claimed it, or it was stopped or withdrawn meanwhile) the engine request is aborted at once
+        and nothing is recorded. A second delivery to a runner already running the generation is
+        dropped before it claims or touches the engine (the engine knows a request by its
+        generation's id)."""
+        key = str(generation_id)
+        if key in self._runs:
+            logger.info("generation %s is already running here; skipping", key)
+            return
+        self._runs.add(key)
+        try:
+            claim = asyncio.ensure_future(
+                db_async(generation_claim)(generation_id=generation_id, worker=self.worker_name)
+            )
+            if order is None:
+                generation = await claim
+                if generation is None:
+                    logger.info("generation %s was already claimed or ended; skipping", key)
+                    return
+            else:
+                generation = generation_from_order(generation_id=generation_id, order=order)
+                deployment_id = generation.deployment_id
+                generation.deployment = deployment_cached(deployment_id=deployment_id) or await db_async(
+                    deployment_get_cached
+                )(deployment_id=deployment_id)
+            await self._run_claimed(generation, claim)
+        finally:
+            self._runs.discard(key)
+
+    async def _run_claimed(self, generation: Generation, claim: asyncio.Future) -> None:
+        """Stream `generation`, which `claim` (a future of the claimed row, or None) decides is ours."""
         key = str(generation.id)
         # Held for its message's verdict, unless the release came while the claim was on its way.
         gate = None
@@ -132,11 +174,17 @@ class Runner:
         filtered: ContentFiltered | None = None
         released = gate is None  # whether the text may be shown: a held answer's, once its verdict passes
 
-        def mark_started() -> None:
+        def mark_started(claimed: Generation) -> None:
             # The message shows as streaming, off the path to the first token; a held one only once
             # its verdict lets it through (until then it is pending, whatever the engine is doing).
-            marking = asyncio.ensure_future(db_async(generation_mark_started)(generation=generation))
+            marking = asyncio.ensure_future(db_async(generation_mark_started)(generation=claimed))
             marking.add_done_callback(_log_failure)
+
+        async def claimed() -> Generation:
+            row = await asyncio.shield(claim)
+            if row is None:
+                raise NotClaimed
+            return row
 
         async def pump() -> None:
             nonlocal released
@@ -153,10 +201,11 @@ class Runner:
                 monitor = None
                 async for delta in deltas:
                     if monitor is None:
+                        row = await claimed()  # nothing is shown before the claim
                         if not released:
                             await self._verdict(generation, gate)
                             released = True
-                            mark_started()
+                            mark_started(row)
                         monitor = await monitor_loading
                     progress["completion_tokens"] = delta.completion_tokens
                     await monitor.feed(delta.text, final=delta.finished)
@@ -168,9 +217,19 @@ class Runner:
         self._streams[key] = stream
         if self._early_stops.pop(key, None) is not None:
             stream.cancel()
-        # The message shows as streaming once the engine request is under way, not before it starts.
-        if released:
-            mark_started()
+
+        def on_claim(future: asyncio.Future) -> None:
+            row = None if future.cancelled() or future.exception() is not None else future.result()
+            if row is None:
+                stream.cancel()  # not ours: out of the engine now, not at its first token
+                return
+            if gate is not None and not row.awaiting_verdict:
+                gate.set()  # released while the task was on its way, and its release missed
+            elif gate is None:
+                # The message shows as streaming once the engine request is under way and claimed.
+                mark_started(row)
+
+        claim.add_done_callback(on_claim)
         status, error_code, error_message = Generation.Status.COMPLETE, "", ""
         try:
             async with asyncio.timeout(settings.INFERENCE_GENERATION_TIMEOUT_S):
@@ -191,7 +250,7 @@ class Runner:
                     "interrupted",
                     "The server stopped mid-answer.",
                 )
-        except AnswerWithdrawn:
+        except (AnswerWithdrawn, NotClaimed):
             status = Generation.Status.STOPPED
             progress["finish_reason"] = "abort"
         except ContentFiltered as exc:
@@ -209,6 +268,9 @@ class Runner:
             self._streams.pop(key, None)
             self._gates.pop(key, None)
 
+        if await asyncio.shield(claim) is None:  # a claim that failed with an error raises here
+            logger.info("generation %s was already claimed or ended; its engine request was dropped", key)
+            return
         await asyncio.shield(
             self._finish(
                 publisher,

@@ -33,6 +33,11 @@ def deployment_get_cached(*, deployment_id: int) -> ModelDeployment:
     return deployment
 
 
+def deployment_cached(*, deployment_id: int) -> ModelDeployment | None:
+    """The deployment if this process has read it already (`deployment_get_cached`); no query."""
+    return _deployments.get(deployment_id)
+
+
 _deployments: dict[int, ModelDeployment] = {}
 
 

@@ -61,10 +61,44 @@ def generation_create(
         prompt_tokens=len(prompt_token_ids),
         awaiting_verdict=awaiting_verdict,
     )
+    order = generation_order(generation)
     transaction.on_commit(
-        lambda: generation_dispatch(generation_id=generation.id, queue=deployment.queue_name, priority=priority)
+        lambda: generation_dispatch(
+            generation_id=generation.id, queue=deployment.queue_name, priority=priority, order=order
+        )
     )
     return generation
+
+
+def generation_order(generation: Generation) -> dict[str, Any]:
+    """What an engine needs to start a queued generation, sent with its first dispatch.
+
+    With it the runner starts the engine request at once and claims the row beside the engine's first
+    step, instead of before it (Runner.run): the claim still decides who runs the generation, and no
+    text is shown before it. Only fields that never change once the row is written are in it."""
+    return {
+        "prompt_token_ids": generation.prompt_token_ids,
+        "sampling": generation.sampling,
+        "priority": generation.priority,
+        "deployment_id": generation.deployment_id,
+        "user_id": generation.user_id,
+        "awaiting_verdict": generation.awaiting_verdict,
+    }
+
+
+def generation_from_order(*, generation_id: Any, order: dict[str, Any]) -> Generation:
+    """The generation an order describes, unsaved and unclaimed: enough to start its engine request.
+    Its `deployment` is for the caller to set (from the process's cache: no query here)."""
+    return Generation(
+        id=generation_id,
+        user_id=order["user_id"],
+        deployment_id=order["deployment_id"],
+        prompt_token_ids=list(order["prompt_token_ids"]),
+        sampling=dict(order["sampling"]),
+        priority=int(order["priority"]),
+        prompt_tokens=len(order["prompt_token_ids"]),
+        awaiting_verdict=bool(order["awaiting_verdict"]),
+    )
 
 
 def generation_claim(*, generation_id: Any, worker: str) -> Generation | None:

@@ -99,9 +99,9 @@ class WorkerRuntime:
             self.loop.create_task(reap_forever()),
         ]
 
-    def run(self, generation_id: str) -> None:
+    def run(self, generation_id: str, *, order: dict[str, Any] | None = None) -> None:
         """Run one generation to its end, blocking the calling (Celery) thread meanwhile."""
-        self.runner.submit_threadsafe(generation_id).result()
+        self.runner.submit_threadsafe(generation_id, order=order).result()
 
     def status(self) -> dict[str, Any]:
         """What the heartbeat publishes. It runs on the engine loop every second, so nothing here may

@@ -5,11 +5,16 @@ In the production topology the same runner runs inside the worker process, out o
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
 from django.conf import settings
 
 from inference.dispatch import local_backend
 from inference.models import Generation
+from inference.services import generation_from_order, generation_order
+from inference.streaming import replay_buffer
 
 pytestmark = [
     pytest.mark.engine,
@@ -37,3 +42,94 @@ async def test_a_stop_heard_between_the_claim_and_the_stream_still_stops_it(engi
     assert (generation.status, generation.finish_reason) == (Generation.Status.STOPPED, "abort")
     assert generation.completion_tokens < 200
     assert await engine.engine_requests() == 0
+
+
+# --- a generation's order: the engine request starts before the claim --------------------------
+
+
+async def _queued(alice, deployment, *, max_tokens: int = 200) -> Generation:
+    # Queued without being dispatched, so only the test runs it.
+    return await Generation.objects.acreate(
+        user=alice,
+        deployment=deployment,
+        prompt_token_ids=[1, 504, 3458, 2],
+        sampling={"max_tokens": max_tokens, "min_tokens": max_tokens},
+    )
+
+
+async def _until(condition, timeout: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_an_ordered_run_whose_claim_fails_shows_and_records_nothing(engine, alice, default_deployment):
+    generation = await _queued(alice, default_deployment)
+    order = generation_order(generation)
+    # Another worker claimed it between the dispatch and this run.
+    await Generation.objects.filter(id=generation.id).aupdate(status=Generation.Status.RUNNING, worker="elsewhere")
+
+    await asyncio.wait_for(local_backend.runner.run(generation.id, order=order), timeout=60)
+
+    await generation.arefresh_from_db()
+    assert (generation.status, generation.worker, generation.text) == (Generation.Status.RUNNING, "elsewhere", "")
+    assert await replay_buffer().read(str(generation.id), 0) == []  # nothing was shown
+    assert await engine.engine_requests() == 0  # and its engine request is gone
+
+
+async def test_an_ordered_run_streams_and_records_the_answer_once_claimed(engine, alice, default_deployment):
+    generation = await _queued(alice, default_deployment, max_tokens=8)
+
+    await asyncio.wait_for(local_backend.runner.run(generation.id, order=generation_order(generation)), timeout=60)
+
+    await generation.arefresh_from_db()
+    assert generation.status == Generation.Status.COMPLETE
+    assert generation.worker == local_backend.runner.worker_name
+    assert generation.completion_tokens == 8
+    events = await replay_buffer().read(str(generation.id), 0)
+    assert "".join(e.get("text", "") for e in events if e["type"] == "generation.delta") == generation.text
+    assert events[-1]["type"] == "generation.done"
+
+
+async def test_a_second_delivery_while_the_first_runs_leaves_the_first_alone(engine, alice, default_deployment):
+    generation = await _queued(alice, default_deployment)
+    order = generation_order(generation)
+    runner = local_backend.runner
+    first = asyncio.ensure_future(runner.run(generation.id, order=order))
+    await _until(lambda: _has_shown_text(generation))  # claimed, and streaming
+
+    # The same task again (a redelivery, a promotion's copy): the engine knows a request by the
+    # generation's id, so a second request, or aborting it, would end the first.
+    await asyncio.wait_for(runner.run(generation.id, order=order), timeout=10)
+
+    assert not first.done()
+    assert await engine.engine_requests() == 1
+    assert runner.abort(str(generation.id)) is True
+    await asyncio.wait_for(first, timeout=60)
+    await generation.arefresh_from_db()
+    assert (generation.status, generation.finish_reason) == (Generation.Status.STOPPED, "abort")
+    assert 0 < generation.completion_tokens < 200
+
+
+async def _has_shown_text(generation: Generation) -> bool:
+    return any(e["type"] == "generation.delta" for e in await replay_buffer().read(str(generation.id), 0))
+
+
+def test_an_order_describes_the_generation_it_was_made_from(alice, default_deployment):
+    generation = Generation.objects.create(
+        user=alice,
+        deployment=default_deployment,
+        prompt_token_ids=[1, 2, 3],
+        sampling={"max_tokens": 5, "temperature": 0.5},
+        priority=3,
+        awaiting_verdict=True,
+    )
+    order = json.loads(json.dumps(generation_order(generation)))  # as the broker carries it
+
+    ordered = generation_from_order(generation_id=str(generation.id), order=order)
+
+    fields = ("user_id", "deployment_id", "prompt_token_ids", "sampling", "priority", "awaiting_verdict")
+    assert {f: getattr(ordered, f) for f in fields} == {f: getattr(generation, f) for f in fields}
+    assert ordered.prompt_tokens == 3
+    assert str(ordered.id) == str(generation.id)
