@@ -152,14 +152,14 @@ class Runner:
                 generation.deployment = deployment_cached(deployment_id=deployment_id) or await db_async(
                     deployment_get_cached
                 )(deployment_id=deployment_id)
-            await self._run_claimed(generation, claim)
+            await self._run_with_claim(generation, claim)
         finally:
             self._runs.discard(key)
 
-    async def _run_claimed(self, generation: Generation, claim: asyncio.Future) -> None:
+    async def _run_with_claim(self, generation: Generation, claim: asyncio.Future) -> None:
         """Stream `generation`, which `claim` (a future of the claimed row, or None) decides is ours."""
         key = str(generation.id)
-        # Held for its message's verdict, unless the release came while the claim was on its way.
+        # Held for its message's verdict, unless the release came while the task was on its way.
         gate = None
         if generation.awaiting_verdict and self._early_releases.pop(key, None) is None:
             gate = self._gates[key] = asyncio.Event()
