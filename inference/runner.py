@@ -5,9 +5,8 @@ engine thread under Celery). For each generation it claims the row, streams the 
 the channel layer through a coalescing publisher, and records the end exactly once. A generation's
 first dispatch carries its order (what the engine needs): the engine request starts at once and the
 claim runs beside the engine's first step instead of before it, and nothing is shown or recorded
-unless the claim succeeds. Stop cancels the
-task that consumes the engine's stream, and vLLM aborts a request whose consumer is cancelled, so the
-engine stops spending time on it.
+unless the claim succeeds. Stop cancels the task that consumes the engine's stream, and vLLM aborts
+a request whose consumer is cancelled, so the engine stops spending time on it.
 """
 
 from __future__ import annotations
