@@ -110,13 +110,24 @@ def generation_dispatch(
     else:
         from inference.tasks import generation_run_task
 
-        # The Redis transport reads priority 0 first, like vLLM; it knows ten steps.
+        # The Redis transport reads priority 0 first, like vLLM; it knows ten steps. The order's
+        # prompt is the user's text in token ids: the message's description (its headers, and the
+        # events a monitor like Flower shows) says only how long it is, and Celery is spared
+        # writing out a thousand characters of it with every dispatch.
         generation_run_task.apply_async(
             args=[str(generation_id)],
             kwargs={"order": order} if order is not None else {},
+            kwargsrepr=order_description(order),
             queue=queue,
             priority=min(max(priority, 0), 9),
         )
+
+
+def order_description(order: dict[str, Any] | None) -> str:
+    """What a task's order shows outside the task itself: its size, none of its prompt."""
+    if order is None:
+        return "{}"
+    return f"{{'order': <a prompt of {len(order['prompt_token_ids'])} tokens>}}"
 
 
 def generation_abort(*, generation_id: Any) -> None:
