@@ -92,6 +92,24 @@ async def test_an_ordered_run_streams_and_records_the_answer_once_claimed(engine
     assert events[-1]["type"] == "generation.done"
 
 
+async def test_an_ordered_run_the_engine_refuses_is_still_claimed_and_recorded_failed(
+    engine, alice, default_deployment
+):
+    # Its claim waits for the engine to take the request; refused before that, it is claimed at the end.
+    generation = await _queued(alice, default_deployment)
+    order = generation_order(generation)
+    order["sampling"] = {"max_tokens": 8, "temperature": -1.0}
+
+    await asyncio.wait_for(local_backend.runner.run(generation.id, order=order), timeout=60)
+
+    await generation.arefresh_from_db()
+    assert (generation.status, generation.error_code) == (Generation.Status.FAILED, "engine_error")
+    assert generation.worker == local_backend.runner.worker_name
+    events = await replay_buffer().read(str(generation.id), 0)
+    assert [e["type"] for e in events] == ["generation.error"]
+    assert await engine.engine_requests() == 0
+
+
 async def test_a_second_delivery_while_the_first_runs_leaves_the_first_alone(engine, alice, default_deployment):
     generation = await _queued(alice, default_deployment)
     order = generation_order(generation)
