@@ -162,13 +162,8 @@ class EngineHost:
         prompt_token_ids: list[int],
         sampling: dict[str, Any],
         priority: int = 0,
-        on_submitted: Callable[[], None] | None = None,
     ) -> AsyncIterator[Delta]:
-        """Stream one request. Cancelling the consuming task aborts the request inside the engine.
-
-        `on_submitted` is called once the engine has taken the request, before its first step: the
-        moment the caller's own work (a database round trip in a thread) no longer competes with
-        the request's way in for the interpreter."""
+        """Stream one request. Cancelling the consuming task aborts the request inside the engine."""
         from vllm import SamplingParams
         from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
@@ -182,11 +177,8 @@ class EngineHost:
         kwargs: dict[str, Any] = {"priority": priority} if self.spec.uses_priority else {}
         completion_tokens = 0
         prompt_tokens = len(prompt_token_ids)
-        engine = self._engine
-        if on_submitted is not None:
-            engine.on_submitted[request_id] = on_submitted
         try:
-            async for output in engine.generate(
+            async for output in self._engine.generate(
                 TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id, **kwargs
             ):
                 choice = output.outputs[0]
@@ -205,8 +197,6 @@ class EngineHost:
         except Exception as exc:
             logger.exception("engine request %s failed", request_id)
             raise EngineRequestError(f"the engine failed: {type(exc).__name__}") from exc
-        finally:
-            engine.on_submitted.pop(request_id, None)  # refused before the engine took it
 
     def unfinished_requests(self) -> int:
         """Requests the engine is still working on (an aborted one no longer counts)."""
@@ -251,27 +241,7 @@ def _build_engine(spec: EngineSpec) -> Any:
         # picks its scheduler itself (an asynchronous one, where it can).
         args["scheduler_cls"] = "inference.engine_scheduler.CpuHostScheduler"
         args["additional_config"] = {**args.get("additional_config", {}), SPIN_KEY: spec.cpu_scheduler_spin_ms / 1000}
-    return _submission_telling(AsyncLLM).from_engine_args(AsyncEngineArgs(**args))
-
-
-def _submission_telling(engine_class: type) -> type:
-    """vLLM's AsyncLLM, calling a request's `on_submitted` (`EngineHost.stream`) once it has
-    taken the request: `generate` adds the request and then waits for its first output, and says
-    nothing in between."""
-
-    class SubmissionTellingAsyncLLM(engine_class):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.on_submitted: dict[str, Callable[[], None]] = {}
-
-        async def add_request(self, request_id: str, *args: Any, **kwargs: Any) -> Any:
-            collector = await super().add_request(request_id, *args, **kwargs)
-            callback = self.on_submitted.pop(request_id, None)
-            if callback is not None:
-                callback()
-            return collector
-
-    return SubmissionTellingAsyncLLM
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
 
 
 def engine_dtype(requested: str, *, on_cpu: bool, native_bf16: bool) -> str:

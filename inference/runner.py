@@ -137,14 +137,15 @@ class Runner:
             return
         self._runs.add(key)
         try:
+            claim = asyncio.ensure_future(
+                db_async(generation_claim)(generation_id=generation_id, worker=self.worker_name)
+            )
             if order is None:
-                claim = self._claim(generation_id)
                 generation = await claim
                 if generation is None:
                     logger.info("generation %s was already claimed or ended; skipping", key)
                     return
             else:
-                claim = None
                 generation = generation_from_order(generation_id=generation_id, order=order)
                 deployment_id = generation.deployment_id
                 generation.deployment = deployment_cached(deployment_id=deployment_id) or await db_async(
@@ -154,17 +155,8 @@ class Runner:
         finally:
             self._runs.discard(key)
 
-    def _claim(self, generation_id: Any) -> asyncio.Future:
-        return asyncio.ensure_future(db_async(generation_claim)(generation_id=generation_id, worker=self.worker_name))
-
-    async def _run_with_claim(self, generation: Generation, claim: asyncio.Future | None) -> None:
-        """Stream `generation`, which its claim (a future of the claimed row, or None) decides is ours.
-
-        `claim` is None when the generation came with its order: it is claimed once the engine has
-        taken the request (or, at the latest, once the stream has ended without it), and the output
-        policy is read then too. Each is a database call in a thread, whose Python would otherwise
-        compete for the interpreter with the request's way into the engine, on the path to the
-        first token; the engine's first step leaves them time enough."""
+    async def _run_with_claim(self, generation: Generation, claim: asyncio.Future) -> None:
+        """Stream `generation`, which `claim` (a future of the claimed row, or None) decides is ours."""
         key = str(generation.id)
         # Held for its message's verdict, unless the release came while the task was on its way.
         gate = None
@@ -173,11 +165,13 @@ class Runner:
         host = engine_host_for(engine_spec_for(generation.deployment))
         publisher = StreamPublisher(generation.id)
         progress = {"prompt_tokens": len(generation.prompt_token_ids), "completion_tokens": 0, "finish_reason": ""}
-        filtered: ContentFiltered | None = None
-        released = gate is None  # whether the text may be shown: a held answer's, once its verdict passes
         # Output moderation: scores each completed sentence; raises ContentFiltered to cut the answer.
         # Its policy is read while the engine works on the first token, not before the request starts.
-        monitor_loading: asyncio.Future | None = None
+        monitor_loading = asyncio.ensure_future(db_async(output_monitor_for)(generation=generation))
+        # An answer that ends before its first token (a stop, an engine error) never awaits it.
+        monitor_loading.add_done_callback(lambda future: future.cancelled() or future.exception())
+        filtered: ContentFiltered | None = None
+        released = gate is None  # whether the text may be shown: a held answer's, once its verdict passes
 
         def mark_started(claimed: Generation) -> None:
             # The message shows as streaming, off the path to the first token; a held one only once
@@ -186,22 +180,10 @@ class Runner:
             marking.add_done_callback(_log_failure)
 
         async def claimed() -> Generation:
-            row = await asyncio.shield(claim_started())
+            row = await asyncio.shield(claim)
             if row is None:
                 raise NotClaimed
             return row
-
-        def monitor_started() -> asyncio.Future:
-            nonlocal monitor_loading
-            if monitor_loading is None:
-                monitor_loading = asyncio.ensure_future(db_async(output_monitor_for)(generation=generation))
-                # An answer that ends before its first token (a stop, an engine error) never awaits it.
-                monitor_loading.add_done_callback(lambda future: future.cancelled() or future.exception())
-            return monitor_loading
-
-        def submitted() -> None:
-            claim_started()
-            monitor_started()
 
         async def pump() -> None:
             nonlocal released
@@ -213,25 +195,27 @@ class Runner:
                     prompt_token_ids=generation.prompt_token_ids,
                     sampling=generation.sampling,
                     priority=generation.priority,
-                    on_submitted=submitted,
                 )
             ) as deltas:
                 monitor = None
                 async for delta in deltas:
-                    shown_first = False  # a held answer's first text, now that its verdict let it through
                     if monitor is None:
                         row = await claimed()  # nothing is shown before the claim
                         if not released:
                             await self._verdict(generation, gate)
-                            released = shown_first = True
-                        monitor = await monitor_started()
+                            released = True
+                            mark_started(row)
+                        monitor = await monitor_loading
                     progress["completion_tokens"] = delta.completion_tokens
                     await monitor.feed(delta.text, final=delta.finished)
                     await publisher.add_text(delta.text)
-                    if shown_first:
-                        mark_started(row)  # once the text is out: its thread's Python would delay it
                     if delta.finished:
                         progress["finish_reason"] = delta.finish_reason or "stop"
+
+        stream = asyncio.create_task(pump(), name=f"generation-{key}")
+        self._streams[key] = stream
+        if self._early_stops.pop(key, None) is not None:
+            stream.cancel()
 
         def on_claim(future: asyncio.Future) -> None:
             row = None if future.cancelled() or future.exception() is not None else future.result()
@@ -244,19 +228,7 @@ class Runner:
                 # The message shows as streaming once the engine request is under way and claimed.
                 mark_started(row)
 
-        def claim_started() -> asyncio.Future:
-            nonlocal claim
-            if claim is None:
-                claim = self._claim(generation.id)
-                claim.add_done_callback(on_claim)
-            return claim
-
-        if claim is not None:
-            claim.add_done_callback(on_claim)
-        stream = asyncio.create_task(pump(), name=f"generation-{key}")
-        self._streams[key] = stream
-        if self._early_stops.pop(key, None) is not None:
-            stream.cancel()
+        claim.add_done_callback(on_claim)
         status, error_code, error_message = Generation.Status.COMPLETE, "", ""
         try:
             async with asyncio.timeout(settings.INFERENCE_GENERATION_TIMEOUT_S):
@@ -295,7 +267,7 @@ class Runner:
             self._streams.pop(key, None)
             self._gates.pop(key, None)
 
-        if await asyncio.shield(claim_started()) is None:  # a claim that failed with an error raises here
+        if await asyncio.shield(claim) is None:  # a claim that failed with an error raises here
             logger.info("generation %s was already claimed or ended; its engine request was dropped", key)
             return
         await asyncio.shield(

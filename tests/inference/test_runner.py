@@ -95,7 +95,7 @@ async def test_an_ordered_run_streams_and_records_the_answer_once_claimed(engine
 async def test_an_ordered_run_the_engine_refuses_is_still_claimed_and_recorded_failed(
     engine, alice, default_deployment
 ):
-    # Its claim waits for the engine to take the request; refused before that, it is claimed at the end.
+    # Claimed beside a request the engine refuses: the failure is recorded once, with its reason.
     generation = await _queued(alice, default_deployment)
     order = generation_order(generation)
     order["sampling"] = {"max_tokens": 8, "temperature": -1.0}
