@@ -211,6 +211,9 @@ class Runner:
                     await publisher.add_text(delta.text)
                     if delta.finished:
                         progress["finish_reason"] = delta.finish_reason or "stop"
+                        # The last words go out once they have passed their check, not after the
+                        # end is recorded: only `done` waits for the row (_finish).
+                        await publisher.flush()
 
         stream = asyncio.create_task(pump(), name=f"generation-{key}")
         self._streams[key] = stream

@@ -11,6 +11,7 @@ import json
 import pytest
 from django.conf import settings
 
+from inference import runner as runner_module
 from inference.dispatch import local_backend
 from inference.models import Generation
 from inference.services import generation_from_order, generation_order
@@ -89,6 +90,34 @@ async def test_an_ordered_run_streams_and_records_the_answer_once_claimed(engine
     assert generation.completion_tokens == 8
     events = await replay_buffer().read(str(generation.id), 0)
     assert "".join(e.get("text", "") for e in events if e["type"] == "generation.delta") == generation.text
+    assert events[-1]["type"] == "generation.done"
+
+
+async def test_an_answers_last_words_are_out_before_its_end_is_recorded(
+    engine, alice, default_deployment, settings, monkeypatch
+):
+    # Coalesced so that nothing after the first text would go out on its own: without the final
+    # flush, the rest would wait for the end's database write, and only then reach the reader.
+    settings.INFERENCE_STREAM_COALESCE_MS = 600_000
+    settings.INFERENCE_STREAM_COALESCE_CHARS = 100_000
+    generation = await _queued(alice, default_deployment, max_tokens=12)
+    shown_when_recorded = []
+    record_end = runner_module.generation_finish
+
+    def generation_finish(**kwargs):
+        events = asyncio.run(replay_buffer().read(str(generation.id), 0))
+        shown_when_recorded.append("".join(e.get("text", "") for e in events if e["type"] == "generation.delta"))
+        return record_end(**kwargs)
+
+    monkeypatch.setattr(runner_module, "generation_finish", generation_finish)
+
+    await asyncio.wait_for(local_backend.runner.run(generation.id, order=generation_order(generation)), timeout=60)
+
+    await generation.arefresh_from_db()
+    assert generation.status == Generation.Status.COMPLETE
+    assert generation.completion_tokens == 12 and generation.text
+    assert shown_when_recorded == [generation.text]  # all of it, before the row said it had ended
+    events = await replay_buffer().read(str(generation.id), 0)
     assert events[-1]["type"] == "generation.done"
 
 
