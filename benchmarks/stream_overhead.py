@@ -492,8 +492,9 @@ def closed_loop_gap(direct: dict[str, float], stack: dict[str, float]) -> tuple[
     the stack than alone (mean, ms), and that as a share of an answer's whole time through the stack.
     As far as that delay lies before the engine (the send, Celery, the claim), it is how long each
     user's place in the engine's batch stood empty while its next message crossed the stack, which the
-    engine alone's next request does not: so it bounds what the closed loop's shape costs the ratio
-    (docs/performance.md)."""
+    engine alone's next request does not: so it bounds what a message's way in costs the ratio. The
+    answer's way out (its last words' output check and the end's transaction, before `done`) leaves
+    the place empty too, and is not in it (docs/performance.md)."""
     added_ms = stack["ttft_mean_ms"] - direct["ttft_mean_ms"]
     return added_ms, added_ms / stack["duration_mean_ms"]
 
