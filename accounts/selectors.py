@@ -5,10 +5,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, FilteredRelation, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import TruncDate
 
-from accounts.models import ApiKey, Tier, TierModelPrice, UsageRecord
+from accounts.models import ApiKey, Tier, UsageRecord, User
 from chatsite.errors import ClientError
 
 ZERO = Decimal("0")
@@ -55,14 +55,33 @@ def deployments_allowed_for_user(*, user: Any, deployments: list[Any]) -> list[A
     return [d for d in deployments if d.id in allowed]
 
 
-def tier_prices_for(*, tier: Tier | None, deployment_id: Any) -> tuple[Decimal, Decimal]:
-    """(prompt, completion) price per 1,000 tokens; a deployment with no price row is free for the tier."""
-    if tier is None:
-        return ZERO, ZERO
-    price = TierModelPrice.objects.filter(tier=tier, deployment_id=deployment_id).first()
-    if price is None:
-        return ZERO, ZERO
-    return price.prompt_price_per_1k, price.completion_price_per_1k
+@dataclass(frozen=True)
+class TierPrices:
+    """What a user's tier pays per 1,000 tokens on one deployment; `tier_id` None: no tier exists."""
+
+    tier_id: int | None
+    prompt_per_1k: Decimal
+    completion_per_1k: Decimal
+
+
+def tier_prices_for_user_id(*, user_id: Any, deployment_id: Any) -> TierPrices:
+    """The user's tier (else the default one) and its prices on the deployment, in one statement.
+
+    A deployment with no price row is free for the tier. One statement, not a read of the tier and
+    then of its price: this runs inside an answer's end, on the way to its `done`.
+    """
+    own_tier = User.objects.filter(id=user_id).values("tier_id")
+    row = (
+        Tier.objects.filter(Q(id=Subquery(own_tier)) | Q(is_default=True))
+        .annotate(price=FilteredRelation("prices", condition=Q(prices__deployment_id=deployment_id)))
+        .order_by("is_default")  # the user's own tier before the default one
+        .values_list("id", "price__prompt_price_per_1k", "price__completion_price_per_1k")
+        .first()
+    )
+    if row is None:
+        return TierPrices(tier_id=None, prompt_per_1k=ZERO, completion_per_1k=ZERO)
+    tier_id, prompt, completion = row
+    return TierPrices(tier_id=tier_id, prompt_per_1k=prompt or ZERO, completion_per_1k=completion or ZERO)
 
 
 def usage_billable(*, user: Any) -> QuerySet[UsageRecord]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -20,11 +20,11 @@ from accounts.selectors import (
     month_bounds,
     tier_allows_deployment,
     tier_for_user,
-    tier_for_user_id_or_none,
-    tier_prices_for,
+    tier_prices_for_user_id,
     usage_tokens_since,
 )
 from chatsite.errors import ClientError
+from chatsite.queries import insert_unless_conflicting
 
 KEY_PREFIX_BYTES = 4  # 8 hex characters: enough to tell a user's keys apart, never enough to guess one
 KEY_SECRET_BYTES = 32
@@ -278,37 +278,32 @@ def usage_record(*, generation: Any) -> UsageRecord:
     if not generation.is_finished:
         raise ValueError("only a finished generation can be charged")
     # Never raise here: this runs inside generation_finish, and a missing tier must not undo a finish.
-    tier = tier_for_user_id_or_none(user_id=generation.user_id)
-    prompt_price, completion_price = tier_prices_for(tier=tier, deployment_id=generation.deployment_id)
+    prices = tier_prices_for_user_id(user_id=generation.user_id, deployment_id=generation.deployment_id)
     ran = generation.started_at is not None
     prompt_tokens = generation.prompt_tokens if ran else 0
     completion_tokens = generation.completion_tokens if ran else 0
     cost = Decimal("0")
     if generation.status != "failed":
         cost = (
-            Decimal(prompt_tokens) * prompt_price / 1000 + Decimal(completion_tokens) * completion_price / 1000
+            Decimal(prompt_tokens) * prices.prompt_per_1k / 1000
+            + Decimal(completion_tokens) * prices.completion_per_1k / 1000
         ).quantize(COST_PLACES, rounding=ROUND_HALF_UP)
     record = UsageRecord(
         generation_id=generation.id,
         user_id=generation.user_id,
         deployment_id=generation.deployment_id,
-        tier=tier,
+        tier_id=prices.tier_id,
         status=generation.status,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
-        prompt_price_per_1k=prompt_price,
-        completion_price_per_1k=completion_price,
+        prompt_price_per_1k=prices.prompt_per_1k,
+        completion_price_per_1k=prices.completion_per_1k,
         cost=cost,
         created_at=generation.finished_at or timezone.now(),
     )
     # The one-to-one on the generation is what guarantees a single row, even when two charges race:
-    # the second insert fails inside its savepoint, and the row already there is the charge.
-    try:
-        with transaction.atomic():
-            record.save(force_insert=True)
-    except IntegrityError:
-        existing = UsageRecord.objects.filter(generation_id=generation.id).first()
-        if existing is None:
-            raise
-        return existing
-    return record
+    # the second insert inserts nothing (ON CONFLICT DO NOTHING, no savepoint needed), and the row
+    # already there is the charge.
+    if insert_unless_conflicting(record):
+        return record
+    return UsageRecord.objects.get(generation_id=generation.id)

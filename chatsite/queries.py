@@ -1,11 +1,13 @@
-"""Statements Django's ORM does not write, built from its own querysets."""
+"""Statements Django's ORM does not write, built from its own compiled queries."""
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from django.db import connections, router
 from django.db.models import Model, QuerySet
-from django.db.models.sql import UpdateQuery
+from django.db.models.constants import OnConflict
+from django.db.models.sql import InsertQuery, UpdateQuery
 
 M = TypeVar("M", bound=Model)
 
@@ -23,3 +25,33 @@ def update_returning(queryset: QuerySet[M], **values: Any) -> list[M]:
     statement, params = query.get_compiler(queryset.db).as_sql()
     manager = queryset.model._default_manager.db_manager(queryset.db)
     return list(manager.raw(f"{statement} RETURNING *", params))
+
+
+def insert_unless_conflicting(obj: M) -> bool:
+    """`obj.save(force_insert=True)` that inserts nothing when a unique constraint already holds a
+    row like it, in one statement: `INSERT … ON CONFLICT DO NOTHING RETURNING pk`.
+
+    True when the row went in (and `obj.pk` is set); False when another row already held its place.
+    Unlike catching the IntegrityError, it needs no savepoint (two more round trips) to keep the
+    caller's transaction usable. The INSERT is the one Django compiles for `bulk_create(...,
+    ignore_conflicts=True)`, so values are converted as they would be there. PostgreSQL and SQLite
+    (3.35 and later) both take it.
+    """
+    model = type(obj)
+    meta = model._meta
+    using = router.db_for_write(model, instance=obj)
+    fields = [field for field in meta.local_concrete_fields if not (field is meta.auto_field and obj.pk is None)]
+    query = InsertQuery(model, on_conflict=OnConflict.IGNORE)
+    query.insert_values(fields, [obj])
+    compiler = query.get_compiler(using=using)
+    compiler.returning_fields = [meta.pk]
+    [(statement, params)] = compiler.as_sql()
+    with connections[using].cursor() as cursor:
+        cursor.execute(statement, params)
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    obj.pk = row[0]
+    obj._state.adding = False
+    obj._state.db = using
+    return True

@@ -61,9 +61,10 @@ def test_a_generation_stopped_before_any_engine_took_it_costs_nothing(alice, put
     assert (record.status, record.prompt_tokens, record.completion_tokens, record.cost) == ("stopped", 0, 0, 0)
 
 
-def test_a_finish_charges_without_reading_back_the_rows_it_writes(alice, put_on_tier):
-    # An answer's `done` waits for its finish: the generation comes back from its own UPDATE, and the
-    # charge's row is inserted without first looking for one (the one-to-one refuses a second).
+def test_a_finish_is_four_statements_and_reads_back_none_of_the_rows_it_writes(alice, put_on_tier):
+    # An answer's `done` waits for its finish, each statement a round trip: the generation comes back
+    # from its own UPDATE, the tier and its price are one read, and the charge's row is inserted
+    # without first looking for one and without a savepoint (the one-to-one refuses a second).
     put_on_tier(alice, "pro")
     sent = message_send(user=alice, content="hi")
     assert generation_claim(generation_id=sent.generation.id, worker="test") is not None
@@ -71,9 +72,28 @@ def test_a_finish_charges_without_reading_back_the_rows_it_writes(alice, put_on_
         generation_finish(
             generation_id=sent.generation.id, status="complete", text="4", prompt_tokens=1000, completion_tokens=1000
         )
-    reads = [q["sql"] for q in finish.captured_queries if q["sql"].lstrip().upper().startswith("SELECT")]
-    assert reads and not [sql for sql in reads if "inference_generation" in sql or "accounts_usagerecord" in sql]
+    statements = [q["sql"].lstrip() for q in finish.captured_queries]
+    # The one savepoint is the finish's own transaction, nested in the test's.
+    verbs = sorted(sql.split()[0].upper() for sql in statements)
+    assert verbs == ["INSERT", "RELEASE", "SAVEPOINT", "SELECT", "UPDATE", "UPDATE"]
+    (read,) = [sql for sql in statements if sql.upper().startswith("SELECT")]
+    assert "inference_generation" not in read and "accounts_usagerecord" not in read
     assert UsageRecord.objects.get().cost == Decimal("0.000800")
+
+
+def test_a_user_without_a_tier_of_their_own_is_charged_at_the_default_tiers_price(alice, default_deployment):
+    from accounts.models import User
+
+    User.objects.filter(id=alice.id).update(tier=None)
+    TierModelPrice.objects.filter(tier__name="free").update(
+        prompt_price_per_1k=Decimal("0.001"), completion_price_per_1k=Decimal("0.002")
+    )
+    sent = message_send(user=alice, content="hi")
+    run_to_end(sent.generation, prompt_tokens=1000, completion_tokens=1000)
+    record = UsageRecord.objects.get()
+    assert record.tier.name == "free"
+    assert (record.prompt_price_per_1k, record.completion_price_per_1k) == (Decimal("0.001"), Decimal("0.002"))
+    assert record.cost == Decimal("0.003")
 
 
 def test_a_retried_task_never_charges_twice(alice, put_on_tier):

@@ -1,12 +1,17 @@
-"""`update_returning`: Django's own UPDATE, with the changed rows back from the same statement."""
+"""`update_returning`: Django's own UPDATE, with the changed rows back from the same statement;
+`insert_unless_conflicting`: Django's own INSERT, that inserts nothing where a unique row already is."""
 
 from __future__ import annotations
 
 import datetime as dt
+from decimal import Decimal
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
-from chatsite.queries import update_returning
+from accounts.models import UsageRecord
+from chatsite.queries import insert_unless_conflicting, update_returning
 from inference.models import Generation
 
 pytestmark = pytest.mark.django_db
@@ -58,3 +63,41 @@ def test_every_matching_row_comes_back(alice, default_deployment):
     assert sorted(row.id for row in rows) == sorted(g.id for g in generations)
     assert {row.queue_priority for row in rows} == {7}
     assert set(Generation.objects.values_list("queue_priority", flat=True)) == {7}
+
+
+def _charge(generation: Generation, cost: str) -> UsageRecord:
+    return UsageRecord(
+        user_id=generation.user_id,
+        generation_id=generation.id,
+        deployment_id=generation.deployment_id,
+        status="complete",
+        cost=Decimal(cost),
+    )
+
+
+def test_a_row_without_a_conflict_goes_in_in_one_statement_and_gets_its_id(alice, default_deployment):
+    (generation,) = _queued(alice, default_deployment, 1)
+    record = _charge(generation, "0.5")
+
+    with CaptureQueriesContext(connection) as inserting:
+        assert insert_unless_conflicting(record) is True
+
+    assert len(inserting.captured_queries) == 1
+    assert record.pk is not None and not record._state.adding
+    stored = UsageRecord.objects.get(pk=record.pk)
+    assert (stored.generation_id, stored.cost) == (generation.id, Decimal("0.5"))
+
+
+def test_a_row_that_conflicts_inserts_nothing_and_leaves_the_transaction_usable(alice, default_deployment):
+    (generation,) = _queued(alice, default_deployment, 1)
+    first = _charge(generation, "0.5")
+    assert insert_unless_conflicting(first) is True
+    second = _charge(generation, "9")
+
+    with CaptureQueriesContext(connection) as inserting:
+        assert insert_unless_conflicting(second) is False
+
+    assert [q["sql"].split()[0] for q in inserting.captured_queries] == ["INSERT"]  # no savepoint
+    assert second.pk is None
+    # The test runs inside a transaction: on PostgreSQL a failed statement would have broken it.
+    assert list(UsageRecord.objects.values_list("pk", "cost")) == [(first.pk, Decimal("0.5"))]
