@@ -1,4 +1,5 @@
-"""How long the web process takes to accept a chat message, without the engine.
+"""How long the web process takes to accept a chat message, and a worker to record its answer's
+end, without the engine.
 
 The chat socket's path from a message to its dispatch: `message_send`'s transaction on PostgreSQL,
 which commits the answer held, then the Celery task sent through Redis; then the input check scoring
@@ -13,10 +14,14 @@ prints:
 - the transaction alone again, sent back to back instead of after a pause (what an idle machine's
   waking up costs a message: the pauses above are what a message at c=1 finds);
 - c=8: when the first, the fourth and the last of the eight were dispatched (medians over rounds);
-- the new connections to Redis per message (a process should need none once it is warm).
+- the new connections to Redis per message (a process should need none once it is warm);
+- the end: an answer's end recorded (`generation_finish` through `db_async`, as the runner calls
+  it once the last words have passed their check: the generation, its message and the usage
+  charge in one transaction), p50 and p90, each after one of the c=1 messages above.
 
-No worker consumes the tasks: each generation is ended right away, outside the timing, and the
-Redis database is emptied at the end. Needs PostgreSQL and Redis: `make benchmark-send`.
+No worker consumes the tasks: each generation is claimed and ended right away, outside the send's
+timing, and the Redis database is emptied at the end. Needs PostgreSQL and Redis: `make
+benchmark-send`.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ async def main() -> None:
     from conversations.services import message_send
     from inference import dispatch as dispatch_module
     from inference.models import Generation
+    from inference.services import generation_claim, generation_finish
     from moderation.selectors import policy_for_user
     from moderation.services import checked_after_commit, input_scorer, verdict_from_scores
 
@@ -81,6 +87,22 @@ async def main() -> None:
     dispatch_module.generation_dispatch = timed_dispatch
     conversation_services.generation_create = counted_create
 
+    ended = []  # ms to record each c=1 answer's end
+
+    async def end(generation_id, text: str) -> None:
+        """Claim the generation and record its end as a worker does, timing the end."""
+        await db_async(generation_claim)(generation_id=generation_id, worker="benchmark-send")
+        started = time.perf_counter()
+        await db_async(generation_finish)(
+            generation_id=generation_id,
+            status=Generation.Status.COMPLETE,
+            text=text,
+            finish_reason="length",
+            prompt_tokens=40,
+            completion_tokens=64,
+        )
+        ended.append((time.perf_counter() - started) * 1000)
+
     async def send(text: str, started: float, verdict=None) -> tuple[float, float]:
         """(ms to its dispatch, ms to its acceptance) of one message."""
         # As the chat socket does it: a task of its own (a context of its own), the check scored
@@ -91,7 +113,7 @@ async def main() -> None:
             sent = await db_async(message_send)(user=user, content=text, verdict=verdict)
         accepted = time.perf_counter() - started
         dispatched = dispatched_at.pop(str(sent.generation.id)) - started
-        await asyncio.to_thread(Generation.objects.filter(id=sent.generation.id).update, status="stopped")
+        await end(sent.generation.id, text)
         return dispatched * 1000, accepted * 1000
 
     connections_before = client.info("stats")["total_connections_received"]
@@ -118,6 +140,7 @@ async def main() -> None:
             checked.append(took_checking)
         await asyncio.sleep(0.05)
     held_at_c1 = len(holds)
+    ended_at_c1 = sorted(ended[2 * WARM_UP :])
     back_to_back = []
     for i in range(ALONE + WARM_UP):
         text = PROMPTS[i % len(PROMPTS)]
@@ -149,6 +172,10 @@ async def main() -> None:
     print(f"c=1 the transaction alone, back to back: p50 {statistics.median(back_to_back):.1f} ms")
     print(f"c=8 dispatched: first {first:.1f} ms, fourth {fourth:.1f} ms, last {last:.1f} ms")
     print(f"new Redis connections per message: {new_connections / messages:.2f}")
+    print(
+        f"c=1 an answer's end recorded (generation_finish): p50 {statistics.median(ended_at_c1):.1f} ms, "
+        f"p90 {ended_at_c1[len(ended_at_c1) * 9 // 10]:.1f} ms"
+    )
 
 
 if __name__ == "__main__":
