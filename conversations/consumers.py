@@ -1,7 +1,7 @@
 """The chat socket.
 
 Client → server: `message.send` {content, conversation?, model?, client_id?, retry?}, `generation.stop` {generation},
-`generation.resume` {generation, after_seq}, `message.regenerate` {message}.
+`generation.resume` {generation, after_seq}, `message.regenerate` {message, replaces?}.
 Server → client: `conversation.created`, `message.accepted`, `message.regenerating`, `generation.delta` {seq, text},
 `generation.done` {seq, status, finish_reason, usage}, `generation.error` {seq, code, message},
 `engine.status` {deployment, state}, `message.blocked` {conversation, user_message, message} when
@@ -13,6 +13,11 @@ A send's `client_id` (a UUID the client makes) is echoed in its `message.accepte
 before it heard one of them sends the same frame again on its next socket, with `retry: true`, and
 is answered with the message its first send saved and that message's answer, from the start of its
 stream; nothing is saved, charged or generated twice (`message_send`).
+
+A regenerate's `replaces` (the generation the client shows in the answer) makes it safe to repeat
+the same way: once the answer has moved on from that generation, the request is answered with the
+generation that moved it (`message.regenerating` with `replayed: true`) and queues nothing
+(`message_regenerate`). Two tabs that ask at once get one new answer between them.
 """
 
 from __future__ import annotations
@@ -189,11 +194,19 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self._follow(sent.generation, after_seq=0, fresh=not sent.replayed)
 
     async def _message_regenerate(self, content: dict[str, Any]) -> None:
-        answer, generation = await db_async(message_regenerate)(user=self.user, message_id=content.get("message"))
-        await self.send_json(
-            {"type": "message.regenerating", "assistant_message": {"id": answer.id}, "generation": str(generation.id)}
+        regenerated = await db_async(message_regenerate)(
+            user=self.user, message_id=content.get("message"), replaces=content.get("replaces")
         )
-        await self._follow(generation, after_seq=0, fresh=True)
+        regenerating = {
+            "type": "message.regenerating",
+            "assistant_message": {"id": regenerated.answer.id},
+            "generation": str(regenerated.generation.id),
+        }
+        if regenerated.replayed:
+            regenerating["replayed"] = True
+        await self.send_json(regenerating)
+        # A replayed request's answer may have ended long ago, its events gone from the buffer.
+        await self._follow(regenerated.generation, after_seq=0, fresh=not regenerated.replayed)
 
     async def _generation_stop(self, content: dict[str, Any]) -> None:
         generation = await self._own_generation(content.get("generation"))

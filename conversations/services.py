@@ -152,7 +152,7 @@ def message_send(
     constraint on the id still catches one that arrives twice.
     """
     content = clean_message_content(content)
-    client_id = _client_id(client_id)
+    client_id = _uuid_param(client_id, param="client_id")
     if retry and client_id is not None:
         earlier = _message_sent_earlier(user=user, client_id=client_id, conversation_id=conversation_id)
         if earlier is not None:
@@ -185,7 +185,8 @@ def message_send(
     return saved
 
 
-def _client_id(value: Any) -> uuid.UUID | None:
+def _uuid_param(value: Any, *, param: str) -> uuid.UUID | None:
+    """A request's optional UUID field, refused with a clear error when it is anything else."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -193,7 +194,7 @@ def _client_id(value: Any) -> uuid.UUID | None:
             return uuid.UUID(value)
         except ValueError:
             pass
-    raise ClientError("'client_id' must be a UUID.", code="invalid_request", param="client_id")
+    raise ClientError(f"'{param}' must be a UUID.", code="invalid_request", param=param)
 
 
 def _message_sent_earlier(*, user: Any, client_id: uuid.UUID, conversation_id: Any) -> SentMessage | None:
@@ -477,13 +478,28 @@ def _message_queue(
     return _QueuedAnswer(user_message, answer, generation, admission)
 
 
+@dataclass
+class Regenerated:
+    answer: Message
+    generation: Generation
+    # True when the answer had been regenerated already (`replaces` named an older generation): this
+    # is the generation that did it, and nothing was queued now.
+    replayed: bool = False
+
+
 @transaction.atomic
-def message_regenerate(*, user: Any, message_id: Any) -> tuple[Message, Generation]:
+def message_regenerate(*, user: Any, message_id: Any, replaces: Any = None) -> Regenerated:
     """Answer the newest user message again, into the same assistant message, with a new generation.
 
     For an answer that failed (a worker died), was stopped, or that the user did not like. The old
     generation stays on record (and in the ledger); the message shows the new one.
+
+    `replaces`: the id of the generation the client shows in the answer. When the answer has moved
+    on from it, it was regenerated already (this request, sent again after its socket dropped, or
+    another tab): that generation is returned, and nothing is queued, so a repeated request never
+    generates twice.
     """
+    replaces = _uuid_param(replaces, param="replaces")
     answer = (
         Message.objects.select_related("conversation__deployment")
         .filter(
@@ -495,6 +511,12 @@ def message_regenerate(*, user: Any, message_id: Any) -> tuple[Message, Generati
         raise ClientError("That answer does not exist.", code="not_found", status=404, param="message")
     conversation = answer.conversation
     Conversation.objects.select_for_update().filter(id=conversation.id).first()
+    if replaces is not None:
+        # Read again under the lock: a regenerate that raced this one has moved it on by now.
+        current = Message.objects.filter(id=answer.id).values_list("generation_id", flat=True).first()
+        if current is not None and current != replaces:
+            answer.generation = Generation.objects.get(id=current)
+            return Regenerated(answer=answer, generation=answer.generation, replayed=True)
     if conversation_has_message_in_progress(conversation=conversation):
         raise ClientError(
             "An answer is still being written in this conversation.", code="generation_in_progress", status=409
@@ -504,7 +526,7 @@ def message_regenerate(*, user: Any, message_id: Any) -> tuple[Message, Generati
     generation, _ = _answer_queue(
         user=user, conversation=conversation, deployment=conversation.deployment, answer=answer
     )
-    return answer, generation
+    return Regenerated(answer=answer, generation=generation)
 
 
 def _answer_queue(

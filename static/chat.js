@@ -23,6 +23,7 @@
   let socket = null;
   let retryDelay = 500;
   let sending = null;             // {payload, userEl, assistantEl} while a send waits for its answer
+  let regenerating = null;        // the message.regenerate frame while it waits for its answer
   const streams = new Map();      // generation id -> {el, seq}
 
   function wsUrl() {
@@ -72,17 +73,23 @@
   function refreshRegenerate() {
     messages.querySelectorAll("button.regenerate").forEach(function (b) { b.remove(); });
     const last = messages.querySelector("article.message:last-of-type");
-    if (streams.size || sending || !last || !last.classList.contains("assistant") || !last.dataset.message) return;
+    if (streams.size || sending || regenerating) return;
+    if (!last || !last.classList.contains("assistant") || !last.dataset.message) return;
     if (["failed", "stopped", "complete"].indexOf(last.dataset.status) < 0) return;
     const button = document.createElement("button");
     button.type = "button";
     button.className = "regenerate link";
     button.textContent = "Regenerate";
     button.addEventListener("click", function () {
-      if (socket && socket.readyState === WebSocket.OPEN) {
-        socket.send(JSON.stringify({type: "message.regenerate", message: parseInt(last.dataset.message, 10)}));
-        button.remove();
-      }
+      // `replaces`: the answer shown now. Sent again on the next socket if this one drops before
+      // the server answers, it regenerates once: a repeat is answered with the answer it began.
+      regenerating = {
+        type: "message.regenerate",
+        message: parseInt(last.dataset.message, 10),
+        replaces: last.dataset.generation || null,
+      };
+      button.remove();
+      if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify(regenerating));
     });
     last.appendChild(button);
   }
@@ -135,6 +142,7 @@
         socket.send(JSON.stringify({type: "generation.resume", generation: generationId, after_seq: stream.seq}));
       });
       if (sending) transmit();  // written before the socket opened, or not yet answered on the last one
+      if (regenerating) socket.send(JSON.stringify(regenerating));  // likewise
     });
     socket.addEventListener("message", function (event) {
       handle(JSON.parse(event.data));
@@ -180,6 +188,7 @@
         }
         break;
       case "message.regenerating": {
+        if (regenerating && regenerating.message === msg.assistant_message.id) regenerating = null;
         const el = messages.querySelector('article[data-message="' + msg.assistant_message.id + '"]');
         if (!el) break;
         el.querySelectorAll(".note, button.regenerate").forEach(function (n) { n.remove(); });
@@ -234,6 +243,7 @@
       }
       case "error":
         if (isOurs(msg)) takeBack();  // the pending message was refused
+        else regenerating = null;  // a refused regenerate (its button comes back)
         showError(msg.message);
         refreshRegenerate();
         break;
@@ -243,7 +253,7 @@
   form.addEventListener("submit", function (event) {
     event.preventDefault();
     const text = input.value.trim();
-    if (!text || sending || streams.size > 0) return;
+    if (!text || sending || regenerating || streams.size > 0) return;
     showError("");
     const payload = {type: "message.send", content: text, conversation: conversationId, client_id: newClientId()};
     if (!conversationId && modelSelect) payload.model = modelSelect.value;

@@ -206,3 +206,48 @@ async def test_a_message_whose_acceptance_was_lost_is_sent_again_and_answered_on
     assert await page.locator("article.message.assistant .content").text_content() == answer.content
     await page.reload()
     assert await page.locator("article.message.user").count() == 1
+
+
+async def test_a_regenerate_whose_answer_was_lost_is_sent_again_and_answered_once(page):
+    """The socket drops after the server began the new answer, before the page heard so: the page
+    asks again on its next socket, naming the answer it showed, and follows the one already begun."""
+    await sign_up(page, "kim")
+    await page.fill("#input", "Name a fruit.")
+    await page.keyboard.press("Enter")
+    await page.wait_for_selector("article.message.assistant.status-complete")
+    dropped = asyncio.Event()
+
+    async def socket_route(ws):
+        server = ws.connect_to_server()
+        gone = False
+
+        def from_server(message):
+            nonlocal gone
+            if gone:
+                return
+            if not dropped.is_set() and '"message.regenerating"' in str(message):
+                dropped.set()
+                gone = True
+                asyncio.ensure_future(ws.close(code=1006))
+                return
+            ws.send(message)
+
+        server.on_message(from_server)
+
+    await page.route_web_socket(CHAT_SOCKET, socket_route)
+    await page.reload()
+    await page.wait_for_selector("#chat[data-socket=open]", state="attached")
+    first = await Generation.objects.aget()
+    await page.click("button.regenerate")
+    await page.wait_for_function(
+        "(first) => { const a = document.querySelector('article.message.assistant');"
+        " return a.dataset.generation !== first && a.dataset.status === 'complete'; }",
+        arg=str(first.id),
+    )
+    assert dropped.is_set(), "the first socket should have dropped before the page heard the regenerate"
+    assert await Generation.objects.acount() == 2
+    answer = await Message.objects.aget(role="assistant")
+    assert answer.generation_id != first.id
+    assert await page.locator("article.message.assistant").get_attribute("data-generation") == str(answer.generation_id)
+    assert await page.locator("article.message.assistant .content").text_content() == answer.content
+    assert await page.is_visible("button.regenerate")  # offered again, for the answer now shown

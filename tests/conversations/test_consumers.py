@@ -377,6 +377,44 @@ async def test_a_failed_answer_is_regenerated_over_the_socket(engine, alice):
     await socket.disconnect()
 
 
+async def test_a_regenerate_sent_again_is_answered_with_the_answer_it_began(alice):
+    """The socket dropped after the server began the new answer, before the page heard so: the page
+    sends the same request again on its next socket, and follows that answer; none is queued."""
+    from conversations.services import message_regenerate
+
+    sent = await database_sync_to_async(message_send)(user=alice, content="Say hello to Alice.")
+    await database_sync_to_async(generation_finish)(
+        generation_id=sent.generation.id, status="failed", text="", error_code="worker_lost"
+    )
+    request = {"type": "message.regenerate", "message": sent.assistant_message.id, "replaces": str(sent.generation.id)}
+    # The first try, whose answer the dropped socket never delivered; the answer has ended since.
+    first = await database_sync_to_async(message_regenerate)(
+        user=alice, message_id=request["message"], replaces=request["replaces"]
+    )
+    await database_sync_to_async(generation_finish)(generation_id=first.generation.id, status="complete", text="Hello!")
+
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to(request)
+    events = await drain_until_finished(socket)
+    assert events[0] == {
+        "type": "message.regenerating",
+        "assistant_message": {"id": sent.assistant_message.id},
+        "generation": str(first.generation.id),
+        "replayed": True,
+    }
+    assert (events[-1]["type"], events[-1]["generation"], events[-1]["text"]) == (
+        "generation.done",
+        str(first.generation.id),
+        "Hello!",
+    )
+    assert await Generation.objects.acount() == 2
+    await socket.send_json_to({**request, "replaces": "nonsense"})
+    refused = await next_event(socket)
+    assert (refused["type"], refused["code"]) == ("error", "invalid_request")
+    assert await Generation.objects.acount() == 2
+    await socket.disconnect()
+
+
 async def test_a_stream_just_queued_is_followed_without_waiting_for_the_database(alice, default_deployment):
     """Eight messages sent at once: while the others' transactions hold every database thread, a
     socket whose message was just queued joins its stream at once, so its first text is not held

@@ -140,8 +140,9 @@ def test_a_failed_answer_can_be_regenerated_into_the_same_message(alice):
 
     sent = message_send(user=alice, content="Hi")
     generation_finish(generation_id=sent.generation.id, status="failed", text="Hel", error_code="worker_lost")
-    answer, generation = message_regenerate(user=alice, message_id=sent.assistant_message.id)
-    assert answer.id == sent.assistant_message.id
+    regenerated = message_regenerate(user=alice, message_id=sent.assistant_message.id)
+    answer, generation = regenerated.answer, regenerated.generation
+    assert answer.id == sent.assistant_message.id and not regenerated.replayed
     assert generation.id != sent.generation.id
     assert generation.prompt_token_ids == sent.generation.prompt_token_ids
     answer.refresh_from_db()
@@ -161,6 +162,72 @@ def test_regenerating_is_refused_for_others_answers_and_answers_in_progress(alic
         with pytest.raises(ClientError) as refused:
             message_regenerate(user=who, message_id=message_id)
         assert refused.value.code == "not_found"
+
+
+def test_a_regenerate_sent_again_is_answered_with_the_answer_it_began(alice):
+    from conversations.services import message_regenerate
+
+    sent = message_send(user=alice, content="Hi")
+    generation_finish(generation_id=sent.generation.id, status="failed", text="", error_code="worker_lost")
+    first = message_regenerate(user=alice, message_id=sent.assistant_message.id, replaces=str(sent.generation.id))
+    # The same request again (its socket dropped before the answer): while the new answer is written,
+    # and after it has ended.
+    again = message_regenerate(user=alice, message_id=sent.assistant_message.id, replaces=str(sent.generation.id))
+    generation_finish(generation_id=first.generation.id, status="complete", text="Hello")
+    later = message_regenerate(user=alice, message_id=sent.assistant_message.id, replaces=str(sent.generation.id))
+    assert not first.replayed and again.replayed and later.replayed
+    assert again.generation.id == later.generation.id == first.generation.id
+    assert Generation.objects.count() == 2
+    # Asked of the answer now shown, it regenerates.
+    fresh = message_regenerate(user=alice, message_id=sent.assistant_message.id, replaces=str(first.generation.id))
+    assert not fresh.replayed and fresh.generation.id not in (sent.generation.id, first.generation.id)
+    assert Generation.objects.count() == 3
+
+
+@pytest.mark.parametrize("replaces", ["not-a-uuid", 7, ["x"]])
+def test_a_regenerate_with_a_bad_replaces_is_refused_and_queues_nothing(alice, replaces):
+    from conversations.services import message_regenerate
+
+    sent = message_send(user=alice, content="Hi")
+    generation_finish(generation_id=sent.generation.id, status="complete", text="Hello")
+    with pytest.raises(ClientError) as refused:
+        message_regenerate(user=alice, message_id=sent.assistant_message.id, replaces=replaces)
+    assert (refused.value.code, refused.value.param) == ("invalid_request", "replaces")
+    assert Generation.objects.count() == 1
+    assert Message.objects.get(id=sent.assistant_message.id).generation_id == sent.generation.id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_tabs_regenerating_at_once_get_one_new_answer(alice):
+    from django.db import connections
+
+    from conversations.services import message_regenerate
+
+    sent = message_send(user=alice, content="Hi")
+    generation_finish(generation_id=sent.generation.id, status="complete", text="Hello")
+    start = threading.Barrier(2)
+    results, errors = [], []
+
+    def regenerate():
+        try:
+            start.wait(timeout=5)
+            results.append(
+                message_regenerate(user=alice, message_id=sent.assistant_message.id, replaces=str(sent.generation.id))
+            )
+        except Exception as exc:  # noqa: BLE001 - any failure is the test's failure
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=regenerate) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors
+    assert sorted(r.replayed for r in results) == [False, True]
+    assert results[0].generation.id == results[1].generation.id
+    assert Generation.objects.count() == 2
 
 
 # --- a message sent twice (its client_id) -----------------------------------------------------------
