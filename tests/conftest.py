@@ -453,6 +453,26 @@ class DropsLiveSends:
         return None
 
 
+def at_the_same_instant(call: Callable[[], Any], *, times: int) -> list[Any]:
+    """Run `call` in `times` threads released together (a race on the database), each closing its own
+    connections when done. Returns their results; the first failure is raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    start = threading.Barrier(times)
+
+    def run(_):
+        start.wait(timeout=5)
+        try:
+            return call()
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=times) as pool:
+        return list(pool.map(run, range(times)))
+
+
 async def next_event(communicator, *, timeout: float = 60) -> dict[str, Any]:
     """The next event for this socket, skipping engine status broadcasts (they come at any time)."""
     while True:

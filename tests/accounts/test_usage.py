@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import csv
 import io
-import threading
 from decimal import Decimal
 
 import pytest
 from channels.db import database_sync_to_async
-from django.db import connection, connections
+from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
@@ -20,7 +19,7 @@ from conversations.services import message_send
 from inference.models import Generation
 from inference.services import generation_claim, generation_finish, generation_request_stop
 from tests.accounts.conftest import run_to_end
-from tests.conftest import drain_until_finished, open_socket
+from tests.conftest import at_the_same_instant, drain_until_finished, open_socket
 
 
 def test_a_finished_generation_is_charged_at_its_tiers_price(alice, put_on_tier):
@@ -114,24 +113,8 @@ def test_two_racing_charges_for_one_generation_leave_one_row(alice):
     run_to_end(sent.generation, completion_tokens=10)
     UsageRecord.objects.all().delete()  # as if the finish had not been charged yet
     generation = Generation.objects.select_related("user", "deployment").get(id=sent.generation.id)
-    start = threading.Barrier(4)
-    errors = []
-
-    def charge():
-        try:
-            start.wait(timeout=5)
-            usage_record(generation=generation)
-        except Exception as exc:  # noqa: BLE001 - any failure is the test's failure
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=charge) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert not errors
+    charges = at_the_same_instant(lambda: usage_record(generation=generation), times=4)
+    assert len({charge.id for charge in charges}) == 1
     assert UsageRecord.objects.count() == 1
 
 

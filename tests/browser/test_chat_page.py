@@ -139,6 +139,35 @@ async def written_while_disconnected(page, text: str) -> asyncio.Event:
     return allowed
 
 
+async def dropped_before_the_page_hears(page, event_type: str) -> asyncio.Event:
+    """Reload the page with its socket routed so that the first `event_type` the server sends never
+    reaches the page: the socket drops instead. Returns the event set once it has dropped; the
+    page's next sockets go through untouched."""
+    dropped = asyncio.Event()
+
+    async def socket_route(ws):
+        server = ws.connect_to_server()
+        gone = False
+
+        def from_server(message):
+            nonlocal gone
+            if gone:
+                return
+            if not dropped.is_set() and f'"{event_type}"' in str(message):
+                dropped.set()
+                gone = True
+                asyncio.ensure_future(ws.close(code=1006))
+                return
+            ws.send(message)
+
+        server.on_message(from_server)
+
+    await page.route_web_socket(CHAT_SOCKET, socket_route)
+    await page.reload()
+    await page.wait_for_selector("#chat[data-socket=open]", state="attached")
+    return dropped
+
+
 async def test_a_message_written_while_disconnected_waits_and_is_sent_on_reconnect(page):
     await sign_up(page, "heidi")
     allowed = await written_while_disconnected(page, "Say hello.")
@@ -172,28 +201,7 @@ async def test_a_message_whose_acceptance_was_lost_is_sent_again_and_answered_on
     """The socket drops after the server saved the message, before the page heard so: the page sends
     it again on its next socket, and the server answers with the message it saved, not a second one."""
     await sign_up(page, "ivan")
-    dropped = asyncio.Event()
-
-    async def socket_route(ws):
-        server = ws.connect_to_server()
-        gone = False
-
-        def from_server(message):
-            nonlocal gone
-            if gone:
-                return
-            if not dropped.is_set() and '"message.accepted"' in str(message):
-                dropped.set()
-                gone = True
-                asyncio.ensure_future(ws.close(code=1006))
-                return
-            ws.send(message)
-
-        server.on_message(from_server)
-
-    await page.route_web_socket(CHAT_SOCKET, socket_route)
-    await page.reload()
-    await page.wait_for_selector("#chat[data-socket=open]", state="attached")
+    dropped = await dropped_before_the_page_hears(page, "message.accepted")
     await page.fill("#input", "Name a colour.")
     await page.keyboard.press("Enter")
     await page.wait_for_selector("article.message.assistant.status-complete")
@@ -215,28 +223,7 @@ async def test_a_regenerate_whose_answer_was_lost_is_sent_again_and_answered_onc
     await page.fill("#input", "Name a fruit.")
     await page.keyboard.press("Enter")
     await page.wait_for_selector("article.message.assistant.status-complete")
-    dropped = asyncio.Event()
-
-    async def socket_route(ws):
-        server = ws.connect_to_server()
-        gone = False
-
-        def from_server(message):
-            nonlocal gone
-            if gone:
-                return
-            if not dropped.is_set() and '"message.regenerating"' in str(message):
-                dropped.set()
-                gone = True
-                asyncio.ensure_future(ws.close(code=1006))
-                return
-            ws.send(message)
-
-        server.on_message(from_server)
-
-    await page.route_web_socket(CHAT_SOCKET, socket_route)
-    await page.reload()
-    await page.wait_for_selector("#chat[data-socket=open]", state="attached")
+    dropped = await dropped_before_the_page_hears(page, "message.regenerating")
     first = await Generation.objects.aget()
     await page.click("button.regenerate")
     await page.wait_for_function(

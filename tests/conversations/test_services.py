@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from chatsite.errors import ClientError
@@ -10,6 +8,7 @@ from conversations.services import conversation_rename, message_send
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
 from inference.models import Generation
 from inference.services import generation_claim, generation_finish, generation_mark_started, generation_request_stop
+from tests.conftest import at_the_same_instant
 
 
 def test_sending_a_first_message_creates_the_conversation_and_a_pending_answer(alice):
@@ -199,32 +198,14 @@ def test_a_regenerate_with_a_bad_replaces_is_refused_and_queues_nothing(alice, r
 
 @pytest.mark.django_db(transaction=True)
 def test_two_tabs_regenerating_at_once_get_one_new_answer(alice):
-    from django.db import connections
-
     from conversations.services import message_regenerate
 
     sent = message_send(user=alice, content="Hi")
     generation_finish(generation_id=sent.generation.id, status="complete", text="Hello")
-    start = threading.Barrier(2)
-    results, errors = [], []
-
-    def regenerate():
-        try:
-            start.wait(timeout=5)
-            results.append(
-                message_regenerate(user=alice, message_id=sent.assistant_message.id, replaces=str(sent.generation.id))
-            )
-        except Exception as exc:  # noqa: BLE001 - any failure is the test's failure
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=regenerate) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert not errors
+    results = at_the_same_instant(
+        lambda: message_regenerate(user=alice, message_id=sent.assistant_message.id, replaces=str(sent.generation.id)),
+        times=2,
+    )
     assert sorted(r.replayed for r in results) == [False, True]
     assert results[0].generation.id == results[1].generation.id
     assert Generation.objects.count() == 2
@@ -312,23 +293,11 @@ def test_a_malformed_client_id_is_refused_and_leaves_nothing_behind(alice, clien
 def test_one_message_sent_twice_at_the_same_instant_is_saved_once(alice):
     """Two sends of one client_id race (a retry on a new socket while the first socket's send is
     still being saved): the unique constraint makes the second wait for the first, then answer with it."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from django.db import connection, connections
+    from django.db import connection
 
     if connection.vendor != "postgresql":
         pytest.skip("SQLite takes one writer at a time; the race is PostgreSQL's (the production topology run)")
-    barrier = threading.Barrier(4)
-
-    def send(_):
-        barrier.wait()
-        try:
-            return message_send(user=alice, content="At once", client_id=CLIENT_ID)
-        finally:
-            connections.close_all()
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        sent = list(pool.map(send, range(4)))
+    sent = at_the_same_instant(lambda: message_send(user=alice, content="At once", client_id=CLIENT_ID), times=4)
     assert len({s.user_message.id for s in sent}) == 1
     assert len({s.generation.id for s in sent}) == 1
     assert sum(not s.replayed for s in sent) == 1
