@@ -574,6 +574,7 @@ def _answer_queue(
         },
         priority=admission.priority,
         awaiting_verdict=held,
+        tier_id=limits.tier.id,
     )
     answer.generation = generation
     answer.status = Message.Status.PENDING

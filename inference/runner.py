@@ -151,12 +151,13 @@ class Runner:
                 generation.deployment = deployment_cached(deployment_id=deployment_id) or await db_async(
                     deployment_get_cached
                 )(deployment_id=deployment_id)
-            await self._run_with_claim(generation, claim)
+            await self._run_with_claim(generation, claim, tier_id=order.get("tier_id") if order else None)
         finally:
             self._runs.discard(key)
 
-    async def _run_with_claim(self, generation: Generation, claim: asyncio.Future) -> None:
-        """Stream `generation`, which `claim` (a future of the claimed row, or None) decides is ours."""
+    async def _run_with_claim(self, generation: Generation, claim: asyncio.Future, *, tier_id: int | None) -> None:
+        """Stream `generation`, which `claim` (a future of the claimed row, or None) decides is ours;
+        its answer is moderated under `tier_id`'s policy (the order's), else its user's tier's."""
         key = str(generation.id)
         # Held for its message's verdict, unless the release came while the task was on its way.
         gate = None
@@ -167,7 +168,7 @@ class Runner:
         progress = {"prompt_tokens": len(generation.prompt_token_ids), "completion_tokens": 0, "finish_reason": ""}
         # Output moderation: scores each completed sentence; raises ContentFiltered to cut the answer.
         # Its policy is read while the engine works on the first token, not before the request starts.
-        monitor_loading = asyncio.ensure_future(db_async(output_monitor_for)(generation=generation))
+        monitor_loading = asyncio.ensure_future(db_async(output_monitor_for)(generation=generation, tier_id=tier_id))
         # An answer that ends before its first token (a stop, an engine error) never awaits it.
         monitor_loading.add_done_callback(lambda future: future.cancelled() or future.exception())
         filtered: ContentFiltered | None = None

@@ -42,13 +42,18 @@ def generation_create(
     sampling: dict[str, Any],
     priority: int = 0,
     awaiting_verdict: bool = False,
+    tier_id: int | None = None,
 ) -> Generation:
     """A queued generation; dispatched to an engine once the caller's transaction commits.
 
     `awaiting_verdict`: hold its text until input moderation's verdict on its message is in. It is
     dispatched all the same, so the engine computes the answer while the message is scored; the
     runner shows none of it until `generation_release`, and a verdict that blocks takes it back with
-    `generation_withdraw`. Set on the row's INSERT: no statement of its own before the dispatch."""
+    `generation_withdraw`. Set on the row's INSERT: no statement of its own before the dispatch.
+
+    `tier_id`: the user's tier as the caller read it for this request (its limits). It goes to the
+    engine with the order, and the answer's output moderation runs under that tier's policy: the
+    same tier its message's input check used, and no read of the user's tier in the worker."""
     from inference.dispatch import generation_dispatch
 
     generation = Generation.objects.create(
@@ -61,7 +66,7 @@ def generation_create(
         prompt_tokens=len(prompt_token_ids),
         awaiting_verdict=awaiting_verdict,
     )
-    order = generation_order(generation)
+    order = generation_order(generation, tier_id=tier_id)
     transaction.on_commit(
         lambda: generation_dispatch(
             generation_id=generation.id, queue=deployment.queue_name, priority=priority, order=order
@@ -70,13 +75,15 @@ def generation_create(
     return generation
 
 
-def generation_order(generation: Generation) -> dict[str, Any]:
+def generation_order(generation: Generation, *, tier_id: int | None = None) -> dict[str, Any]:
     """What an engine needs to start a queued generation, sent with its first dispatch.
 
     With it the runner starts the engine request at once and claims the row beside the engine's first
     step, instead of before it (Runner.run): the claim still decides who runs the generation, and no
-    text is shown before it. Only fields that never change once the row is written are in it."""
+    text is shown before it. Only fields that never change once the row is written are in it, and the
+    tier the request was admitted under (`generation_create`), whose policy moderates the answer."""
     return {
+        "tier_id": tier_id,
         "prompt_token_ids": generation.prompt_token_ids,
         "sampling": generation.sampling,
         "priority": generation.priority,
@@ -394,6 +401,7 @@ def _completion_generations(
                 sampling={**sampling, "max_tokens": admission.max_tokens},
                 priority=admission.priority,
                 awaiting_verdict=awaiting_verdict,
+                tier_id=limits.tier.id,
             )
         )
         admissions.append(admission)

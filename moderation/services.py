@@ -472,9 +472,10 @@ class _Unmonitored(OutputMonitor):
         self.passed_text = self.text
 
 
-def output_monitor_for(*, generation: Any) -> OutputMonitor:
-    """A monitor for one generation's answer under its user's policy (one query: the user's tier)."""
-    policy = policy_for_user_id(user_id=generation.user_id)
+def output_monitor_for(*, generation: Any, tier_id: int | None = None) -> OutputMonitor:
+    """A monitor for one generation's answer: under the policy of `tier_id`, the tier its request was
+    admitted under (carried by its order: no query), else under its user's (one query, the user's tier)."""
+    policy = policy_for_tier(tier_id=tier_id) if tier_id is not None else policy_for_user_id(user_id=generation.user_id)
     return OutputMonitor(policy) if policy.moderate_output else _Unmonitored(policy)
 
 

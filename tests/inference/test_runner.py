@@ -121,6 +121,29 @@ async def test_an_answers_last_words_are_out_before_its_end_is_recorded(
     assert events[-1]["type"] == "generation.done"
 
 
+async def test_an_ordered_run_is_moderated_under_the_tier_its_order_carries(engine, alice, default_deployment):
+    from accounts.models import Tier
+    from moderation.models import ModerationPolicy, PolicyRule
+
+    # A policy on a tier Alice is not on, whose zero threshold trips on the first words checked.
+    enterprise = await Tier.objects.aget(name="enterprise")
+    policy = await ModerationPolicy.objects.acreate(name="enterprise tier", tier=enterprise, moderate_input=False)
+    await PolicyRule.objects.acreate(policy=policy, category="violence", threshold=0.0, action="block")
+    under_enterprise = await _queued(alice, default_deployment, max_tokens=8)
+    under_her_own = await _queued(alice, default_deployment, max_tokens=8)
+
+    order = generation_order(under_enterprise, tier_id=enterprise.id)
+    await asyncio.wait_for(local_backend.runner.run(under_enterprise.id, order=order), timeout=60)
+    await asyncio.wait_for(
+        local_backend.runner.run(under_her_own.id, order=generation_order(under_her_own)), timeout=60
+    )
+
+    await under_enterprise.arefresh_from_db()
+    await under_her_own.arefresh_from_db()
+    assert (under_enterprise.status, under_enterprise.finish_reason) == (Generation.Status.STOPPED, "content_filter")
+    assert (under_her_own.status, under_her_own.completion_tokens) == (Generation.Status.COMPLETE, 8)
+
+
 async def test_an_ordered_run_the_engine_refuses_is_still_claimed_and_recorded_failed(
     engine, alice, default_deployment
 ):

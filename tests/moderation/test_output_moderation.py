@@ -238,6 +238,35 @@ def test_the_users_policy_decides_whether_answers_are_monitored(alice, make_poli
     assert monitor.policy.rules == {"violence": (0.0, "block")}
 
 
+def test_an_answer_is_moderated_under_the_tier_its_message_was_sent_under(
+    alice, make_policy, monkeypatch, django_capture_on_commit_callbacks, django_assert_num_queries
+):
+    from accounts.models import Tier
+    from accounts.services import user_set_tier
+    from conversations.services import message_send
+    from moderation.services import output_monitor_for
+
+    make_policy({"violence": (0.0, "block")}, tier_name="enterprise", name="enterprise tier", moderate_input=False)
+    enterprise = Tier.objects.get(name="enterprise")
+    user_set_tier(user=alice, tier=enterprise)
+    orders = []  # what the engine would be sent; nothing here runs the answer
+    monkeypatch.setattr("inference.dispatch.generation_dispatch", lambda **dispatch: orders.append(dispatch["order"]))
+    with django_capture_on_commit_callbacks(execute=True):
+        generation = message_send(user=alice, content="Tell me about dragons.").generation
+
+    (order,) = orders
+    assert order["tier_id"] == enterprise.id  # the tier the send admitted (and checked) the message under
+    # Moved to another tier before her answer starts, she still gets it under the tier her message
+    # was sent under, as its input check did, and the worker reads no tier to know which.
+    user_set_tier(user=alice, tier=Tier.objects.get(is_default=True))
+    output_monitor_for(generation=generation, tier_id=order["tier_id"])  # the policy, into the cache
+    with django_assert_num_queries(0):
+        monitor = output_monitor_for(generation=generation, tier_id=order["tier_id"])
+    assert monitor.policy.rules == {"violence": (0.0, "block")}
+    # Without an order (a re-dispatch), the user's tier is read: hers now.
+    assert output_monitor_for(generation=generation).policy.rules != {"violence": (0.0, "block")}
+
+
 @pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_a_flagged_answer_is_cut_mid_stream_and_ends_with_content_filter(engine, alice, make_policy):
