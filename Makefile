@@ -15,7 +15,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 # A Redis database of the tests' own: the suite empties it when it starts.
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: run test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-embedded benchmark-moderation benchmark-cuts benchmark-dtype clean
+.PHONY: run test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-embedded benchmark-moderation benchmark-cuts benchmark-dtype benchmark-interference clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -101,6 +101,9 @@ benchmark-cuts: model
 
 benchmark-dtype: model
 	$(PY) benchmarks/engine_dtype.py
+
+benchmark-interference: install topology-database
+	$(PY) benchmarks/core_interference.py --database $(TOPOLOGY_DATABASE_URL)
 
 clean:
 	rm -rf $(VENV) var/staticfiles
