@@ -36,23 +36,27 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = 80
 SETTLE_S = 1.0
 
-# Each load runs in a process of its own, bound to core 1; DATABASE_URL is filled in where used.
-BIND = "import os, time; os.sched_setaffinity(0, {1})\n"
+# Each load runs in a process of its own, bound to core 1: its set-up, then a line saying it is
+# ready, then its loop. DATABASE_URL is filled in where used.
+BIND = "import os; os.sched_setaffinity(0, {1})\n"
+READY = "print('ready', flush=True)\n"
 LOADS = {
-    "spin": BIND + "while True: pass\n",
+    "spin": BIND + READY + "while True: pass\n",
     "memory": BIND
     + "import numpy as np\nsource = np.ones(8_000_000); target = np.empty_like(source)\n"
+    + READY
     + "while True: np.copyto(target, source)\n",
     "embedder": BIND
     + "import django; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'chatsite.settings'); django.setup()\n"
-    + "from moderation import classifiers\nclassifiers.warm_up()\nprint('ready', flush=True)\n"
+    + "from moderation import classifiers\nclassifiers.warm_up()\n"
     + "texts = ['The capital of France is Paris, a city known for its art and its history.'] * 4\n"
+    + READY
     + "while True: classifiers.score_many(texts)\n",
     "postgres_commits": BIND
     + "import psycopg\nconnection = psycopg.connect(DATABASE_URL, autocommit=True)\n"
     + "os.sched_setaffinity(connection.execute('select pg_backend_pid()').fetchone()[0], {1})\n"
     + "connection.execute('create temporary table probe (id serial primary key, v text)')\n"
-    + "print('ready', flush=True)\n"
+    + READY
     + "while True:\n    with connection.transaction():\n"
     + "        connection.execute(\"insert into probe (v) values ('x')\")\n",
 }
@@ -93,10 +97,9 @@ def step_timer():
 def start_load(name: str, database: str | None) -> subprocess.Popen:
     code = LOADS[name].replace("DATABASE_URL", repr(database))
     load = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    if "print('ready'" in code:
-        if load.stdout.readline().strip() != "ready":
-            load.kill()
-            raise SystemExit(f"the {name} load did not start")
+    if load.stdout.readline().strip() != "ready":
+        load.kill()
+        raise SystemExit(f"the {name} load did not start")
     time.sleep(SETTLE_S)
     return load
 
