@@ -10,9 +10,14 @@ minute" without the double burst a fixed window allows at its edges.
 A bucket's state is two numbers, the units left and when they were counted; the refill is computed
 lazily when the bucket is next touched, so idle buckets cost nothing and simply expire.
 
+A request that pays into several buckets (requests a minute and tokens a minute) pays into all of
+them in one step, or into none (`buckets_consume`): refused by one, it has taken nothing from the
+others, so there is nothing to give back.
+
 Atomicity is the whole point under concurrent bursts:
-- with `settings.REDIS_URL` the read-refill-take step is one Lua script, which Redis runs atomically
-  and with its own clock (`TIME`), so any number of web processes share one bucket correctly;
+- with `settings.REDIS_URL` the read-refill-take step is one Lua script over all the request's
+  buckets, which Redis runs atomically and with its own clock (`TIME`), so any number of web
+  processes share one bucket correctly, in one round trip a request;
 - without it (the embedded default is a single process) the step runs under a process-wide lock
   around Django's cache.
 
@@ -40,32 +45,48 @@ class Decision:
     retry_after: int  # seconds; 0 when allowed
 
 
-# KEYS[1] bucket; ARGV: capacity, refill per second, amount (negative: a refund). Returns {allowed, remaining*1000, retry_ms}.
+# KEYS: the buckets; ARGV: capacity, refill per second and amount (negative: a refund) for each, in
+# turn. Every bucket is refilled; the amounts are taken only if every bucket holds its own, otherwise
+# nothing is taken. Returns {refused (the 1-based index of the first bucket short of its amount, 0
+# when all were taken), that bucket's remaining*1000 (the last bucket's when all were taken), its retry_ms}.
 _LUA = """
-local capacity = tonumber(ARGV[1])
-local rate = tonumber(ARGV[2])
-local amount = tonumber(ARGV[3])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
-local tokens = tonumber(state[1])
-local ts = tonumber(state[2])
-if tokens == nil then
-  tokens = capacity
-  ts = now
+local levels = {}
+local refused = 0
+for i, key in ipairs(KEYS) do
+  local capacity = tonumber(ARGV[3 * i - 2])
+  local rate = tonumber(ARGV[3 * i - 1])
+  local amount = tonumber(ARGV[3 * i])
+  local state = redis.call('HMGET', key, 'tokens', 'ts')
+  local tokens = tonumber(state[1])
+  local ts = tonumber(state[2])
+  if tokens == nil then
+    tokens = capacity
+    ts = now
+  end
+  tokens = math.min(capacity, tokens + math.max(0, now - ts) * rate)
+  levels[i] = tokens
+  if refused == 0 and amount > tokens then
+    refused = i
+  end
 end
-tokens = math.min(capacity, tokens + math.max(0, now - ts) * rate)
-local allowed = 0
-local retry_ms = 0
-if amount <= tokens then
-  tokens = math.min(capacity, tokens - amount)
-  allowed = 1
-else
-  retry_ms = math.ceil((amount - tokens) / rate * 1000)
+if refused > 0 then
+  local rate = tonumber(ARGV[3 * refused - 1])
+  local amount = tonumber(ARGV[3 * refused])
+  local tokens = levels[refused]
+  return {refused, math.floor(tokens * 1000), math.ceil((amount - tokens) / rate * 1000)}
 end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now))
-redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000) + 1000)
-return {allowed, math.floor(tokens * 1000), retry_ms}
+local last = 0
+for i, key in ipairs(KEYS) do
+  local capacity = tonumber(ARGV[3 * i - 2])
+  local rate = tonumber(ARGV[3 * i - 1])
+  local tokens = math.min(capacity, levels[i] - tonumber(ARGV[3 * i]))
+  redis.call('HSET', key, 'tokens', tostring(tokens), 'ts', tostring(now))
+  redis.call('PEXPIRE', key, math.ceil(capacity / rate * 1000) + 1000)
+  last = tokens
+end
+return {0, math.floor(last * 1000), 0}
 """
 
 _local_lock = threading.Lock()
@@ -77,6 +98,24 @@ def _redis_script(url: str):
 
     client = redis.Redis.from_url(url)
     return client.register_script(_LUA)
+
+
+@dataclass(frozen=True)
+class Charge:
+    """`amount` units from the bucket `key`, which holds `capacity` units a `period_s`."""
+
+    key: str
+    capacity: int
+    period_s: float
+    amount: float = 1
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Which charge of several its bucket could not pay (its index), and when to come back."""
+
+    index: int
+    retry_after: int  # seconds
 
 
 def _validate(capacity: int, period_s: float, amount: float) -> None:
@@ -93,37 +132,74 @@ def bucket_consume(*, key: str, capacity: int, period_s: float, amount: float = 
     full bucket takes to refill, so the client is told something true rather than "never".
     """
     _validate(capacity, period_s, amount)
-    rate = capacity / period_s
     if amount > capacity:
         return Decision(False, 0.0, math.ceil(period_s))
-    return _apply(KEY_PREFIX + key, capacity=capacity, rate=rate, amount=amount)
+    refused, remaining, retry_after = _apply([Charge(KEY_PREFIX + key, capacity, period_s, amount)])
+    return Decision(not refused, remaining, retry_after)
+
+
+def buckets_consume(charges: list[Charge]) -> Refusal | None:
+    """Take each charge's amount from its bucket, all of them or none: None when all were taken,
+    else the first charge whose bucket is short and when it will have refilled enough.
+
+    One step for all the buckets a request pays into (one round trip to Redis), so a request refused
+    by its second bucket has taken nothing from its first, and two racing requests never each take
+    from the bucket the other is refused by.
+    """
+    for charge in charges:
+        _validate(charge.capacity, charge.period_s, charge.amount)
+        if charge.amount > charge.capacity:
+            return Refusal(charges.index(charge), math.ceil(charge.period_s))
+    if not charges:
+        return None
+    refused, _, retry_after = _apply([Charge(KEY_PREFIX + c.key, c.capacity, c.period_s, c.amount) for c in charges])
+    return Refusal(refused - 1, retry_after) if refused else None
 
 
 def bucket_refund(*, key: str, capacity: int, period_s: float, amount: float) -> None:
     """Give back units taken for a request that was refused further on (never above capacity)."""
     _validate(capacity, period_s, amount)
     if amount:
-        _apply(KEY_PREFIX + key, capacity=capacity, rate=capacity / period_s, amount=-amount)
+        _apply([Charge(KEY_PREFIX + key, capacity, period_s, -amount)])
 
 
-def _apply(key: str, *, capacity: int, rate: float, amount: float) -> Decision:
+def buckets_refund(charges: list[Charge]) -> None:
+    """Give back what `buckets_consume` took for a request that went no further after all (never
+    above a bucket's capacity), in one step."""
+    for charge in charges:
+        _validate(charge.capacity, charge.period_s, charge.amount)
+    refunds = [Charge(KEY_PREFIX + c.key, c.capacity, c.period_s, -c.amount) for c in charges if c.amount]
+    if refunds:
+        _apply(refunds)
+
+
+def _apply(charges: list[Charge]) -> tuple[int, float, int]:
+    """(the 1-based index of the first bucket short of its charge, 0 if all were taken; units left
+    in that bucket, or in the last one; seconds until it has refilled enough, 0 if all were taken)."""
     if settings.REDIS_URL:
-        allowed, remaining_milli, retry_ms = _redis_script(settings.REDIS_URL)(
-            keys=[key], args=[capacity, repr(rate), repr(float(amount))]
+        args = []
+        for charge in charges:
+            args += [charge.capacity, repr(charge.capacity / charge.period_s), repr(float(charge.amount))]
+        refused, remaining_milli, retry_ms = _redis_script(settings.REDIS_URL)(
+            keys=[charge.key for charge in charges], args=args
         )
-        return Decision(bool(allowed), remaining_milli / 1000, math.ceil(retry_ms / 1000) if not allowed else 0)
-    return _local_consume(key, capacity=capacity, rate=rate, amount=amount)
+        return refused, remaining_milli / 1000, math.ceil(retry_ms / 1000) if refused else 0
+    return _local_consume(charges)
 
 
-def _local_consume(key: str, *, capacity: int, rate: float, amount: float) -> Decision:
+def _local_consume(charges: list[Charge]) -> tuple[int, float, int]:
     with _local_lock:
         now = time.time()
-        tokens, ts = django_cache.get(key) or (float(capacity), now)
-        tokens = min(float(capacity), tokens + max(0.0, now - ts) * rate)
-        if amount <= tokens:
-            tokens = min(float(capacity), tokens - amount)
-            decision = Decision(True, tokens, 0)
-        else:
-            decision = Decision(False, tokens, math.ceil((amount - tokens) / rate))
-        django_cache.set(key, (tokens, now), timeout=math.ceil(capacity / rate) + 1)
-        return decision
+        levels = []
+        for charge in charges:
+            tokens, ts = django_cache.get(charge.key) or (float(charge.capacity), now)
+            levels.append(min(float(charge.capacity), tokens + max(0.0, now - ts) * charge.capacity / charge.period_s))
+        for index, (charge, tokens) in enumerate(zip(charges, levels, strict=True)):
+            if charge.amount > tokens:
+                rate = charge.capacity / charge.period_s
+                return index + 1, tokens, math.ceil((charge.amount - tokens) / rate)
+        tokens = 0.0
+        for charge, level in zip(charges, levels, strict=True):
+            tokens = min(float(charge.capacity), level - charge.amount)
+            django_cache.set(charge.key, (tokens, now), timeout=math.ceil(charge.period_s) + 1)
+        return 0, tokens, 0

@@ -13,7 +13,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from accounts.models import ApiKey, Tier, UsageRecord, User
-from accounts.ratelimit import bucket_consume, bucket_refund
+from accounts.ratelimit import Charge, buckets_consume, buckets_refund
 from accounts.selectors import (
     api_key_get_by_prefix,
     day_start,
@@ -142,8 +142,8 @@ class Admission:
     tier: Tier
     max_tokens: int
     priority: int
-    # What the request took from its rate-limit buckets: (bucket key, capacity, amount), one a minute each.
-    charges: tuple[tuple[str, int, int], ...] = ()
+    # What the request took from its rate-limit buckets (each holds its capacity a minute).
+    charges: tuple[Charge, ...] = ()
 
 
 def request_limits(*, user: Any, deployment: Any, api_key: ApiKey | None = None) -> RequestLimits:
@@ -179,9 +179,10 @@ def request_admit(
 
     In order: the tier includes the model (403 model_not_allowed); the day's and month's token
     quotas, counted from the ledger plus what the user's unfinished generations may still use
-    (429 quota_exceeded, retry when the period resets); requests per minute, then tokens per minute
-    (prompt + max_tokens), from token buckets keyed on the API key or else the user (429
-    rate_limited). Returns the answer's max_tokens, capped to what the tier and the quota leave,
+    (429 quota_exceeded, retry when the period resets); requests per minute and tokens per minute
+    (prompt + max_tokens), from token buckets keyed on the API key or else the user, taken from both
+    in one step or from neither (429 rate_limited, naming the requests' limit first when both are
+    short). Returns the answer's max_tokens, capped to what the tier and the quota leave,
     and the queue priority. `limits` is request_limits' answer when the caller already has it.
     """
     from inference.selectors import generation_tokens_reserved_for_user
@@ -213,37 +214,26 @@ def request_admit(
             max_tokens = min(max_tokens, left - prompt_tokens)
 
     subject = f"key:{api_key.id}" if api_key is not None else f"user:{user.id}"
-    charges = []
+    charges, limited = [], []
     if tier.requests_per_minute:
-        decision = bucket_consume(key=f"{subject}:requests", capacity=tier.requests_per_minute, period_s=MINUTE_S)
-        if not decision.allowed:
-            raise _rate_limited(f"{tier.requests_per_minute} requests a minute", decision.retry_after)
-        charges.append((f"{subject}:requests", tier.requests_per_minute, 1))
+        charges.append(Charge(f"{subject}:requests", tier.requests_per_minute, MINUTE_S))
+        limited.append(f"{tier.requests_per_minute} requests a minute")
     if tier.tokens_per_minute:
         if prompt_tokens + max_tokens > tier.tokens_per_minute:
             max_tokens = max(1, tier.tokens_per_minute - prompt_tokens)
-        decision = bucket_consume(
-            key=f"{subject}:tokens",
-            capacity=tier.tokens_per_minute,
-            period_s=MINUTE_S,
-            amount=prompt_tokens + max_tokens,
-        )
-        if not decision.allowed:
-            _charges_refund(charges)
-            raise _rate_limited(f"{tier.tokens_per_minute:,} tokens a minute", decision.retry_after)
-        charges.append((f"{subject}:tokens", tier.tokens_per_minute, prompt_tokens + max_tokens))
+        charges.append(Charge(f"{subject}:tokens", tier.tokens_per_minute, MINUTE_S, prompt_tokens + max_tokens))
+        limited.append(f"{tier.tokens_per_minute:,} tokens a minute")
+    # Both buckets in one step: a request the token bucket refuses takes nothing from the other.
+    refusal = buckets_consume(charges)
+    if refusal is not None:
+        raise _rate_limited(limited[refusal.index], refusal.retry_after)
     return Admission(tier=tier, max_tokens=max_tokens, priority=limits.priority, charges=tuple(charges))
 
 
 def admission_refund(*, admission: Admission) -> None:
     """Give back what an admitted request took from its rate limits, when it goes no further after
     all (input moderation blocked the message it was admitted for)."""
-    _charges_refund(admission.charges)
-
-
-def _charges_refund(charges: list[tuple[str, int, int]] | tuple[tuple[str, int, int], ...]) -> None:
-    for key, capacity, amount in charges:
-        bucket_refund(key=key, capacity=capacity, period_s=MINUTE_S, amount=amount)
+    buckets_refund(list(admission.charges))
 
 
 def _quota_periods(tier: Tier, now: dt.datetime):

@@ -17,7 +17,7 @@ from rest_framework.test import APIRequestFactory, force_authenticate
 from rest_framework.views import APIView
 
 from accounts.models import Tier
-from accounts.ratelimit import bucket_consume, bucket_refund
+from accounts.ratelimit import Charge, bucket_consume, bucket_refund, buckets_consume, buckets_refund
 from accounts.services import api_key_create, request_admit
 from chatsite.errors import ClientError
 from conversations.models import Message
@@ -60,6 +60,43 @@ def test_redis_buckets_behave_like_the_local_ones(redis_url):
     assert bucket_consume(key="r", capacity=2, period_s=60).retry_after in range(1, 31)
     bucket_refund(key="r", capacity=2, period_s=60, amount=1)
     assert bucket_consume(key="r", capacity=2, period_s=60).allowed
+
+
+def _charges_paid_together_or_not_at_all() -> None:
+    """Two buckets charged in one step: refused by either, neither is charged; refunded in one step."""
+    requests, tokens = Charge("both:requests", 3, 60), Charge("both:tokens", 100, 60, 60)
+    assert buckets_consume([requests, tokens]) is None
+    refusal = buckets_consume([requests, tokens])  # the requests bucket has 2 left, the tokens 40
+    assert refusal is not None and refusal.index == 1
+    assert 1 <= refusal.retry_after <= 13  # 20 tokens at 100 a minute
+    # Nothing was taken from the requests bucket by the refused step: two more fit, then none.
+    assert [bucket_consume(key="both:requests", capacity=3, period_s=60).allowed for _ in range(3)] == [
+        True,
+        True,
+        False,
+    ]
+    refusal = buckets_consume([Charge("both:requests", 3, 60), Charge("both:tokens", 100, 60, 10)])
+    assert refusal is not None and refusal.index == 0
+    assert bucket_consume(key="both:tokens", capacity=100, period_s=60, amount=40).allowed  # untouched: 40 left
+    buckets_refund([Charge("both:requests", 3, 60, 3), Charge("both:tokens", 100, 60, 100)])
+    assert buckets_consume([Charge("both:requests", 3, 60, 3), Charge("both:tokens", 100, 60, 100)]) is None
+
+
+def test_charges_paid_together_take_nothing_when_one_bucket_is_short(db):
+    _charges_paid_together_or_not_at_all()
+
+
+@pytest.mark.redis
+def test_charges_paid_together_on_redis_take_nothing_when_one_bucket_is_short(redis_url):
+    _charges_paid_together_or_not_at_all()
+
+
+def test_a_charge_larger_than_its_bucket_is_refused_before_any_is_taken(db):
+    refusal = buckets_consume([Charge("big:requests", 5, 60), Charge("big:tokens", 10, 60, 11)])
+    assert refusal is not None and refusal.index == 1 and refusal.retry_after == 60
+    assert [bucket_consume(key="big:requests", capacity=5, period_s=60).allowed for _ in range(6)] == [True] * 5 + [
+        False
+    ]
 
 
 @pytest.mark.redis
