@@ -18,7 +18,8 @@ by 10-15 % within minutes, more than the overhead measured). Only one side works
 each stretch starts on a quiet machine: after a pause longer than the engine's busy-wait after a
 step (`INFERENCE_CPU_WORKER_SPIN_MS`), so neither side finds the other's engine still spinning.
 
-Prints TTFT p50/p99, inter-token latency, output tokens/s, their ratios, the CPU each part of the
+Prints TTFT p50/p99, inter-token latency, output tokens/s, their ratios, at c=1 how much later each
+message's first text came through the stack than alone (sorted), the CPU each part of the
 machine spent per output token at concurrency 8 (this process, each side's model process and
 scheduler process, the web process, the worker process, Redis, PostgreSQL) and how long its
 threads were ready to run but waited for a core (from the kernel's schedstat), how much dearer the
@@ -499,6 +500,17 @@ def closed_loop_gap(direct: dict[str, float], stack: dict[str, float]) -> tuple[
     return added_ms, added_ms / stack["duration_mean_ms"]
 
 
+def added_by_message(direct: list[tuple[list[Sample], float]], stack: list[tuple[list[Sample], float]]) -> list[float]:
+    """At c=1, how much later each message's first text came through the stack than the same prompt's
+    alone in the same round (ms, sorted). The added TTFT p50 is a difference of two medians of a few
+    dozen messages: a delay that only some messages meet moves it by the delay's whole size once it
+    reaches half of them, and only this list shows whether that is what happened."""
+    pairs = zip(
+        (s for stretch, _ in direct for s in stretch), (s for stretch, _ in stack for s in stretch), strict=True
+    )
+    return sorted(1000 * (through.ttft - alone.ttft) for alone, through in pairs)
+
+
 def rates(stretches: list[tuple[list[Sample], float]]) -> str:
     return " ".join(f"{sum(s.tokens for s in stretch) / wall:.0f}" for stretch, wall in stretches)
 
@@ -542,6 +554,10 @@ def main() -> None:
             f"{label} ratio   TTFT p50 +{stack[shape]['ttft_p50_ms'] - direct[shape]['ttft_p50_ms']:.1f} ms, "
             f"throughput x{stack[shape]['tok_s'] / direct[shape]['tok_s']:.3f}"
         )
+    print(
+        "c=1 added TTFT message by message (ms, sorted): "
+        + " ".join(f"{ms:.0f}" for ms in added_by_message(results["engine"]["c=1"], results["stack"]["c=1"]))
+    )
     for shape in ("c=8", "burst"):
         print(
             f"{'c=8 burst' if shape == 'burst' else shape} tokens/s stretch by stretch: "
