@@ -131,10 +131,7 @@ def bucket_consume(*, key: str, capacity: int, period_s: float, amount: float = 
     A request costing more than the whole capacity could never pass; it is refused with the time a
     full bucket takes to refill, so the client is told something true rather than "never".
     """
-    _validate(capacity, period_s, amount)
-    if amount > capacity:
-        return Decision(False, 0.0, math.ceil(period_s))
-    refused, remaining, retry_after = _apply([Charge(KEY_PREFIX + key, capacity, period_s, amount)])
+    refused, remaining, retry_after = _take([Charge(key, capacity, period_s, amount)])
     return Decision(not refused, remaining, retry_after)
 
 
@@ -146,21 +143,13 @@ def buckets_consume(charges: list[Charge]) -> Refusal | None:
     by its second bucket has taken nothing from its first, and two racing requests never each take
     from the bucket the other is refused by.
     """
-    for charge in charges:
-        _validate(charge.capacity, charge.period_s, charge.amount)
-        if charge.amount > charge.capacity:
-            return Refusal(charges.index(charge), math.ceil(charge.period_s))
-    if not charges:
-        return None
-    refused, _, retry_after = _apply([Charge(KEY_PREFIX + c.key, c.capacity, c.period_s, c.amount) for c in charges])
+    refused, _, retry_after = _take(charges)
     return Refusal(refused - 1, retry_after) if refused else None
 
 
 def bucket_refund(*, key: str, capacity: int, period_s: float, amount: float) -> None:
     """Give back units taken for a request that was refused further on (never above capacity)."""
-    _validate(capacity, period_s, amount)
-    if amount:
-        _apply([Charge(KEY_PREFIX + key, capacity, period_s, -amount)])
+    buckets_refund([Charge(key, capacity, period_s, amount)])
 
 
 def buckets_refund(charges: list[Charge]) -> None:
@@ -171,6 +160,17 @@ def buckets_refund(charges: list[Charge]) -> None:
     refunds = [Charge(KEY_PREFIX + c.key, c.capacity, c.period_s, -c.amount) for c in charges if c.amount]
     if refunds:
         _apply(refunds)
+
+
+def _take(charges: list[Charge]) -> tuple[int, float, int]:
+    """`_apply` for charges, after refusing one larger than its whole bucket without touching any."""
+    for index, charge in enumerate(charges):
+        _validate(charge.capacity, charge.period_s, charge.amount)
+        if charge.amount > charge.capacity:
+            return index + 1, 0.0, math.ceil(charge.period_s)
+    if not charges:
+        return 0, 0.0, 0
+    return _apply([Charge(KEY_PREFIX + c.key, c.capacity, c.period_s, c.amount) for c in charges])
 
 
 def _apply(charges: list[Charge]) -> tuple[int, float, int]:
