@@ -76,14 +76,14 @@ PARTS = [
 
 
 class RedisMonitor:
-    """Every command the Redis server runs, with the server's time, kept if it marks a message."""
+    """Every command the Redis server runs, with the server's time: the mark it is, if it is one."""
 
     def __init__(self, url: str) -> None:
         import redis
 
         # No read timeout: the server may run nothing worth a line for a while.
         self._client = redis.Redis.from_url(url, socket_timeout=None)
-        self._entries: list[tuple[float, str]] = []
+        self._entries: list[tuple[float, str]] = []  # (the server's time, the mark's name)
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._read, name="redis-monitor", daemon=True)
         self._ready = threading.Event()
@@ -109,9 +109,10 @@ class RedisMonitor:
                 self._ready.set()
                 for entry in monitor.listen():
                     command = entry["command"][:4096].upper()
-                    if any(test(command) for test in MARKS.values()):
+                    name = next((name for name, test in MARKS.items() if test(command)), None)
+                    if name is not None:
                         with self._lock:
-                            self._entries.append((entry["time"], command))
+                            self._entries.append((entry["time"], name))
         except Exception:
             if not self._stopping.is_set():
                 raise
@@ -119,12 +120,10 @@ class RedisMonitor:
     def marks(self, since: float, until: float) -> dict[str, float]:
         """The first time each mark was seen between `since` and `until` (Unix seconds)."""
         with self._lock:
-            entries = [(t, c) for t, c in self._entries if since <= t <= until]
+            entries = [(t, name) for t, name in self._entries if since <= t <= until]
         found: dict[str, float] = {}
-        for t, command in entries:
-            for name, test in MARKS.items():
-                if name not in found and test(command):
-                    found[name] = t
+        for t, name in entries:
+            found.setdefault(name, t)
         return found
 
 
