@@ -15,7 +15,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 # A Redis database of the tests' own: the suite empties it when it starts.
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: run test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-trace benchmark-embedded benchmark-moderation benchmark-cuts benchmark-dtype benchmark-interference clean
+.PHONY: run test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-trace benchmark-scale benchmark-embedded benchmark-moderation benchmark-cuts benchmark-dtype benchmark-interference clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -92,6 +92,9 @@ benchmark-send: model topology-database
 
 benchmark-trace: model topology-database
 	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) benchmarks/first_text_trace.py
+
+benchmark-scale: install
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) CHATSITE_LOCAL_SECRET=1 $(PY) benchmarks/send_reads_at_scale.py
 
 benchmark-embedded: model
 	$(PY) benchmarks/embedded_first_text.py
