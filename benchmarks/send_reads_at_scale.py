@@ -16,7 +16,6 @@ Needs PostgreSQL: `make benchmark-scale`.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+
+from benchmarks.stream_overhead import pct  # noqa: E402
 
 ROWS = int(os.environ.get("BENCH_SCALE_ROWS", "500000"))
 USERS = 1000
@@ -95,8 +96,7 @@ def timed(read) -> tuple[float, float]:
         started = time.perf_counter()
         read()
         took.append((time.perf_counter() - started) * 1000)
-    took.sort()
-    return statistics.median(took), took[len(took) * 9 // 10]
+    return pct(took, 50), pct(took, 90)
 
 
 def main() -> None:
