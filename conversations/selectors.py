@@ -14,11 +14,35 @@ def conversation_list_for_user(*, user: Any) -> QuerySet[Conversation]:
 
 def conversation_get_for_user(*, user: Any, conversation_id: Any) -> Conversation | None:
     """The user's own conversation, or None: another user's conversation looks exactly like a missing one."""
+    return _conversation_get(conversation_list_for_user(user=user), conversation_id=conversation_id)
+
+
+def conversation_get_for_send(*, user: Any, conversation_id: Any) -> Conversation | None:
+    """The user's own conversation, as `conversation_get_for_user`, locked for a send into it until
+    the transaction ends (PostgreSQL row lock; SQLite locks the database), with its deployment's
+    queue length (`deployment.queued_now`, for `generation_admit`): one statement.
+
+    Whether an answer is still being written in it must be read after this, in a statement of its
+    own: a send that waited here for another's lock sees that send's rows only in a later statement."""
+    from inference.selectors import queue_length_annotation
+
+    conversations = (
+        conversation_list_for_user(user=user)
+        .select_for_update(of=("self",))
+        .annotate(deployment_queued_now=queue_length_annotation())
+    )
+    conversation = _conversation_get(conversations, conversation_id=conversation_id)
+    if conversation is not None:
+        conversation.deployment.queued_now = conversation.deployment_queued_now
+    return conversation
+
+
+def _conversation_get(conversations: QuerySet[Conversation], *, conversation_id: Any) -> Conversation | None:
     try:
         conversation_id = int(conversation_id)
         if not 0 < conversation_id < 2**63:  # beyond a bigint, PostgreSQL would refuse the query
             return None
-        return conversation_list_for_user(user=user).get(id=conversation_id)
+        return conversations.get(id=conversation_id)
     except (Conversation.DoesNotExist, TypeError, ValueError, OverflowError):
         return None
 

@@ -13,7 +13,7 @@ from accounts.services import Admission, admission_refund, request_admit, reques
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
 from conversations.prompts import AssembledPrompt, Turn, assemble_prompt
-from conversations.selectors import conversation_get_for_user, conversation_has_message_in_progress
+from conversations.selectors import conversation_get_for_send, conversation_has_message_in_progress
 from inference.models import Generation, ModelDeployment
 from inference.selectors import deployment_get, generation_awaiting_verdict
 from inference.services import (
@@ -264,7 +264,17 @@ class _HeldAnswer(HeldForVerdict):
         return _held_answer_settle(held=self, check=check)
 
 
-@transaction.atomic
+class _Blocked(Exception):
+    """Input moderation blocked the message: what its transaction did is rolled back, the message
+    is saved flagged in a transaction of its own (`_message_save_blocked`)."""
+
+    def __init__(self, *, verdict: Verdict, conversation: Conversation, deployment: ModelDeployment) -> None:
+        super().__init__(verdict.explanation())
+        self.verdict = verdict
+        self.conversation = conversation
+        self.deployment = deployment
+
+
 def _message_save(
     *,
     user: Any,
@@ -275,16 +285,57 @@ def _message_save(
     api_key: Any,
     client_id: uuid.UUID | None,
 ) -> SentMessage | _HeldAnswer:
+    # What an allowed message needs (its prompt, its rows, its generation and its charge on the rate
+    # limits) does not depend on the verdict, so it is done while the scores may still be coming. A
+    # blocked message rolls all of it back (the dispatch registered in it goes too) and is saved
+    # flagged in a second transaction: the rare path pays for the block, instead of every send paying
+    # a savepoint's two round trips on the way to its first token.
+    try:
+        return _message_save_allowed(
+            user=user,
+            content=content,
+            conversation_id=conversation_id,
+            model=model,
+            verdict=verdict,
+            api_key=api_key,
+            client_id=client_id,
+        )
+    except _Blocked as blocked:
+        return _message_save_blocked(
+            user=user,
+            content=content,
+            created=conversation_id is None,
+            blocked=blocked,
+            client_id=client_id,
+        )
+
+
+@transaction.atomic
+def _message_save_allowed(
+    *,
+    user: Any,
+    content: str,
+    conversation_id: Any,
+    model: str | None,
+    verdict: Verdict | InputCheck,
+    api_key: Any,
+    client_id: uuid.UUID | None,
+) -> SentMessage | _HeldAnswer:
+    """The message saved and its answer queued; raises `_Blocked` (after giving its charge back) when
+    the verdict blocks it. A refusal (too long for the window, a limit reached) waits for the verdict
+    as well: a message moderation blocks is kept flagged whatever else is wrong with it. Scores not in
+    yet hold the answer instead of the transaction: it is committed held, and the verdict is taken
+    after the commit while the engine starts on it."""
     created = conversation_id is None
     if created:
-        deployment = deployment_get(name=model)
+        # With its queue's length, read in the same statement for generation_admit.
+        deployment = deployment_get(name=model, with_queue_length=True)
         conversation = conversation_create(user=user, deployment=deployment, title=_title_from(content))
     else:
-        conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
+        # Locked: sends into one conversation are serialised.
+        conversation = conversation_get_for_send(user=user, conversation_id=conversation_id)
         if conversation is None:
             raise ClientError("That conversation does not exist.", code="not_found", status=404, param="conversation")
-        # Serialise sends into one conversation (PostgreSQL row lock; SQLite locks the database).
-        Conversation.objects.select_for_update().filter(id=conversation.id).first()
         deployment = conversation.deployment
         if conversation_has_message_in_progress(conversation=conversation):
             raise ClientError(
@@ -295,62 +346,70 @@ def _message_save(
 
     # The plan first: a model it does not include is refused before anything is loaded for it.
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)
-    # What an allowed message needs (its prompt, its rows, its generation and its charge on the rate
-    # limits) does not depend on the verdict, so it is done while the scores may still be coming, in
-    # a savepoint. A blocked message rolls that back (the dispatch registered in it goes too) and
-    # gets its charge back. A refusal (too long for the window, a limit reached) waits for the
-    # verdict as well: a message moderation blocks is kept flagged whatever else is wrong with it.
-    # Scores not in yet hold the answer instead of the transaction: it is committed held, and the
-    # verdict is taken after the commit while the engine starts on it.
     if isinstance(verdict, InputCheck):
         verdict = verdict.verdict_if_scored(tier_id=limits.tier.id) or verdict
-    queued, refused, kept, held = None, None, False, False
+    queued, kept = None, False
     try:
-        with transaction.atomic():
-            try:
-                queued = _message_queue(
-                    user=user,
-                    conversation=conversation,
-                    deployment=deployment,
-                    content=content,
-                    limits=limits,
-                    api_key=api_key,
-                    history=not created,
-                    client_id=client_id,
-                    held=isinstance(verdict, InputCheck),
-                )
-            except ClientError as exc:
-                refused = exc
-            held = refused is None and isinstance(verdict, InputCheck)
-            if not held:
-                verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
-                if refused is not None or verdict.blocks:
-                    transaction.set_rollback(True)
-        kept = held or (refused is None and not verdict.blocks)
+        refused = None
+        try:
+            queued = _message_queue(
+                user=user,
+                conversation=conversation,
+                deployment=deployment,
+                content=content,
+                limits=limits,
+                api_key=api_key,
+                history=not created,
+                client_id=client_id,
+                held=isinstance(verdict, InputCheck),
+            )
+        except ClientError as exc:
+            refused = exc
+        if refused is None and isinstance(verdict, InputCheck):
+            kept = True
+            sent = SentMessage(conversation, created, queued.user_message, queued.answer, queued.generation)
+            return _HeldAnswer(user=user, sent=sent, admission=queued.admission, tier_id=limits.tier.id)
+        verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
+        if verdict.blocks:
+            raise _Blocked(verdict=verdict, conversation=conversation, deployment=deployment)
+        if refused is not None:
+            raise refused
+        kept = True
     finally:  # a charge the answer does not keep (blocked, refused, failed) is given back
         if queued is not None and not kept:
             admission_refund(admission=queued.admission)
-    if held:
-        sent = SentMessage(conversation, created, queued.user_message, queued.answer, queued.generation)
-        return _HeldAnswer(user=user, sent=sent, admission=queued.admission, tier_id=limits.tier.id)
-    if verdict.blocks:
-        user_message = Message.objects.create(
-            conversation=conversation,
-            role=Message.Role.USER,
-            content=content,
-            status=Message.Status.FLAGGED,
-            client_id=client_id,
-        )
-        flag_create(user=user, message=user_message, source="input", text=content, verdict=verdict)
-        Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now())
-        return SentMessage(conversation, created, user_message, None, None, blocked_reason=verdict.explanation())
-    if refused is not None:
-        raise refused
     warning = ""
     if verdict.action == "warn":
         flag_create(user=user, message=queued.user_message, source="input", text=content, verdict=verdict)
         warning = verdict.warning()
     return SentMessage(conversation, created, queued.user_message, queued.answer, queued.generation, warning=warning)
+
+
+@transaction.atomic
+def _message_save_blocked(
+    *, user: Any, content: str, created: bool, blocked: _Blocked, client_id: uuid.UUID | None
+) -> SentMessage:
+    """A message input moderation blocked, saved flagged with its flag, and no answer. A conversation
+    the message was to start is created here: the one its first transaction created was rolled back."""
+    conversation = blocked.conversation
+    if created:
+        conversation = conversation_create(user=user, deployment=blocked.deployment, title=_title_from(content))
+    else:
+        # Serialised with the conversation's other sends, as the first transaction was.
+        locked = Conversation.objects.select_for_update().filter(id=conversation.id).first()
+        if locked is None:  # deleted since: the message has nowhere to go
+            raise ClientError("That conversation does not exist.", code="not_found", status=404, param="conversation")
+    user_message = Message.objects.create(
+        conversation=conversation,
+        role=Message.Role.USER,
+        content=content,
+        status=Message.Status.FLAGGED,
+        client_id=client_id,
+    )
+    flag_create(user=user, message=user_message, source="input", text=content, verdict=blocked.verdict)
+    if not created:
+        Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now())
+    return SentMessage(conversation, created, user_message, None, None, blocked_reason=blocked.verdict.explanation())
 
 
 def _held_answer_settle(*, held: _HeldAnswer, check: InputCheck) -> SentMessage:

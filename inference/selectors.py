@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.db.models.expressions import RawSQL
 
 from chatsite.errors import ClientError
 from inference.engine import EngineSpec
@@ -13,15 +14,35 @@ def deployment_list_enabled() -> list[ModelDeployment]:
     return list(ModelDeployment.objects.filter(is_enabled=True))
 
 
-def deployment_get(*, name: str | None = None) -> ModelDeployment:
-    """An enabled deployment by name, or the default one."""
+def deployment_get(*, name: str | None = None, with_queue_length: bool = False) -> ModelDeployment:
+    """An enabled deployment by name, or the default one.
+
+    `with_queue_length`: with how many of its generations are queued (`queued_now`), counted in the
+    same statement, for a send's admission control (`generation_admit`): one round trip fewer on the
+    way to its first token."""
     name = name or settings.INFERENCE_DEFAULT_DEPLOYMENT
+    deployments = ModelDeployment.objects.all()
+    if with_queue_length:
+        deployments = deployments.annotate(queued_now=queue_length_annotation())
     try:
-        return ModelDeployment.objects.get(name=name, is_enabled=True)
+        return deployments.get(name=name, is_enabled=True)
     except ModelDeployment.DoesNotExist:
         raise ClientError(
             f"The model '{name}' does not exist.", code="model_not_found", param="model", status=404
         ) from None
+
+
+def queue_length_annotation() -> RawSQL:
+    """How many of the deployment's generations are queued, for a query that reads the deployment's
+    row (itself or joined by `select_related`), so that a send's admission control needs no count
+    of its own. Written as SQL: the ORM's Subquery(Count) takes about a millisecond longer to
+    compile than the round trip it saves."""
+    return RawSQL(_QUEUE_LENGTH_SQL, (Generation.Status.QUEUED,))
+
+
+_QUEUE_LENGTH_SQL = 'SELECT COUNT(*) FROM "{g}" WHERE "{g}"."{fk}" = "{d}"."id" AND "{g}"."status" = %s'.format(
+    g=Generation._meta.db_table, fk=Generation._meta.get_field("deployment").column, d=ModelDeployment._meta.db_table
+)
 
 
 def deployment_get_cached(*, deployment_id: int) -> ModelDeployment:

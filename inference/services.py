@@ -21,11 +21,16 @@ def generation_admit(*, deployment: ModelDeployment) -> None:
     """Admission control: refuse new work before it is queued when the deployment's queue is full.
 
     The bound is checked, not reserved: sends racing each other can overshoot it by at most the
-    number of sends in flight at that instant, which keeps this a single cheap count.
+    number of sends in flight at that instant, which keeps this a single cheap count. A deployment
+    read with it (`deployment_get(with_queue_length=True)`, `conversation_get_for_send`) carries
+    that count already (`queued_now`), and no statement is spent on it here.
     """
     from inference.selectors import generation_queued_count
 
-    if generation_queued_count(deployment=deployment) >= deployment.max_queued:
+    queued = getattr(deployment, "queued_now", None)
+    if queued is None:
+        queued = generation_queued_count(deployment=deployment)
+    if queued >= deployment.max_queued:
         raise ClientError(
             f"The model '{deployment.name}' is at capacity right now. Try again in a moment.",
             code="at_capacity",
@@ -315,7 +320,7 @@ def _completion_queue(
     from moderation.services import InputCheck, verdict_under_tier
 
     try:
-        deployment = deployment_get(name=request["model"])
+        deployment = deployment_get(name=request["model"], with_queue_length=True)
     except ClientError as exc:
         raise ClientError(exc.message, code=exc.code, status=400, param="model") from None
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
@@ -26,6 +28,34 @@ def test_sending_a_first_message_creates_the_conversation_and_a_pending_answer(a
     assert generation.sampling["repetition_penalty"] == DEFAULT_DEPLOYMENT_FIELDS["repetition_penalty"]
     assert generation.prompt_tokens == len(generation.prompt_token_ids)
     assert generation.sampling["max_tokens"] + generation.prompt_tokens <= 2048
+
+
+def test_a_first_message_reads_its_queue_with_its_model_and_opens_no_savepoint(alice):
+    # Each statement is a round trip on the way to the first token: the queue's length comes with
+    # the model's row, and only a blocked message rolls back (in full), so none needs a savepoint.
+    message_send(user=alice, content="warm the caches")
+    with CaptureQueriesContext(connection) as send:
+        message_send(user=alice, content="Hello there")
+    statements = [q["sql"].lstrip() for q in send.captured_queries]
+    verbs = [sql.split()[0].upper() for sql in statements]
+    # The one savepoint is the send's own transaction, nested in the test's.
+    assert (verbs.count("SAVEPOINT"), verbs.count("RELEASE")) == (1, 1)
+    counts = [sql for sql in statements if "COUNT(" in sql.upper()]
+    assert len(counts) == 1 and '"inference_modeldeployment"' in counts[0]
+
+
+def test_a_message_into_a_conversation_reads_and_locks_it_with_its_queue_in_one_statement(alice):
+    first = message_send(user=alice, content="Hello there")
+    _finish(first.conversation)
+    with CaptureQueriesContext(connection) as send:
+        message_send(user=alice, content="And again", conversation_id=first.conversation.id)
+    statements = [q["sql"] for q in send.captured_queries]
+    reads = [sql for sql in statements if '"conversations_conversation"' in sql and sql.lstrip().startswith("SELECT")]
+    assert len(reads) == 1
+    if connection.vendor == "postgresql":
+        assert reads[0].rstrip().endswith('FOR UPDATE OF "conversations_conversation"')
+    counts = [sql for sql in statements if "COUNT(" in sql.upper()]
+    assert counts == reads  # the queue's length read with the conversation's deployment
 
 
 @pytest.mark.parametrize("content", ["", "   ", None, 42, "a\x00b", "x" * 40_000])
@@ -302,3 +332,26 @@ def test_one_message_sent_twice_at_the_same_instant_is_saved_once(alice):
     assert len({s.generation.id for s in sent}) == 1
     assert sum(not s.replayed for s in sent) == 1
     assert (Conversation.objects.count(), Message.objects.count(), Generation.objects.count()) == (1, 2, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_messages_sent_into_one_conversation_at_the_same_instant_get_one_answer(alice):
+    """Sends into one conversation wait for each other's lock, and each then sees the answer the one
+    before it queued: one is answered, the others are told an answer is being written."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite takes one writer at a time; the race is PostgreSQL's (the production topology run)")
+    first = message_send(user=alice, content="Hello there")
+    _finish(first.conversation)
+
+    def send():
+        try:
+            return message_send(user=alice, content="At once", conversation_id=first.conversation.id)
+        except ClientError as refused:
+            return refused.code
+
+    outcomes = at_the_same_instant(send, times=4)
+    assert sorted(o if isinstance(o, str) else "sent" for o in outcomes) == ["generation_in_progress"] * 3 + ["sent"]
+    assert Generation.objects.count() == 2
+    assert first.conversation.messages.count() == 4

@@ -45,6 +45,17 @@ def test_a_full_queue_refuses_new_work_before_it_is_queued(alice, bob, default_d
     assert not Message.objects.filter(content="three").exists()
 
 
+def test_another_models_queue_does_not_fill_this_ones(alice, default_deployment):
+    other = ModelDeployment.objects.create(name="big-model", model="Big", max_context=8192, default_max_tokens=4096)
+    ModelDeployment.objects.filter(id=default_deployment.id).update(max_queued=1)
+    Generation.objects.create(user=alice, deployment=other, prompt_token_ids=[1], sampling={})
+    sent = message_send(user=alice, content="one")
+    assert sent.generation.deployment_id == default_deployment.id
+    with pytest.raises(ClientError) as refused:
+        message_send(user=alice, content="two")
+    assert refused.value.code == "at_capacity"
+
+
 def test_running_work_does_not_fill_the_queue(alice, bob, default_deployment):
     ModelDeployment.objects.filter(id=default_deployment.id).update(max_queued=1)
     first = message_send(user=alice, content="one")

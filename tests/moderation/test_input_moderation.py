@@ -174,6 +174,37 @@ def test_a_prompt_injection_is_blocked_for_review(alice):
     assert flag.review_state == Flag.ReviewState.OPEN
 
 
+def test_a_message_blocked_in_a_conversation_keeps_its_history(alice):
+    from conversations.models import Conversation
+    from inference.services import generation_claim, generation_finish
+
+    first = message_send(user=alice, content="What is the capital of France?")
+    generation_claim(generation_id=first.generation.id, worker="test")
+    generation_finish(generation_id=first.generation.id, status="complete", text="Paris.")
+    before = Conversation.objects.get().updated_at
+    blocked = message_send(user=alice, content=BOMB, conversation_id=first.conversation.id)
+    assert blocked.blocked and not blocked.conversation_created
+    assert blocked.conversation == first.conversation
+    conversation = Conversation.objects.get()
+    assert conversation.updated_at > before
+    assert [(m.role, m.status) for m in conversation.messages.order_by("id")] == [
+        ("user", "complete"),
+        ("assistant", "complete"),
+        ("user", "flagged"),
+    ]
+    assert Generation.objects.count() == 1
+
+
+def test_a_blocked_first_message_starts_one_conversation(alice):
+    from conversations.models import Conversation
+
+    blocked = message_send(user=alice, content=BOMB)
+    assert blocked.conversation_created
+    conversation = Conversation.objects.get()
+    assert blocked.conversation == conversation and conversation.user == alice
+    assert conversation.title and conversation.messages.get().status == Message.Status.FLAGGED
+
+
 def test_a_blocked_message_is_left_out_of_later_prompts(alice):
     blocked = message_send(user=alice, content=BOMB)
     sent = message_send(user=alice, content="What is the capital of France?", conversation_id=blocked.conversation.id)
