@@ -11,6 +11,8 @@ prints:
   returns once the verdict is taken, after the dispatch, the answer held meanwhile), and in how many
   sends the answer was held; and the same send with the verdict taken before (the transaction
   alone) and the input check alone (its scoring; the transaction reads the policy);
+- the transaction alone for the conversation's second message (its history read into the prompt,
+  the conversation locked against other sends into it), the chat's most common send;
 - the transaction alone again, sent back to back instead of after a pause (what an idle machine's
   waking up costs a message: the pauses above are what a message at c=1 finds);
 - c=8: when the first, the fourth and the last of the eight were dispatched (medians over rounds);
@@ -103,27 +105,30 @@ async def main() -> None:
         )
         ended.append((time.perf_counter() - started) * 1000)
 
-    async def send(text: str, started: float, verdict=None) -> tuple[float, float]:
-        """(ms to its dispatch, ms to its acceptance) of one message."""
+    async def send(text: str, started: float, verdict=None, into=None) -> tuple[float, float, int]:
+        """(ms to its dispatch, ms to its acceptance, its conversation's id) of one message, into a
+        new conversation or the conversation `into`."""
         # As the chat socket does it: a task of its own (a context of its own), the check scored
         # after the commit; or, given the verdict taken before, the transaction alone.
         if verdict is None:
-            sent = await checked_after_commit(db_async, message_send, text=text, user=user, content=text)
+            sent = await checked_after_commit(
+                db_async, message_send, text=text, user=user, content=text, conversation_id=into
+            )
         else:
-            sent = await db_async(message_send)(user=user, content=text, verdict=verdict)
+            sent = await db_async(message_send)(user=user, content=text, verdict=verdict, conversation_id=into)
         accepted = time.perf_counter() - started
         dispatched = dispatched_at.pop(str(sent.generation.id)) - started
         await end(sent.generation.id, text)
-        return dispatched * 1000, accepted * 1000
+        return dispatched * 1000, accepted * 1000, sent.conversation.id
 
     connections_before = client.info("stats")["total_connections_received"]
-    alone, accepted, judged, checked = [], [], [], []
+    alone, accepted, judged, checked, followed = [], [], [], [], []
     verdicts = {}
     for i in range(ALONE + WARM_UP):
         text = PROMPTS[i % len(PROMPTS)]
         if i == WARM_UP:
             holds.clear()
-        took, took_accepting = await asyncio.create_task(send(text, time.perf_counter()))
+        took, took_accepting, _ = await asyncio.create_task(send(text, time.perf_counter()))
         await asyncio.sleep(0.05)
         # The input check alone, timed as the send runs it after its commit: the scoring (the
         # transaction reads the policy). Its verdict is the one the transaction alone is then given.
@@ -132,29 +137,35 @@ async def main() -> None:
         took_checking = (time.perf_counter() - started) * 1000
         verdict = verdicts[text] = verdict_from_scores(scores=scores, policy=policy)
         await asyncio.sleep(0.05)
-        took_judged, _ = await asyncio.create_task(send(text, time.perf_counter(), verdict))
+        took_judged, _, conversation_id = await asyncio.create_task(send(text, time.perf_counter(), verdict))
+        await asyncio.sleep(0.05)
+        # The same again as the conversation's next message (its history in the prompt).
+        took_following, _, _ = await asyncio.create_task(send(text, time.perf_counter(), verdict, into=conversation_id))
         if i >= WARM_UP:
             alone.append(took)
             accepted.append(took_accepting)
             judged.append(took_judged)
             checked.append(took_checking)
+            followed.append(took_following)
         await asyncio.sleep(0.05)
     held_at_c1 = len(holds)
-    ended_at_c1 = sorted(ended[2 * WARM_UP :])
+    ended_at_c1 = sorted(ended[3 * WARM_UP :])
     back_to_back = []
     for i in range(ALONE + WARM_UP):
         text = PROMPTS[i % len(PROMPTS)]
-        took, _ = await asyncio.create_task(send(text, time.perf_counter(), verdicts[text]))
+        took, _, _ = await asyncio.create_task(send(text, time.perf_counter(), verdicts[text]))
         if i >= WARM_UP:
             back_to_back.append(took)
     together = []
     for i in range(TOGETHER_ROUNDS + WARM_UP):
         started = time.perf_counter()
-        done = sorted(dispatched for dispatched, _ in await asyncio.gather(*(send(text, started) for text in PROMPTS)))
+        done = sorted(
+            dispatched for dispatched, _, _ in await asyncio.gather(*(send(text, started) for text in PROMPTS))
+        )
         if i >= WARM_UP:
             together.append(done)
         await asyncio.sleep(0.2)
-    messages = 3 * (ALONE + WARM_UP) + (TOGETHER_ROUNDS + WARM_UP) * len(PROMPTS)
+    messages = 4 * (ALONE + WARM_UP) + (TOGETHER_ROUNDS + WARM_UP) * len(PROMPTS)
     new_connections = client.info("stats")["total_connections_received"] - connections_before
     client.flushdb()
 
@@ -169,6 +180,7 @@ async def main() -> None:
         f"c=1 the transaction alone (verdict taken before): p50 {statistics.median(judged):.1f} ms; "
         f"the input check alone: p50 {statistics.median(checked):.1f} ms"
     )
+    print(f"c=1 the transaction alone, the conversation's second message: p50 {statistics.median(followed):.1f} ms")
     print(f"c=1 the transaction alone, back to back: p50 {statistics.median(back_to_back):.1f} ms")
     print(f"c=8 dispatched: first {first:.1f} ms, fourth {fourth:.1f} ms, last {last:.1f} ms")
     print(f"new Redis connections per message: {new_connections / messages:.2f}")
