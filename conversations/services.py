@@ -268,11 +268,10 @@ class _Blocked(Exception):
     """Input moderation blocked the message: what its transaction did is rolled back, the message
     is saved flagged in a transaction of its own (`_message_save_blocked`)."""
 
-    def __init__(self, *, verdict: Verdict, conversation: Conversation, deployment: ModelDeployment) -> None:
+    def __init__(self, *, verdict: Verdict, conversation: Conversation) -> None:
         super().__init__(verdict.explanation())
         self.verdict = verdict
         self.conversation = conversation
-        self.deployment = deployment
 
 
 def _message_save(
@@ -371,7 +370,7 @@ def _message_save_allowed(
             return _HeldAnswer(user=user, sent=sent, admission=queued.admission, tier_id=limits.tier.id)
         verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
         if verdict.blocks:
-            raise _Blocked(verdict=verdict, conversation=conversation, deployment=deployment)
+            raise _Blocked(verdict=verdict, conversation=conversation)
         if refused is not None:
             raise refused
         kept = True
@@ -393,7 +392,8 @@ def _message_save_blocked(
     the message was to start is created here: the one its first transaction created was rolled back."""
     conversation = blocked.conversation
     if created:
-        conversation = conversation_create(user=user, deployment=blocked.deployment, title=_title_from(content))
+        # Its deployment as the rolled-back row had it (no read).
+        conversation = conversation_create(user=user, deployment=conversation.deployment, title=conversation.title)
     else:
         # Serialised with the conversation's other sends, as the first transaction was.
         locked = Conversation.objects.select_for_update().filter(id=conversation.id).first()
