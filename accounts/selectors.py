@@ -40,8 +40,36 @@ def tier_for_user_id_or_none(*, user_id: Any) -> Tier | None:
     return Tier.objects.filter(users__id=user_id).first() or Tier.objects.filter(is_default=True).first()
 
 
-def tier_allows_deployment(*, tier: Tier, deployment: Any) -> bool:
-    return tier.all_deployments or tier.deployments.filter(id=deployment.id).exists()
+def tier_for_user_on_deployment(*, user: Any, deployment: Any) -> Tier:
+    """The user's tier (else the default one), read fresh, with `includes_deployment`: whether the
+    tier may use `deployment` (all models, or the model on its list).
+
+    One statement, where the tier and its model list were two: every send reads both on its way to
+    the first token. Written as SQL: the ORM took longer to compile those two reads than PostgreSQL
+    took to answer them (docs/performance.md)."""
+    tier = next(iter(Tier.objects.raw(_TIER_ON_DEPLOYMENT_SQL, (deployment.id, user.id))), None)
+    if tier is None:
+        raise ClientError("The service has no default plan configured.", code="no_tier", status=503)
+    tier.includes_deployment = bool(tier.includes_deployment)  # SQLite answers 0 or 1
+    return tier
+
+
+def _tier_on_deployment_sql() -> str:
+    tier, user = Tier._meta.db_table, User._meta.db_table
+    models = Tier._meta.get_field("deployments")
+    listed = models.m2m_db_table()
+    return (
+        f'SELECT "{tier}".*, ("{tier}"."all_deployments" OR EXISTS ('
+        f'SELECT 1 FROM "{listed}" WHERE "{listed}"."{models.m2m_column_name()}" = "{tier}"."id" '
+        f'AND "{listed}"."{models.m2m_reverse_name()}" = %s)) AS "includes_deployment" '
+        f'FROM "{tier}" '
+        f'WHERE "{tier}"."id" = (SELECT "{user}"."tier_id" FROM "{user}" WHERE "{user}"."id" = %s) '
+        f'OR "{tier}"."is_default" '
+        f'ORDER BY "{tier}"."is_default" LIMIT 1'  # the user's own tier before the default one
+    )
+
+
+_TIER_ON_DEPLOYMENT_SQL = _tier_on_deployment_sql()
 
 
 def deployments_allowed_for_user(*, user: Any, deployments: list[Any]) -> list[Any]:

@@ -18,8 +18,7 @@ from accounts.selectors import (
     api_key_get_by_prefix,
     day_start,
     month_bounds,
-    tier_allows_deployment,
-    tier_for_user,
+    tier_for_user_on_deployment,
     tier_prices_for_user_id,
     usage_tokens_since,
 )
@@ -153,8 +152,8 @@ def request_limits(*, user: Any, deployment: Any, api_key: ApiKey | None = None)
     """
     if api_key is not None and not api_key.has_scope(ApiKey.Scope.CHAT):
         raise ClientError("This API key does not have the 'chat' scope.", code="insufficient_scope", status=403)
-    tier = tier_for_user(user=user)
-    if not tier_allows_deployment(tier=tier, deployment=deployment):
+    tier = tier_for_user_on_deployment(user=user, deployment=deployment)
+    if not tier.includes_deployment:
         raise ClientError(
             f"Your plan ({tier}) does not include the model '{deployment.name}'.",
             code="model_not_allowed",

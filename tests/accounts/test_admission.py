@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from accounts.models import Tier, UsageRecord
-from accounts.services import request_admit
+from accounts.services import request_admit, request_limits
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
 from conversations.services import message_send
@@ -34,6 +34,32 @@ def test_a_tier_refuses_a_model_it_does_not_include(alice, big_model):
         message_send(user=alice, content="hi", model="big-model")
     assert refused.value.code == "model_not_allowed"
     assert refused.value.status == 403
+    assert not Conversation.objects.exists()
+    assert not Message.objects.exists()
+
+
+def test_a_users_own_tier_decides_even_where_the_default_tier_includes_the_model(alice, put_on_tier, big_model):
+    put_on_tier(alice, "pro")
+    Tier.objects.get(name="free").deployments.add(big_model)  # free is the default tier
+    with pytest.raises(ClientError) as refused:
+        request_limits(user=alice, deployment=big_model)
+    assert refused.value.code == "model_not_allowed"
+    assert "Pro" in refused.value.message
+
+
+def test_the_tier_and_its_model_list_are_read_in_one_statement(alice, default_deployment, django_assert_num_queries):
+    # Every send reads both on its way to the first token.
+    with django_assert_num_queries(1):
+        limits = request_limits(user=alice, deployment=default_deployment)
+    assert limits.tier.name == "free"
+
+
+def test_a_send_with_no_plan_to_fall_back_on_is_refused_and_saves_nothing(alice):
+    type(alice).objects.filter(id=alice.id).update(tier=None)
+    Tier.objects.update(is_default=False)
+    with pytest.raises(ClientError) as refused:
+        message_send(user=alice, content="hi")
+    assert (refused.value.code, refused.value.status) == ("no_tier", 503)
     assert not Conversation.objects.exists()
     assert not Message.objects.exists()
 
