@@ -23,8 +23,12 @@ def _money(value: Decimal | None) -> Decimal:
 def tier_default() -> Tier:
     tier = Tier.objects.filter(is_default=True).first()
     if tier is None:
-        raise ClientError("The service has no default plan configured.", code="no_tier", status=503)
+        raise _no_default_tier()
     return tier
+
+
+def _no_default_tier() -> ClientError:
+    return ClientError("The service has no default plan configured.", code="no_tier", status=503)
 
 
 def tier_for_user(*, user: Any) -> Tier:
@@ -48,8 +52,8 @@ def tier_for_user_on_deployment(*, user: Any, deployment: Any) -> Tier:
     the first token. Written as SQL: the ORM took longer to compile those two reads than PostgreSQL
     took to answer them (docs/performance.md)."""
     tier = next(iter(Tier.objects.raw(_TIER_ON_DEPLOYMENT_SQL, (deployment.id, user.id))), None)
-    if tier is None:
-        raise ClientError("The service has no default plan configured.", code="no_tier", status=503)
+    if tier is None:  # no tier of the user's own, and none is the default
+        raise _no_default_tier()
     tier.includes_deployment = bool(tier.includes_deployment)  # SQLite answers 0 or 1
     return tier
 
@@ -58,12 +62,13 @@ def _tier_on_deployment_sql() -> str:
     tier, user = Tier._meta.db_table, User._meta.db_table
     models = Tier._meta.get_field("deployments")
     listed = models.m2m_db_table()
+    own = User._meta.get_field("tier").column
     return (
         f'SELECT "{tier}".*, ("{tier}"."all_deployments" OR EXISTS ('
         f'SELECT 1 FROM "{listed}" WHERE "{listed}"."{models.m2m_column_name()}" = "{tier}"."id" '
         f'AND "{listed}"."{models.m2m_reverse_name()}" = %s)) AS "includes_deployment" '
         f'FROM "{tier}" '
-        f'WHERE "{tier}"."id" = (SELECT "{user}"."tier_id" FROM "{user}" WHERE "{user}"."id" = %s) '
+        f'WHERE "{tier}"."id" = (SELECT "{user}"."{own}" FROM "{user}" WHERE "{user}"."id" = %s) '
         f'OR "{tier}"."is_default" '
         f'ORDER BY "{tier}"."is_default" LIMIT 1'  # the user's own tier before the default one
     )
