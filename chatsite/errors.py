@@ -27,6 +27,11 @@ class ClientError(Exception):
         self.param = param
 
 
+def request_too_large() -> ClientError:
+    """A body over DATA_UPLOAD_MAX_MEMORY_SIZE, which Django raises as RequestDataTooBig when it is read."""
+    return ClientError("The request body is too large.", code="request_too_large", status=413)
+
+
 # OpenAI's error `type` for each status, so every API error reads like OpenAI's.
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -51,11 +56,15 @@ def error_body(*, message: str, status: int, code: str | None, param: str | None
 
 def api_exception_handler(exc: Exception, context: dict) -> Any:
     """Every REST error in OpenAI's shape: ClientError with its status and Retry-After, and DRF's own
-    errors (validation, authentication, permission, not found, throttling) translated."""
+    errors (validation, authentication, permission, not found, throttling) translated. A body over
+    the upload limit, which Django raises as it is read, is a 413."""
+    from django.core.exceptions import RequestDataTooBig
     from rest_framework import exceptions
     from rest_framework.response import Response
     from rest_framework.views import exception_handler
 
+    if isinstance(exc, RequestDataTooBig):
+        exc = request_too_large()
     if isinstance(exc, ClientError):
         response = Response(
             error_body(message=exc.message, status=exc.status, code=exc.code, param=exc.param), status=exc.status
@@ -82,15 +91,12 @@ def api_exception_handler(exc: Exception, context: dict) -> Any:
 def validated_json_body(body: bytes, serializer_class: Any) -> dict[str, Any]:
     """A JSON object body validated by a DRF serializer, for the async views outside DRF's dispatch.
 
-    Anything wrong (not JSON, not UTF-8, not an object, a field that fails) is a 400 ClientError
-    naming the first offending field.
+    Anything wrong (not JSON as `json_parse` takes it, not an object, a field that fails) is a 400
+    ClientError naming the first offending field.
     """
-    import json
+    from chatsite.parsers import json_parse
 
-    try:
-        payload = json.loads(body)
-    except ValueError:  # includes invalid UTF-8
-        raise ClientError("The request body is not valid JSON.", code="invalid_json") from None
+    payload = json_parse(body)
     if not isinstance(payload, dict):
         raise ClientError("The request body must be a JSON object.", code="invalid_request")
     serializer = serializer_class(data=payload)
@@ -117,6 +123,25 @@ def not_found(request: Any, exception: Exception | None = None) -> Any:
         body = error_body(message=f"Nothing is served at {request.path}.", status=404, code="not_found")
         return JsonResponse(body, status=404)
     return page_not_found(request, exception)
+
+
+def bad_request(request: Any, exception: Exception | None = None) -> Any:
+    """A request Django itself refuses (SuspiciousOperation): OpenAI's error shape under the APIs, a
+    413 for a body over the upload limit, the site's page elsewhere. Django calls this only when
+    DEBUG is off; the API views turn an oversized body into the same 413 themselves."""
+    from django.core.exceptions import RequestDataTooBig
+    from django.http import JsonResponse
+    from django.views.defaults import bad_request as bad_request_page
+
+    if not request.path.startswith(API_PREFIXES):
+        return bad_request_page(request, exception)
+    if isinstance(exception, RequestDataTooBig):
+        refused = request_too_large()
+    else:
+        refused = ClientError("The request could not be read.", code="bad_request")
+    return JsonResponse(
+        error_body(message=refused.message, status=refused.status, code=refused.code), status=refused.status
+    )
 
 
 def server_error(request: Any) -> Any:

@@ -249,6 +249,8 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # JSON only, through the one parser that bounds nesting (chatsite/parsers.py); a form is a 415.
+    "DEFAULT_PARSER_CLASSES": ["chatsite.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "chatsite.errors.api_exception_handler",
 }
 SPECTACULAR_SETTINGS = {

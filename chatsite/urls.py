@@ -27,5 +27,6 @@ urlpatterns = [
     path("", include("conversations.urls")),
 ]
 
+handler400 = "chatsite.errors.bad_request"
 handler404 = "chatsite.errors.not_found"
 handler500 = "chatsite.errors.server_error"

@@ -16,7 +16,6 @@ from contextlib import aclosing
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
@@ -32,6 +31,7 @@ from rest_framework.views import APIView
 from accounts.authentication import ApiKeyAuthentication, HasScope
 from accounts.models import ApiKey
 from chatsite.errors import ClientError, error_body, validated_json_body
+from chatsite.parsers import request_body
 from conversations.models import Conversation
 from conversations.selectors import conversation_get_for_user, conversation_list_for_user, message_list
 from conversations.services import (
@@ -257,11 +257,7 @@ def _session(request: HttpRequest) -> tuple[Any, None] | None:
 def _send_request(request: HttpRequest) -> tuple[Any, Any, dict[str, Any]]:
     """The caller and the validated body of a send."""
     user, api_key = _authenticate(request)
-    try:
-        body = request.body
-    except RequestDataTooBig:
-        raise ClientError("The request body is too large.", code="request_too_large", status=413) from None
-    return user, api_key, validated_json_body(body, MessageSendInputSerializer)
+    return user, api_key, validated_json_body(request_body(request), MessageSendInputSerializer)
 
 
 def sse(event: str, data: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from rest_framework.views import APIView
 from accounts.authentication import ApiKeyAuthentication, HasScope, require_scope
 from chatsite.database import db_async
 from chatsite.errors import ClientError, validated_json_body
+from chatsite.parsers import request_body
 from inference import openai_format as wire
 from inference.services import completion_create, newest_user_text
 from inference.streaming import FOLLOW_TIMEOUT_MESSAGE, follow_streams, stopped_if_abandoned
@@ -130,7 +131,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         return _error(ClientError("Use POST.", code="method_not_allowed", status=405))
     try:
         user, api_key = await db_async(_authenticate)(request)
-        data = validated_json_body(request.body, ChatCompletionInputSerializer)
+        data = validated_json_body(request_body(request), ChatCompletionInputSerializer)
         # Scored once the completion is committed held: the engine starts on it meanwhile.
         generations = await checked_after_commit(
             db_async, completion_create, text=newest_user_text(data), user=user, api_key=api_key, request=data
