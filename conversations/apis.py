@@ -17,6 +17,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
@@ -66,9 +67,29 @@ class ConversationPagination(CursorPagination):
 
     def decode_cursor(self, request):
         try:
-            return super().decode_cursor(request)
+            cursor = super().decode_cursor(request)
         except exceptions.NotFound:
-            raise exceptions.ValidationError({"cursor": ["The cursor is invalid."]}) from None
+            raise _invalid_cursor() from None
+        # DRF checks the offset and direction but passes the position to the query as it came:
+        # anything but the `updated_at` it wrote would fail in the database.
+        if cursor is not None and not _is_position(cursor.position):
+            raise _invalid_cursor()
+        return cursor
+
+
+def _invalid_cursor() -> ClientError:
+    return ClientError("The cursor is invalid.", code="invalid_cursor", param="cursor")
+
+
+def _is_position(position: str | None) -> bool:
+    """None (the first page) or an aware datetime, as the paginator writes `updated_at`."""
+    if position is None:
+        return True
+    try:
+        moment = parse_datetime(position)
+    except ValueError:  # well-formed but impossible, such as month 13
+        return False
+    return moment is not None and moment.tzinfo is not None
 
 
 def _get_or_404(request: Request, conversation_id: int) -> Conversation:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
@@ -77,6 +78,44 @@ def test_bad_pagination_parameters_are_clamped_or_refused(alice, params, status,
         assert len(response.json()["results"]) == count
     else:
         assert response.json()["error"]["param"] == "cursor"
+
+
+def cursor(query: str) -> str:
+    return base64.b64encode(query.encode()).decode()
+
+
+@pytest.mark.parametrize(
+    "tampered",
+    [
+        cursor("o=1&r=1&p=notadate"),
+        cursor("o=0&r=0&p=2026-13-45 10:00:00+00:00"),
+        cursor("o=0&r=0&p=2026-11-28 10:00:00"),  # no time zone: not what the paginator writes
+        cursor("o=0&r=0&p=2026-11-28 10:00:00+00:00\x00"),
+        cursor("o=0&r=0&p="),
+        cursor("o=0&r=2x"),
+    ],
+)
+def test_a_tampered_cursor_is_a_400_invalid_cursor(alice, tampered):
+    for i in range(3):
+        conversation_create(user=alice, title=f"Chat {i}")
+    response = client_for(alice).get("/api/conversations/", {"cursor": tampered})
+    assert response.status_code == 400
+    assert response.json()["error"] == {
+        "message": "The cursor is invalid.",
+        "type": "invalid_request_error",
+        "param": "cursor",
+        "code": "invalid_cursor",
+    }
+
+
+def test_a_cursor_the_paginator_wrote_still_pages(alice):
+    for i in range(3):
+        conversation_create(user=alice, title=f"Chat {i}")
+    client = client_for(alice)
+    first = client.get("/api/conversations/", {"limit": 2}).json()
+    second = client.get(first["next"])
+    assert second.status_code == 200 and [c["title"] for c in second.json()["results"]] == ["Chat 0"]
+    assert client.get(second.json()["previous"]).json()["results"] == first["results"]
 
 
 def test_it_creates_a_conversation(alice):
