@@ -23,7 +23,6 @@ generation that moved it (`message.regenerating` with `replayed: true`) and queu
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -35,6 +34,7 @@ from django.conf import settings
 
 from chatsite.database import db_async
 from chatsite.errors import ClientError
+from chatsite.parsers import json_parse
 from conversations.services import clean_message_content, message_regenerate, message_send
 from inference import openai_format as wire
 from inference.dispatch import engine_state, local_backend
@@ -109,9 +109,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self._error("invalid_request", f"Send JSON text frames of at most {MAX_FRAME_BYTES // 1024} KB.")
             return
         try:
-            content = json.loads(text_data)
-        except ValueError:
-            await self._error("invalid_request", "That was not valid JSON.")
+            # The site's one parser: strict JSON, nesting bounded, so nothing below recurses deeply.
+            content = json_parse(text_data)
+        except ClientError as exc:
+            await self._error(exc.code, exc.message)
             return
         if not isinstance(content, dict):
             await self._error("invalid_request", "Send a JSON object with a 'type'.")
@@ -119,30 +120,39 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.receive_json(content)
 
     async def receive_json(self, content: dict[str, Any], **kwargs: Any) -> None:
+        kind = content.get("type")
         handler = {
             "message.send": self._message_send,
             "generation.stop": self._generation_stop,
             "generation.resume": self._generation_resume,
             "message.regenerate": self._message_regenerate,
-        }.get(content.get("type"))
+        }.get(kind if isinstance(kind, str) else None)
         if handler is None:
-            await self._error("invalid_request", f"Unknown message type {content.get('type')!r}.")
+            named = f" {kind[:100]!r}" if isinstance(kind, str) else ""
+            await self._error("invalid_request", f"Unknown message type{named}.")
             return
+        # A refused send names its `client_id` (when it is text), so the client knows which came back.
+        client_id = content.get("client_id") if kind == "message.send" else None
+        client_id = client_id if isinstance(client_id, str) else None
         try:
             await handler(content)
         except ClientError as exc:
-            # A refused send names its `client_id`, so the client knows which message came back.
-            client_id = content.get("client_id") if content["type"] == "message.send" else None
             await self._error(exc.code, exc.message, retry_after=exc.retry_after, client_id=client_id)
+        except Exception:
+            # A request this code did not foresee must not take the socket, and the answers it
+            # follows, down with it: the client hears that it failed, and the log says why.
+            logger.exception("a %s request failed", kind)
+            await self._error("internal_error", "The request failed.", client_id=client_id)
 
     # --- client requests ------------------------------------------------------------------------
 
     async def _message_send(self, content: dict[str, Any]) -> None:
         conversation_id = content.get("conversation")
-        if conversation_id is not None and not isinstance(conversation_id, int):
+        if conversation_id is not None and not _is_integer(conversation_id):
             raise ClientError("'conversation' must be a conversation id.", code="invalid_request")
         model = content.get("model")
-        if model is not None and not isinstance(model, str):
+        # PostgreSQL refuses NUL in text outright; a name this long names no model.
+        if model is not None and (not isinstance(model, str) or "\x00" in model or len(model) > 100):
             raise ClientError("'model' must be a model name.", code="invalid_request")
         retry = content.get("retry", False)
         if not isinstance(retry, bool):
@@ -218,7 +228,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def _generation_resume(self, content: dict[str, Any]) -> None:
         after_seq = content.get("after_seq", 0)
-        if not isinstance(after_seq, int) or after_seq < 0:
+        if not _is_integer(after_seq) or after_seq < 0:
             raise ClientError("'after_seq' must be a non-negative integer.", code="invalid_request")
         generation = await self._own_generation(content.get("generation"))
         await self._follow(generation, after_seq=after_seq)
@@ -334,6 +344,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if client_id is not None:
             payload["client_id"] = client_id
         await self.send_json(payload)
+
+
+def _is_integer(value: Any) -> bool:
+    """An integer, as JSON has it: Python's True and False are ints too, and mean no id."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_uuid(value: str) -> bool:

@@ -197,6 +197,12 @@ def _uuid_param(value: Any, *, param: str) -> uuid.UUID | None:
     raise ClientError(f"'{param}' must be a UUID.", code="invalid_request", param=param)
 
 
+def _is_row_id(value: Any) -> bool:
+    """A value a query may compare with an id: an integer (not a bool) that fits a bigint, which
+    SQLite and PostgreSQL would otherwise refuse with an error of their own."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**63
+
+
 def _message_sent_earlier(*, user: Any, client_id: uuid.UUID, conversation_id: Any) -> SentMessage | None:
     """What the user's earlier send of `client_id` saved, as that send returned it; None if none did."""
     user_message = (
@@ -561,9 +567,7 @@ def message_regenerate(*, user: Any, message_id: Any, replaces: Any = None) -> R
     replaces = _uuid_param(replaces, param="replaces")
     answer = (
         Message.objects.select_related("conversation__deployment")
-        .filter(
-            id=message_id if isinstance(message_id, int) else None, role=Message.Role.ASSISTANT, conversation__user=user
-        )
+        .filter(id=message_id if _is_row_id(message_id) else None, role=Message.Role.ASSISTANT, conversation__user=user)
         .first()
     )
     if answer is None:

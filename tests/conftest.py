@@ -580,6 +580,17 @@ def followers_give_up_at_once(settings, monkeypatch):
     monkeypatch.setattr(streaming, "FOLLOW_GRACE_S", 0.5)
 
 
+@pytest.fixture
+def engine_not_started(monkeypatch):
+    """A socket that connects does not start the engine loading: for tests of requests refused
+    before any answer, which need no engine and should not spend a CPU on one."""
+
+    async def start() -> None:
+        return None
+
+    monkeypatch.setattr(local_backend, "start", start)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

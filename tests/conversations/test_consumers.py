@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from unittest.mock import ANY
@@ -14,7 +15,7 @@ from django.conf import settings
 from chatsite.database import database_calls_concurrent, db_async
 from conversations.consumers import ChatConsumer
 from conversations.models import Message
-from conversations.services import message_send
+from conversations.services import conversation_create, message_send
 from inference.models import Generation
 from inference.openai_format import usage
 from inference.services import generation_finish
@@ -79,6 +80,100 @@ async def test_malformed_frames_get_an_error_and_change_nothing(alice, frame):
     assert not await Message.objects.aexists()
     await socket.send_to(text_data='{"type": "nonsense"}')  # the socket is still usable
     assert (await next_event(socket, timeout=10))["type"] == "error"
+    await socket.disconnect()
+
+
+@pytest.fixture
+async def finished_generation(unclaimed_generation):
+    """Alice's answer, ended: resuming it is a request the socket answers (`generation.done`)
+    without any engine."""
+    await database_sync_to_async(generation_finish)(
+        generation_id=unclaimed_generation.id, status="complete", text="Done.", finish_reason="stop"
+    )
+    return unclaimed_generation
+
+
+DEEP_FRAME = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        {"type": ["message.send"]},
+        {"type": {"a": 1}},
+        DEEP_FRAME,
+        '{"type": "message.send", "content": "hi", "nested": ' + "[" * 900 + "]" * 900 + "}",
+        '{"type": "generation.resume", "generation": "x", "after_seq": NaN}',
+        {"type": "message.send", "content": "hi", "conversation": True},
+        {"type": "message.send", "content": "hi", "conversation": 10**40},
+        {"type": "message.send", "content": "hi", "conversation": 1.0},
+        {"type": "message.send", "content": "hi", "conversation": [1]},
+        {"type": "message.send", "content": "hi", "model": ["default"]},
+        {"type": "message.send", "content": "hi", "model": "bad\x00name"},
+        {"type": "message.send", "content": "hi", "model": "m" * 10_000},
+        {"type": "message.send", "content": ["hi"]},
+        {"type": "message.send", "content": {"text": "hi"}},
+        {"type": "message.send", "content": "hi", "client_id": {"id": 1}},
+        {"type": "message.send", "content": "hi", "client_id": 10**40},
+        {"type": "message.send", "content": "hi", "retry": 1},
+        {"type": "message.send", "content": "hi", "retry": [True]},
+        {"type": "message.regenerate", "message": True},
+        {"type": "message.regenerate", "message": 10**40},
+        {"type": "message.regenerate", "message": -(10**40)},
+        {"type": "message.regenerate", "message": [1]},
+        {"type": "message.regenerate", "message": 1, "replaces": {"id": "x"}},
+        {"type": "generation.stop", "generation": ["x"]},
+        {"type": "generation.stop", "generation": 10**40},
+        {"type": "generation.resume", "generation": {"id": "x"}},
+        {"type": "generation.resume", "after_seq": True},
+        {"type": "generation.resume", "after_seq": 10**40},
+        {"type": "generation.resume", "after_seq": [0]},
+    ],
+)
+async def test_a_frame_of_wrong_types_gets_an_error_and_the_socket_goes_on(
+    alice, finished_generation, engine_not_started, frame
+):
+    socket, _ = await open_socket(alice)
+    await socket.send_to(text_data=frame if isinstance(frame, str) else json.dumps(frame))
+    reply = await next_event(socket, timeout=10)
+    assert reply["type"] == "error" and reply["code"] not in ("internal_error", None)
+    assert not await Message.objects.aexists() and await Generation.objects.acount() == 1
+    # The same socket still serves a request: the finished answer is resumed from its row.
+    await socket.send_json_to({"type": "generation.resume", "generation": str(finished_generation.id)})
+    assert (await next_event(socket, timeout=10))["type"] == "generation.done"
+    await socket.disconnect()
+
+
+async def test_a_request_that_fails_unforeseen_gets_an_error_and_the_socket_goes_on(
+    alice, finished_generation, engine_not_started, monkeypatch
+):
+    from conversations import consumers
+
+    def broken(**kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(consumers, "message_regenerate", broken)
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to({"type": "message.regenerate", "message": 1})
+    assert await next_event(socket, timeout=10) == {
+        "type": "error",
+        "code": "internal_error",
+        "message": "The request failed.",
+    }
+    await socket.send_json_to({"type": "generation.resume", "generation": str(finished_generation.id)})
+    assert (await next_event(socket, timeout=10))["type"] == "generation.done"
+    await socket.disconnect()
+
+
+@pytest.mark.django_db(transaction=True, reset_sequences=True)
+async def test_a_conversation_named_by_a_bool_is_refused_not_taken_for_id_1(alice, engine_not_started):
+    conversation = await database_sync_to_async(conversation_create)(user=alice, title="Plans")
+    assert conversation.id == 1  # so that True, which Python counts as 1, would name it
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to({"type": "message.send", "content": "Hi", "conversation": True, "model": "nope"})
+    reply = await next_event(socket, timeout=10)
+    assert (reply["type"], reply["code"]) == ("error", "invalid_request")
+    assert not await Message.objects.aexists()
     await socket.disconnect()
 
 

@@ -355,3 +355,18 @@ def test_messages_sent_into_one_conversation_at_the_same_instant_get_one_answer(
     assert sorted(o if isinstance(o, str) else "sent" for o in outcomes) == ["generation_in_progress"] * 3 + ["sent"]
     assert Generation.objects.count() == 2
     assert first.conversation.messages.count() == 4
+
+
+@pytest.mark.django_db(transaction=True, reset_sequences=True)
+def test_a_regenerate_naming_its_answer_by_anything_but_its_id_finds_nothing(alice):
+    from conversations.services import conversation_create, message_regenerate
+
+    answer = Message.objects.create(
+        conversation=conversation_create(user=alice, title="Plans"), role=Message.Role.ASSISTANT, content="Hello."
+    )
+    assert answer.id == 1  # so that True, which Python counts as 1, would name it
+    for message_id in (True, 1.0, "1", [1], 10**40, -(10**40)):
+        with pytest.raises(ClientError) as refused:
+            message_regenerate(user=alice, message_id=message_id)
+        assert refused.value.code == "not_found"
+    assert not Generation.objects.exists()
