@@ -8,12 +8,15 @@ import time
 
 import pytest
 from channels.db import database_sync_to_async
+from django.contrib.auth import HASH_SESSION_KEY
 from django.contrib.auth.hashers import make_password
 from django.contrib.sessions.models import Session
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from accounts.models import User
+from accounts.selectors import SessionAccess, session_access
 from accounts.services import user_deactivate
 from conversations.models import Conversation
 from inference.models import Generation
@@ -199,3 +202,14 @@ async def test_a_suspended_users_running_answer_is_stopped_in_the_engine(engine,
         await asyncio.sleep(0.1)
     assert generation.status == Generation.Status.STOPPED, generation.status
     assert generation.finish_reason == "abort"
+
+
+def test_the_access_check_reads_the_account_and_the_session_in_one_statement(alice, django_assert_num_queries):
+    Client().force_login(alice)
+    session = Session.objects.get()
+    key, auth_hash = session.session_key, session.get_decoded()[HASH_SESSION_KEY]
+    with django_assert_num_queries(1):
+        assert session_access(user_id=alice.id, session_key=key, session_auth_hash=auth_hash) is SessionAccess.ALLOWED
+    assert session_access(user_id=alice.id, session_key=key, session_auth_hash="") is SessionAccess.ENDED
+    Session.objects.update(expire_date=timezone.now())
+    assert session_access(user_id=alice.id, session_key=key, session_auth_hash=auth_hash) is SessionAccess.ENDED
