@@ -1,12 +1,18 @@
 from __future__ import annotations
 
 import datetime as dt
+import enum
+import hashlib
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, FilteredRelation, Q, QuerySet, Subquery, Sum
+from django.conf import settings
+from django.contrib.sessions.models import Session
+from django.db.models import Count, Exists, FilteredRelation, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import TruncDate
+from django.utils import timezone
+from django.utils.crypto import constant_time_compare
 
 from accounts.models import ApiKey, Tier, UsageRecord, User
 from chatsite.errors import ClientError
@@ -225,3 +231,50 @@ def api_key_list_for_user(*, user: Any) -> QuerySet[ApiKey]:
 
 def api_key_get_by_prefix(*, prefix: str) -> ApiKey | None:
     return ApiKey.objects.select_related("user").filter(prefix=prefix).first()
+
+
+# --- access: whether an open session may still be used -------------------------------------------
+
+# Session stores whose rows the check below can read in its one statement; with another store a
+# sign-out reaches open sockets by its event alone.
+DATABASE_SESSION_ENGINES = ("django.contrib.sessions.backends.db", "django.contrib.sessions.backends.cached_db")
+
+
+class SessionAccess(enum.Enum):
+    ALLOWED = "allowed"
+    SUSPENDED = "suspended"  # the account is deactivated, or gone
+    ENDED = "ended"  # signed out, expired, or signed in with a password that has since changed
+
+
+def session_access(*, user_id: Any, session_key: str, session_auth_hash: str) -> SessionAccess:
+    """Whether a session that signed this user in may still be used, read fresh in one statement:
+    the account is active, the session is still stored and unexpired, and it carries the hash of
+    the account's current password (what `django.contrib.auth.get_user` checks on every request)."""
+    if settings.SESSION_ENGINE in DATABASE_SESSION_ENGINES:
+        stored = Exists(Session.objects.filter(session_key=session_key, expire_date__gt=timezone.now()))
+    else:
+        stored = Value(True)
+    row = (
+        User.objects.filter(id=user_id)
+        .annotate(session_stored=stored)
+        .values_list("is_active", "password", "session_stored")
+        .first()
+    )
+    if row is None or not row[0]:
+        return SessionAccess.SUSPENDED
+    is_active, password, session_stored = row
+    current_hash = User(id=user_id, password=password).get_session_auth_hash()
+    if not session_stored or not session_auth_hash or not constant_time_compare(session_auth_hash, current_hash):
+        return SessionAccess.ENDED
+    return SessionAccess.ALLOWED
+
+
+def session_key_digest(session_key: str) -> str:
+    """How a signed-out session is named to its sockets: the key itself is a credential, and stays
+    out of the channel layer."""
+    return hashlib.sha256(session_key.encode()).hexdigest()
+
+
+def user_access_fields(*, user_id: Any) -> tuple[bool, str] | None:
+    """The stored `is_active` and password hash of a user, to compare a save against; None if no row."""
+    return User.objects.filter(id=user_id).values_list("is_active", "password").first()

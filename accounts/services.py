@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -18,10 +20,12 @@ from accounts.selectors import (
     api_key_get_by_prefix,
     day_start,
     month_bounds,
+    session_key_digest,
     tier_for_user_on_deployment,
     tier_prices_for_user_id,
     usage_tokens_since,
 )
+from accounts.signals import user_deactivated
 from chatsite.errors import ClientError
 from chatsite.queries import insert_unless_conflicting
 
@@ -46,6 +50,53 @@ def user_set_tier(*, user: User, tier: Tier) -> User:
     user.tier = tier
     user.save(update_fields=["tier"])
     return user
+
+
+# --- access: suspension, deactivation, sign-out, a new password ---------------------------------
+
+
+def user_group(user_id: Any) -> str:
+    """The channel-layer group each of the user's open chat sockets joins, in whichever process."""
+    return f"user.{user_id}"
+
+
+@transaction.atomic
+def user_deactivate(*, user_id: Any) -> bool:
+    """Deactivate an account (a suspension): it can no longer sign in, its open sockets close, and
+    what it has queued or running stops. False when it was inactive already."""
+    deactivated = User.objects.filter(id=user_id, is_active=True).update(is_active=False)
+    if deactivated:
+        user_access_changed(user_id=user_id, deactivated=True)
+    return bool(deactivated)
+
+
+def user_access_after_save(*, user: User, was_active: bool, old_password: str) -> None:
+    """After a save of an existing user (the admin's form, a password change, the shell): a
+    deactivation or a new password ends what the account's sessions had opened."""
+    deactivated = was_active and not user.is_active
+    if deactivated or user.password != old_password:
+        user_access_changed(user_id=user.pk, deactivated=deactivated)
+
+
+def user_access_changed(*, user_id: Any, deactivated: bool = False, session_key: str | None = None) -> None:
+    """Once the caller's transaction commits, tell the user's open chat sockets that what let them in
+    may have ended.
+
+    With `session_key` (a sign-out) the sockets of that session close. Without it each socket reads
+    its account and session again and closes if it may no longer be used: after a deactivation
+    every one, after a new password those whose session still carries the old one's hash.
+    `deactivated`: `user_deactivated` is sent too, so what the account has running stops. A lost
+    event leaves each socket's own check on its next frame (conversations/consumers.py)."""
+    event: dict[str, Any] = {"type": "user.access", "session": session_key_digest(session_key) if session_key else None}
+    transaction.on_commit(lambda: _sockets_tell(user_id=user_id, event=event), robust=True)
+    if deactivated:
+        transaction.on_commit(lambda: user_deactivated.send(sender=User, user_id=user_id), robust=True)
+
+
+def _sockets_tell(*, user_id: Any, event: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is not None:
+        async_to_sync(layer.group_send)(user_group(user_id), event)
 
 
 # --- API keys ------------------------------------------------------------------------------------

@@ -11,15 +11,15 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from chatsite.origins import PageOriginValidator  # noqa: E402
 from conversations.routing import websocket_urlpatterns  # noqa: E402
 from inference.lifespan import lifespan_app  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": PageOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
         "lifespan": lifespan_app,
     }
 )

@@ -23,6 +23,7 @@ from chatsite.env import (
     env_url,
     secret_key_from_env_or_file,
 )
+from chatsite.origins import trusted_origin_valid
 from inference.defaults import DEFAULT_DEPLOYMENT_NAME
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -38,6 +39,13 @@ SECRET_KEY = secret_key_from_env_or_file(
 )
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+# Origins besides the page's own that may open the chat socket (chatsite/origins.py).
+WEBSOCKET_TRUSTED_ORIGINS = env_list("DJANGO_WEBSOCKET_TRUSTED_ORIGINS", CSRF_TRUSTED_ORIGINS)
+if bad_origins := [origin for origin in WEBSOCKET_TRUSTED_ORIGINS if not trusted_origin_valid(origin)]:
+    raise ImproperlyConfigured(
+        f"DJANGO_WEBSOCKET_TRUSTED_ORIGINS (or DJANGO_CSRF_TRUSTED_ORIGINS) takes origins like"
+        f" https://chat.example.com or https://*.example.com:8443, not {', '.join(bad_origins)}"
+    )
 
 INSTALLED_APPS = [
     "django.contrib.admin",

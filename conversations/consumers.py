@@ -14,6 +14,15 @@ before it heard one of them sends the same frame again on its next socket, with 
 is answered with the message its first send saved and that message's answer, from the start of its
 stream; nothing is saved, charged or generated twice (`message_send`).
 
+A socket lives only as long as its user may use the service. Suspension or deactivation closes all
+of the user's sockets with code 4403 and stops what they have running; signing out closes that
+session's sockets, and a new password the sockets of every session signed in with the old one,
+with code 4401; the generations a closed socket started are stopped. These arrive as a `user.access`
+event on the user's group (accounts.services.user_access_changed), from whichever process made
+the change. Each frame is also checked against the account and session as they stand
+(accounts.selectors.session_access, at most every ACCESS_RECHECK_S), so a lost event still lets
+no frame through; nothing is read from a socket once it is closed.
+
 A regenerate's `replaces` (the generation the client shows in the answer) makes it safe to repeat
 the same way: once the answer has moved on from that generation, the request is answered with the
 generation that moved it (`message.regenerating` with `replayed: true`) and queues nothing
@@ -31,7 +40,10 @@ from typing import Any
 from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
+from django.contrib.auth import HASH_SESSION_KEY
 
+from accounts.selectors import SessionAccess, session_access, session_key_digest
+from accounts.services import user_group
 from chatsite.database import db_async
 from chatsite.errors import ClientError
 from chatsite.parsers import json_parse
@@ -54,6 +66,13 @@ from moderation.services import checked_after_commit, classifiers_prepare
 logger = logging.getLogger(__name__)
 
 MAX_FRAME_BYTES = 256 * 1024
+# How long a passed access check stands for the frames after it: a burst (a reconnect resuming its
+# streams) costs one read, and a change still reaches each socket by its event within milliseconds.
+ACCESS_RECHECK_S = 0.3
+# Close codes: the session has ended (signed out, a new password), the account may not be used.
+CLOSE_SESSION_ENDED = 4401
+CLOSE_ACCOUNT_SUSPENDED = 4403
+CLOSE_CODES = {SessionAccess.ENDED: CLOSE_SESSION_ENDED, SessionAccess.SUSPENDED: CLOSE_ACCOUNT_SUSPENDED}
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
@@ -62,14 +81,25 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self._heard: dict[str, float] = {}  # generation id -> when its last event was passed on
         self._forwarding = asyncio.Lock()  # one stream event at a time, in seq order
         self._resync: asyncio.Future | None = None
+        self._closed_for_access = False  # once set, nothing more is read from this socket
+        self._access_checked_at = float("-inf")
+        self._started: set[str] = set()  # generations this socket asked for, stopped if it is closed for access
 
     async def connect(self) -> None:
         self.user = self.scope.get("user")
         if self.user is None or not self.user.is_authenticated:
-            await self.close(code=4401)
+            await self.close(code=CLOSE_SESSION_ENDED)
             return
+        # The session the user signed in with (AuthMiddlewareStack has loaded it): what each frame's
+        # access check compares, and how a sign-out names the sockets it closes.
+        session = self.scope["session"]
+        self._session_key = session.session_key or ""
+        self._session_hash = session.get(HASH_SESSION_KEY, "")
+        self._session_digest = session_key_digest(self._session_key)
         # generation id -> the last seq this socket has passed on
         self.following: dict[str, int] = {}
+        # Joined before the accept: a change from here on reaches this socket by its event.
+        await self.channel_layer.group_add(user_group(self.user.id), self.channel_name)
         await self.accept()
         self._resync = asyncio.ensure_future(self._resync_quiet_streams())
         await self.channel_layer.group_add(ENGINE_STATUS_GROUP, self.channel_name)
@@ -100,11 +130,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         if self._resync is not None:
             self._resync.cancel()
+        await self.channel_layer.group_discard(user_group(self.user.id), self.channel_name)
         await self.channel_layer.group_discard(ENGINE_STATUS_GROUP, self.channel_name)
         for generation_id in list(self.following):
             await self.channel_layer.group_discard(generation_group(generation_id), self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        if self._closed_for_access or not await self._access_holds():
+            return
         if text_data is None or len(text_data) > MAX_FRAME_BYTES:
             await self._error("invalid_request", f"Send JSON text frames of at most {MAX_FRAME_BYTES // 1024} KB.")
             return
@@ -199,6 +232,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         }
         if sent.warning:
             accepted["warning"] = sent.warning
+        self._started.add(str(sent.generation.id))
         await self.send_json(accepted)
         # A replayed send's answer may have ended long ago, its events gone from the buffer.
         await self._follow(sent.generation, after_seq=0, fresh=not sent.replayed)
@@ -214,12 +248,15 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         }
         if regenerated.replayed:
             regenerating["replayed"] = True
+        self._started.add(str(regenerated.generation.id))
         await self.send_json(regenerating)
         # A replayed request's answer may have ended long ago, its events gone from the buffer.
         await self._follow(regenerated.generation, after_seq=0, fresh=not regenerated.replayed)
 
     async def _generation_stop(self, content: dict[str, Any]) -> None:
-        generation = await self._own_generation(content.get("generation"))
+        await self._stop(await self._own_generation(content.get("generation")))
+
+    async def _stop(self, generation: Generation) -> None:
         ended = await db_async(generation_request_stop)(generation=generation)
         if ended is not None:
             # No engine had it yet, so no runner will announce the end: announce it to every tab.
@@ -271,6 +308,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def _forward(self, event: dict[str, Any]) -> None:
         """Pass a stream's event on once, in order. A `seq` beyond the next one means live delivery
         skipped some (it delivers at most once): the ones between come from the replay buffer first."""
+        if self._closed_for_access:
+            return
         async with self._forwarding:
             key = event.get("generation")
             last = self.following.get(key)
@@ -293,6 +332,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if event["type"] in TERMINAL_EVENTS:
             self.following.pop(key, None)
             self._heard.pop(key, None)
+            self._started.discard(key)
             await self.channel_layer.group_discard(generation_group(key), self.channel_name)
 
     async def _resync_quiet_streams(self) -> None:
@@ -325,7 +365,52 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self._forward(event)
 
     async def engine_status(self, event: dict[str, Any]) -> None:
-        await self.send_json(event)
+        if not self._closed_for_access:
+            await self.send_json(event)
+
+    async def user_access(self, event: dict[str, Any]) -> None:
+        """The user's account or sessions changed (accounts.services.user_access_changed)."""
+        if self._closed_for_access:
+            return
+        if event.get("session") is not None:
+            if event["session"] == self._session_digest:
+                await self._close_for_access(CLOSE_SESSION_ENDED)
+            return
+        await self._access_holds(fresh=True)
+
+    # --- access ---------------------------------------------------------------------------------
+
+    async def _access_holds(self, *, fresh: bool = False) -> bool:
+        """Whether the user may still use this socket; closes it when not. Read from the database
+        unless a check passed within ACCESS_RECHECK_S (and `fresh` is not asked for)."""
+        now = time.monotonic()
+        if not fresh and now - self._access_checked_at < ACCESS_RECHECK_S:
+            return True
+        access = await db_async(session_access)(
+            user_id=self.user.id, session_key=self._session_key, session_auth_hash=self._session_hash
+        )
+        if access is SessionAccess.ALLOWED:
+            self._access_checked_at = now
+            return True
+        await self._close_for_access(CLOSE_CODES[access])
+        return False
+
+    async def _close_for_access(self, code: int) -> None:
+        """Close the socket for good and stop the answers it asked for that are still running."""
+        self._closed_for_access = True
+        await self.close(code=code)
+        if self._resync is not None:
+            self._resync.cancel()
+        for generation_id in list(self.following):
+            await self.channel_layer.group_discard(generation_group(generation_id), self.channel_name)
+        self.following.clear()
+        for generation_id in sorted(self._started):
+            try:
+                generation = await db_async(generation_get_for_user)(generation_id=generation_id, user=self.user)
+                if generation is not None:
+                    await self._stop(generation)
+            except Exception:  # the rest are stopped all the same
+                logger.exception("stopping generation %s of a closed socket failed", generation_id)
 
     # --- helpers --------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -229,6 +230,29 @@ def generations_request_stop(*, generation_ids: list[Any]) -> None:
     """Ask each of these generations to stop (those already ended stay as they are)."""
     for generation in Generation.objects.filter(id__in=generation_ids):
         generation_request_stop(generation=generation)
+
+
+def user_generations_stop(*, user_id: Any) -> list[Generation]:
+    """Stop everything an account has queued or running: it was deactivated (accounts'
+    `user_deactivated`). Those this ends itself (not begun yet) are announced to their followers
+    here, as no runner will; a running one's engine announces its own end. Returns those."""
+    from inference import openai_format as wire
+    from inference.streaming import StreamPublisher
+
+    unfinished = Generation.objects.filter(
+        user_id=user_id, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING]
+    )
+    ended = [g for g in (generation_request_stop(generation=g) for g in unfinished) if g is not None]
+
+    async def announce() -> None:
+        for generation in ended:
+            publisher = await StreamPublisher.continuing(generation.id)
+            usage = wire.usage(generation.prompt_tokens, generation.completion_tokens)
+            await publisher.finish(status=generation.status, finish_reason=generation.finish_reason, usage=usage)
+
+    if ended:
+        async_to_sync(announce)()
+    return ended
 
 
 def newest_user_text(request: dict[str, Any]) -> str:

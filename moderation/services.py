@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from accounts.services import user_deactivate
 from chatsite.batching import Batcher
 from chatsite.errors import ClientError
 from moderation.classifiers import (
@@ -531,10 +531,11 @@ def flag_warn_user(*, flag: Flag, reviewer: Any, note: str = "") -> Flag:
 
 @transaction.atomic
 def flag_suspend_user(*, flag: Flag, reviewer: Any, note: str = "") -> Flag:
-    """Confirm the flag and deactivate the account: it can no longer log in, and its sessions stop working."""
+    """Confirm the flag and deactivate the account: it can no longer log in, its sessions stop
+    working, its open sockets close and its running answers stop (`user_deactivate`)."""
     if flag.user_id == getattr(reviewer, "id", None):
         raise ValueError("A moderator cannot suspend their own account.")
-    get_user_model().objects.filter(id=flag.user_id).update(is_active=False)
+    user_deactivate(user_id=flag.user_id)
     return _decide(
         flag=flag,
         reviewer=reviewer,

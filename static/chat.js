@@ -149,6 +149,12 @@
     });
     socket.addEventListener("close", function (event) {
       chat.dataset.socket = "closed";
+      if (event.code === 4401 || event.code === 4403) {
+        // Signed out, a new password, or the account suspended: reconnecting cannot help. The
+        // reload lands on the sign-in page.
+        window.location.reload();
+        return;
+      }
       connectionBanner.hidden = false;
       setTimeout(connect, retryDelay);
       retryDelay = Math.min(retryDelay * 2, 10000);

@@ -506,8 +506,12 @@ async def sockets_closed_after_each_test():
                 await communicator.disconnect(timeout=5)
 
 
-async def open_socket(user=None, *, origin: str = "http://localhost", path: str = "/ws/chat/"):
-    """A WebsocketCommunicator through the real ASGI stack (origin check, session auth, routing).
+async def open_socket(
+    user=None, *, origin: str = "http://localhost", path: str = "/ws/chat/", host: str = "localhost", client=None
+):
+    """A WebsocketCommunicator through the real ASGI stack (origin check, session auth, routing),
+    opened as the page at `host` (http) would open it. With `client` (a test Client signed in
+    already) it carries that client's session, else a new session of `user`'s.
 
     Returns the communicator and whether it connected; a connected one has had its greeting read.
     """
@@ -517,9 +521,12 @@ async def open_socket(user=None, *, origin: str = "http://localhost", path: str 
     from chatsite.asgi import application
 
     headers = [(b"origin", origin.encode())] if origin else []
-    if user is not None:
+    if host:
+        headers.append((b"host", host.encode()))
+    if user is not None and client is None:
         client = Client()
         await database_sync_to_async(client.force_login)(user)
+    if client is not None:
         headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
     communicator = WebsocketCommunicator(application, path, headers=headers)
     _open_sockets.append(communicator)  # a refused one too: its consumer runs until told of the close

@@ -61,6 +61,8 @@ def test_redis_url_selects_redis_and_celery():
         ({"INFERENCE_BACKEND": "celery"}, "INFERENCE_BACKEND=celery needs REDIS_URL"),
         ({"DATABASE_URL": "postgres://u:p@db/chat"}, "DJANGO_SECRET_KEY must be set"),
         ({"DJANGO_SECRET_KEY": "short"}, "at least 32 characters"),
+        ({"DJANGO_WEBSOCKET_TRUSTED_ORIGINS": "chat.example.com"}, "DJANGO_WEBSOCKET_TRUSTED_ORIGINS"),
+        ({"DJANGO_CSRF_TRUSTED_ORIGINS": "https://chat.example.com/"}, "not https://chat.example.com/"),
     ],
 )
 def test_bad_values_fail_at_start_up_with_a_clear_message(env, message):
