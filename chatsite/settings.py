@@ -15,9 +15,11 @@ from django.core.exceptions import ImproperlyConfigured
 
 from chatsite.env import (
     env_bool,
+    env_choice,
     env_float,
     env_int,
     env_list,
+    env_origin,
     env_path,
     env_str,
     env_url,
@@ -38,6 +40,11 @@ SECRET_KEY = secret_key_from_env_or_file(
 )
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+# The address people reach the service at (https://chat.example.com): trusted for CSRF, and an https
+# one turns the HTTPS protections on (below).
+PUBLIC_ORIGIN = env_origin("DJANGO_PUBLIC_ORIGIN")
+if PUBLIC_ORIGIN and PUBLIC_ORIGIN not in CSRF_TRUSTED_ORIGINS:
+    CSRF_TRUSTED_ORIGINS.append(PUBLIC_ORIGIN)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -137,12 +144,37 @@ SERVESTATIC_USE_FINDERS = True  # serve straight from static/ without a collects
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_SAMESITE = "Lax"
-SESSION_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", False)
-CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 if TRUSTED_PROXY := env_bool("DJANGO_BEHIND_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Served over HTTPS: on by default in production once an https origin is configured, so a deployment
+# that names its https address gets HSTS and cookies a plain-HTTP hop never carries without opting in.
+HTTPS = env_bool(
+    "DJANGO_HTTPS", not DEBUG and any(origin.lower().startswith("https://") for origin in CSRF_TRUSTED_ORIGINS)
+)
+# Browsers remember HSTS for this long; Django sends it only on requests it sees as secure (a proxy's
+# requests need DJANGO_BEHIND_PROXY).
+SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31_536_000 if HTTPS else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", HTTPS)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_HSTS_PRELOAD", False)  # a commitment hard to take back: opt in
+SESSION_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", HTTPS)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SSL_REDIRECT", False)
+SECURE_REFERRER_POLICY = env_choice(
+    "DJANGO_REFERRER_POLICY",
+    "same-origin",
+    choices=(
+        "no-referrer",
+        "no-referrer-when-downgrade",
+        "origin",
+        "origin-when-cross-origin",
+        "same-origin",
+        "strict-origin",
+        "strict-origin-when-cross-origin",
+        "unsafe-url",
+    ),
+)
 
 if REDIS_URL:
     # The pub/sub layer: one PUBLISH per message, delivered at most once. It costs the stack about
