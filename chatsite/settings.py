@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from chatsite.env import (
@@ -58,6 +59,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "csp",
     "accounts",
     "conversations",
     "inference",
@@ -67,6 +69,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "servestatic.middleware.ServeStaticMiddleware",
+    # Below the static files, which keep their long caching; above everything that answers a user.
+    "chatsite.security.private_responses_not_stored",
+    "chatsite.security.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -175,6 +180,22 @@ SECURE_REFERRER_POLICY = env_choice(
         "unsafe-url",
     ),
 )
+# Scripts, styles and everything else from this site only: no inline script or style, no eval, no
+# framing. chatsite.security adds the socket's ws(s) origin to connect-src for each request's host.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 
 if REDIS_URL:
     # The pub/sub layer: one PUBLISH per message, delivered at most once. It costs the stack about
