@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -83,6 +84,31 @@ def env_url(name: str, schemes: tuple[str, ...]) -> str:
             f"got {raw.split('@')[-1]!r}"
         )
     return raw
+
+
+def env_choice(name: str, default: str, *, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    value = raw.strip().lower()
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}; got {raw!r}")
+    return value
+
+
+def env_origin(name: str) -> str:
+    """An origin (`https://chat.example.com`, a port allowed, no path); empty when unset."""
+    raw = env_url(name, ("http", "https"))
+    if not raw:
+        return ""
+    parts = urlsplit(raw)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        raise ImproperlyConfigured(f"{name} must be an origin such as https://chat.example.com, got {raw!r}")
+    return f"{parts.scheme.lower()}://{parts.netloc.lower()}"
 
 
 def secret_key_from_env_or_file(name: str, path: Path, *, allow_file: bool) -> str:

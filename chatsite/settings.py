@@ -11,13 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from chatsite.env import (
     env_bool,
+    env_choice,
     env_float,
     env_int,
     env_list,
+    env_origin,
     env_path,
     env_str,
     env_url,
@@ -39,8 +42,13 @@ SECRET_KEY = secret_key_from_env_or_file(
 )
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+# The address people reach the service at (https://chat.example.com): trusted for CSRF, and an https
+# one turns the HTTPS protections on (below).
+PUBLIC_ORIGIN = env_origin("DJANGO_PUBLIC_ORIGIN")
+if PUBLIC_ORIGIN and PUBLIC_ORIGIN not in CSRF_TRUSTED_ORIGINS:
+    CSRF_TRUSTED_ORIGINS.append(PUBLIC_ORIGIN)
 # Origins besides the page's own that may open the chat socket (chatsite/origins.py).
-WEBSOCKET_TRUSTED_ORIGINS = env_list("DJANGO_WEBSOCKET_TRUSTED_ORIGINS", CSRF_TRUSTED_ORIGINS)
+WEBSOCKET_TRUSTED_ORIGINS = env_list("DJANGO_WEBSOCKET_TRUSTED_ORIGINS", list(CSRF_TRUSTED_ORIGINS))
 if bad_origins := [origin for origin in WEBSOCKET_TRUSTED_ORIGINS if not trusted_origin_valid(origin)]:
     raise ImproperlyConfigured(
         f"DJANGO_WEBSOCKET_TRUSTED_ORIGINS (or DJANGO_CSRF_TRUSTED_ORIGINS) takes origins like"
@@ -59,6 +67,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "csp",
     "accounts",
     "conversations",
     "inference",
@@ -68,6 +77,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "servestatic.middleware.ServeStaticMiddleware",
+    # Below the static files, which keep their long caching; above everything that answers a user.
+    "chatsite.security.private_responses_not_stored",
+    "chatsite.security.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -145,12 +157,53 @@ SERVESTATIC_USE_FINDERS = True  # serve straight from static/ without a collects
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_SAMESITE = "Lax"
-SESSION_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", False)
-CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 if TRUSTED_PROXY := env_bool("DJANGO_BEHIND_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Served over HTTPS: on by default in production once an https origin is configured, so a deployment
+# that names its https address gets HSTS and cookies a plain-HTTP hop never carries without opting in.
+HTTPS = env_bool(
+    "DJANGO_HTTPS", not DEBUG and any(origin.lower().startswith("https://") for origin in CSRF_TRUSTED_ORIGINS)
+)
+# Browsers remember HSTS for this long; Django sends it only on requests it sees as secure (a proxy's
+# requests need DJANGO_BEHIND_PROXY).
+SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31_536_000 if HTTPS else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", HTTPS)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_HSTS_PRELOAD", False)  # a commitment hard to take back: opt in
+SESSION_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", HTTPS)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SSL_REDIRECT", False)
+SECURE_REFERRER_POLICY = env_choice(
+    "DJANGO_REFERRER_POLICY",
+    "same-origin",
+    choices=(
+        "no-referrer",
+        "no-referrer-when-downgrade",
+        "origin",
+        "origin-when-cross-origin",
+        "same-origin",
+        "strict-origin",
+        "strict-origin-when-cross-origin",
+        "unsafe-url",
+    ),
+)
+# Scripts, styles and everything else from this site only: no inline script or style, no eval, no
+# framing. chatsite.security adds the socket's ws(s) origin to connect-src for each request's host.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 
 if REDIS_URL:
     # The pub/sub layer: one PUBLISH per message, delivered at most once. It costs the stack about
