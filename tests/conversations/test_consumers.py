@@ -278,6 +278,78 @@ async def test_a_socket_finds_an_ending_live_delivery_dropped(alice, default_dep
     await socket.disconnect()
 
 
+async def test_a_queued_answer_ended_in_the_database_ends_on_the_socket(alice, unclaimed_generation, settings):
+    """An answer ended where this process hears nothing of it (another server on the same database,
+    a reaper whose Redis lost the stream) has only its row to say so: a socket waiting on it reads
+    the row once the stream has been quiet a while, instead of showing "…" for ever."""
+    settings.INFERENCE_STREAM_RESYNC_S = 0.2
+    generation = unclaimed_generation
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to({"type": "generation.resume", "generation": str(generation.id), "after_seq": 0})
+    assert await socket.receive_nothing(timeout=0.3)  # queued: nothing to say yet
+
+    await Generation.objects.filter(id=generation.id).aupdate(
+        status=Generation.Status.FAILED, error_code="worker_lost", error_message="The server stopped."
+    )
+
+    event = await next_event(socket, timeout=3)
+    assert (event["type"], event["seq"], event["code"], event["message"]) == (
+        "generation.error",
+        1,
+        "worker_lost",
+        "The server stopped.",
+    )
+    assert await socket.receive_nothing(timeout=0.5)
+    await socket.disconnect()
+
+
+async def test_a_streaming_answer_ended_in_the_database_ends_on_the_socket_with_its_whole_text(
+    alice, default_deployment, settings
+):
+    settings.INFERENCE_STREAM_RESYNC_S = 0.2
+    socket, _ = await _following_a_stream(alice, default_deployment)  # it has shown "Hello" (seq 1)
+    generation = await Generation.objects.aget(user=alice)
+
+    await Generation.objects.filter(id=generation.id).aupdate(
+        status=Generation.Status.COMPLETE,
+        text="Hello there.",
+        finish_reason="stop",
+        prompt_tokens=1,
+        completion_tokens=3,
+    )
+
+    event = await next_event(socket, timeout=3)
+    assert (event["type"], event["seq"], event["status"], event["text"]) == (
+        "generation.done",
+        2,
+        "complete",
+        "Hello there.",
+    )
+    assert event["usage"] == usage(1, 3)
+    await socket.disconnect()
+
+
+async def test_a_socket_whose_buffer_cannot_be_read_still_ends_an_answer_from_its_row(
+    alice, default_deployment, settings, monkeypatch
+):
+    """Redis down: the buffer cannot be read, and the row still tells the socket the answer ended."""
+    settings.INFERENCE_STREAM_RESYNC_S = 0.2
+    socket, _ = await _following_a_stream(alice, default_deployment)
+    generation = await Generation.objects.aget(user=alice)
+
+    async def unreachable(generation_id, after_seq):
+        raise ConnectionError("Redis is down")
+
+    monkeypatch.setattr(replay_buffer(), "read", unreachable)
+    await Generation.objects.filter(id=generation.id).aupdate(
+        status=Generation.Status.FAILED, error_code="worker_lost", error_message="The server stopped.", text="Hello"
+    )
+
+    event = await next_event(socket, timeout=3)
+    assert (event["type"], event["seq"], event["code"]) == ("generation.error", 2, "worker_lost")
+    await socket.disconnect()
+
+
 @pytest.mark.engine
 async def test_a_message_sent_again_after_its_socket_dropped_is_answered_once(engine, alice):
     """The page's socket drops after sending, before it hears the answer (a web process restarted,
