@@ -292,8 +292,8 @@ async def events_after_or_nothing(generation_id: str, after_seq: int) -> list[di
     follower's look at a quiet stream, which then asks the stream's row instead (`ends_from_rows`)."""
     try:
         return await events_after(generation_id, after_seq)
-    except Exception:
-        logger.warning("stream %s: its replay buffer cannot be read", generation_id, exc_info=True)
+    except Exception as exc:  # one line a look, not a traceback: Redis may stay away for minutes
+        logger.warning("stream %s: its replay buffer cannot be read (%r)", generation_id, exc)
         return []
 
 
