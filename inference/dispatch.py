@@ -59,8 +59,9 @@ class LocalBackend:
             if not host._listeners:
                 host.add_listener(engine_status_broadcast)
             host.start()
-        if self._keeping_alive is not None:
-            self._keeping_alive.cancel()
+        previous = self._keeping_alive
+        if previous is not None and not previous.get_loop().is_closed():  # a closed loop's task is gone
+            previous.cancel()
         self._keeping_alive = loop.create_task(self._keep_alive())
 
     async def _keep_alive(self) -> None:

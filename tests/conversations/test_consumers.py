@@ -15,7 +15,8 @@ from chatsite.database import database_calls_concurrent, db_async
 from conversations.consumers import ChatConsumer
 from conversations.models import Message
 from conversations.services import message_send
-from inference.models import Generation
+from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
+from inference.models import Generation, ModelDeployment
 from inference.openai_format import usage
 from inference.services import generation_finish
 from inference.streaming import StreamPublisher, replay_buffer
@@ -278,15 +279,24 @@ async def test_a_socket_finds_an_ending_live_delivery_dropped(alice, default_dep
     await socket.disconnect()
 
 
-async def test_a_queued_answer_ended_in_the_database_ends_on_the_socket(alice, unclaimed_generation, settings):
+@pytest.fixture
+async def served_elsewhere():
+    """A deployment no engine of this process serves: its generations stay queued here, even from a
+    start-up's recovery (a socket's connect starts the local backend)."""
+    return await ModelDeployment.objects.acreate(name="smollm2-elsewhere", **DEFAULT_DEPLOYMENT_FIELDS)
+
+
+async def test_a_queued_answer_ended_in_the_database_ends_on_the_socket(alice, served_elsewhere, settings):
     """An answer ended where this process hears nothing of it (another server on the same database,
     a reaper whose Redis lost the stream) has only its row to say so: a socket waiting on it reads
     the row once the stream has been quiet a while, instead of showing "…" for ever."""
     settings.INFERENCE_STREAM_RESYNC_S = 0.2
-    generation = unclaimed_generation
+    generation = await Generation.objects.acreate(
+        user=alice, deployment=served_elsewhere, prompt_token_ids=[1], sampling={}
+    )
     socket, _ = await open_socket(alice)
     await socket.send_json_to({"type": "generation.resume", "generation": str(generation.id), "after_seq": 0})
-    assert await socket.receive_nothing(timeout=0.3)  # queued: nothing to say yet
+    await asyncio.sleep(0.3)  # following it, queued: nothing to say yet
 
     await Generation.objects.filter(id=generation.id).aupdate(
         status=Generation.Status.FAILED, error_code="worker_lost", error_message="The server stopped."
@@ -304,10 +314,10 @@ async def test_a_queued_answer_ended_in_the_database_ends_on_the_socket(alice, u
 
 
 async def test_a_streaming_answer_ended_in_the_database_ends_on_the_socket_with_its_whole_text(
-    alice, default_deployment, settings
+    alice, served_elsewhere, settings
 ):
     settings.INFERENCE_STREAM_RESYNC_S = 0.2
-    socket, _ = await _following_a_stream(alice, default_deployment)  # it has shown "Hello" (seq 1)
+    socket, _ = await _following_a_stream(alice, served_elsewhere)  # it has shown "Hello" (seq 1)
     generation = await Generation.objects.aget(user=alice)
 
     await Generation.objects.filter(id=generation.id).aupdate(
@@ -330,11 +340,11 @@ async def test_a_streaming_answer_ended_in_the_database_ends_on_the_socket_with_
 
 
 async def test_a_socket_whose_buffer_cannot_be_read_still_ends_an_answer_from_its_row(
-    alice, default_deployment, settings, monkeypatch
+    alice, served_elsewhere, settings, monkeypatch
 ):
     """Redis down: the buffer cannot be read, and the row still tells the socket the answer ended."""
     settings.INFERENCE_STREAM_RESYNC_S = 0.2
-    socket, _ = await _following_a_stream(alice, default_deployment)
+    socket, _ = await _following_a_stream(alice, served_elsewhere)
     generation = await Generation.objects.aget(user=alice)
 
     async def unreachable(generation_id, after_seq):

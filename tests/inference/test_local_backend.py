@@ -52,8 +52,9 @@ async def test_start_up_leaves_a_live_servers_answers_running_and_ends_a_gone_on
 async def test_a_serving_process_beats_and_ends_the_answers_of_one_that_goes_silent(
     alice, default_deployment, settings
 ):
-    settings.INFERENCE_WORKER_HEARTBEAT_TTL_S = 0.6  # beats every 0.2 s
+    settings.INFERENCE_WORKER_HEARTBEAT_TTL_S = 1.5  # beats every 0.5 s
     backend = LocalBackend()
+    await db_async(process_heartbeat_beat)(name=backend.name)  # as its start does, before it claims
     own = await _running_on(backend.name, alice, default_deployment)
     await db_async(process_heartbeat_beat)(name=ALIVE)
     other = await _running_on(ALIVE, alice, default_deployment)
@@ -63,13 +64,13 @@ async def test_a_serving_process_beats_and_ends_the_answers_of_one_that_goes_sil
         assert (await Generation.objects.aget(id=other.id)).status == Generation.Status.RUNNING
         seen = (await ProcessHeartbeat.objects.aget(name=backend.name)).seen_at
         # The other process stops beating: within a heartbeat's TTL and a beat, its answer ends.
-        for _ in range(30):
+        for _ in range(50):
             if (await Generation.objects.aget(id=other.id)).is_finished:
                 break
             await asyncio.sleep(0.1)
         assert (await Generation.objects.aget(id=other.id)).status == Generation.Status.FAILED
         assert (await ProcessHeartbeat.objects.aget(name=backend.name)).seen_at > seen
-        # Its own answers it never ends: its runner has them.
+        # Its own answers it never ends (its runner has them), nor does anyone while it beats.
         assert (await Generation.objects.aget(id=own.id)).status == Generation.Status.RUNNING
     finally:
         keeping_alive.cancel()
@@ -77,6 +78,8 @@ async def test_a_serving_process_beats_and_ends_the_answers_of_one_that_goes_sil
 
 async def test_no_process_ends_its_own_answers_or_a_celery_workers(alice, default_deployment):
     backend = LocalBackend()
+    # Alive to any other server of this run (its start beats before it claims anything).
+    await db_async(process_heartbeat_beat)(name=backend.name)
     own = await _running_on(backend.name, alice, default_deployment)
     celery = await _running_on("worker@gpu-1:77:77", alice, default_deployment)
 
