@@ -57,7 +57,9 @@ from inference.streaming import (
     ENGINE_STATUS_GROUP,
     TERMINAL_EVENTS,
     StreamPublisher,
+    ends_from_rows,
     events_after,
+    events_after_or_nothing,
     final_event_from_row,
     generation_group,
 )
@@ -337,21 +339,33 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def _resync_quiet_streams(self) -> None:
         """Look in the replay buffer for what a stream that has gone quiet may have lost live: an
-        ending that live delivery dropped would otherwise leave the answer unfinished on screen."""
+        ending that live delivery dropped would otherwise leave the answer unfinished on screen. One
+        with nothing new there (or a buffer that cannot be read) is looked up by its row: an answer
+        that ended without a word reaching the buffer ends on screen from its row (`ends_from_rows`)."""
         interval = settings.INFERENCE_STREAM_RESYNC_S
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
+            silent = {}
             for key in [k for k in self.following if now - self._heard.get(k, now) >= interval]:
                 self._heard[key] = now
                 try:
-                    found = await events_after(key, self.following.get(key, 0))
+                    found = await events_after_or_nothing(key, self.following.get(key, 0))
                     if found:
                         logger.warning("stream %s: %d events found only by the quiet resync", key, len(found))
+                    else:
+                        silent[key] = self.following.get(key, 0)
                     for event in found:
                         await self._forward(event)
                 except Exception:  # the next round tries again; the socket itself must live on
                     logger.exception("resyncing stream %s failed", key)
+            if not silent:
+                continue
+            try:
+                for event in await ends_from_rows(silent):
+                    await self._forward(event)
+            except Exception:
+                logger.exception("reading the rows of quiet streams %s failed", ", ".join(silent))
 
     # --- channel-layer events -------------------------------------------------------------------
 

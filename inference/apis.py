@@ -154,6 +154,7 @@ async def _stream(ids: list[str], meta: dict[str, Any], include_usage: bool):
         return wire.sse(wire.chunk(**meta, choices=[wire.delta_choice(i, **delta)], include_usage=include_usage))
 
     index = {generation_id: i for i, generation_id in enumerate(ids)}
+    sent = [""] * len(ids)
     usage = wire.usage(0, 0)
     try:
         async with stopped_if_abandoned(ids) as following:
@@ -163,8 +164,14 @@ async def _stream(ids: list[str], meta: dict[str, Any], include_usage: bool):
                 async for event in events:
                     i = index[event["generation"]]
                     if event["type"] == "generation.delta":
+                        sent[i] += event["text"]
                         yield chunk(i, content=event["text"])
                     elif event["type"] == "generation.done":
+                        # An end made from the row carries the whole text (`ends_from_rows`): send
+                        # what the deltas did not.
+                        rest = _unsent(sent[i], event.get("text"))
+                        if rest:
+                            yield chunk(i, content=rest)
                         yield chunk(i, finish=wire.finish_reason(event.get("finish_reason")))
                         usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
                     else:  # a failed choice ends the response; the others are stopped
@@ -190,6 +197,9 @@ async def _complete(ids: list[str], meta: dict[str, Any]) -> JsonResponse:
                 if event["type"] == "generation.delta":
                     texts[i] += event["text"]
                 elif event["type"] == "generation.done":
+                    # The text a `done` carries replaces the deltas': a content filter's cut, or the
+                    # whole answer when its end came from its row (`ends_from_rows`).
+                    texts[i] = event.get("text", texts[i])
                     reasons[i] = wire.finish_reason(event.get("finish_reason"))
                     usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
                 else:  # a failed choice fails the request; the others are stopped
@@ -198,6 +208,14 @@ async def _complete(ids: list[str], meta: dict[str, Any]) -> JsonResponse:
     except TimeoutError:
         return JsonResponse(wire.error_body(message=FOLLOW_TIMEOUT_MESSAGE, status=504, code="timeout"), status=504)
     return JsonResponse(wire.completion(**meta, texts=texts, reasons=reasons, usage=usage))
+
+
+def _unsent(sent: str, whole: str | None) -> str:
+    """What of `whole`, an answer's text as its `done` gives it, the deltas have not sent: nothing
+    when it is not a continuation of what they sent (a cut cannot take back what a stream sent)."""
+    if whole is None or not whole.startswith(sent):
+        return ""
+    return whole[len(sent) :]
 
 
 def _failure_body(event: dict[str, Any]) -> dict[str, Any]:

@@ -5,21 +5,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import socket
 from typing import Any
 
 from django.conf import settings
 
 from inference.engine import EngineState, engine_host_for, engine_hosts
+from inference.selectors import LOCAL_WORKER_PREFIX
 
 logger = logging.getLogger(__name__)
 
 
 class LocalBackend:
-    """Generation inside the web process, on the engine hosts this process owns."""
+    """Generation inside the web process, on the engine hosts this process owns.
+
+    Several such processes may share one database (two servers on different ports, or on different
+    hosts with one PostgreSQL). Each names itself uniquely (`name`: host, pid and a random part, so
+    a restarted process that got the same pid is still another process) and keeps a heartbeat row
+    fresh in the database (`ProcessHeartbeat`) while it serves. A generation running on a process
+    whose heartbeat has gone silent for INFERENCE_WORKER_HEARTBEAT_TTL_S is ended by whichever
+    process notices first, at its start-up or on its next beat; one on a live process is left to it.
+    """
 
     def __init__(self) -> None:
         self.runner = None
+        self.name = f"{LOCAL_WORKER_PREFIX}{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._keeping_alive: asyncio.Task | None = None
 
     async def start(self) -> None:
         """Load the local engines and accept work, on the serving event loop; idempotent.
@@ -30,12 +42,15 @@ class LocalBackend:
         from chatsite.database import db_async
         from inference.runner import Runner
         from inference.selectors import deployment_get, engine_spec_for
+        from inference.services import process_heartbeat_beat
         from inference.streaming import engine_status_broadcast
 
         loop = asyncio.get_running_loop()
         if self.runner is not None and self.runner.loop is loop:
             return
-        self.runner = Runner(worker_name=f"local:{socket.gethostname()}:{os.getpid()}", loop=loop)
+        # Alive before it claims anything, so no other process takes its first answers for orphans.
+        await db_async(process_heartbeat_beat)(name=self.name)
+        self.runner = Runner(worker_name=self.name, loop=loop)
         specs = await db_async(
             lambda: [engine_spec_for(deployment_get(name=name)) for name in settings.INFERENCE_LOCAL_DEPLOYMENTS]
         )()
@@ -44,34 +59,43 @@ class LocalBackend:
             if not host._listeners:
                 host.add_listener(engine_status_broadcast)
             host.start()
-        loop.create_task(self._recover())
+        previous = self._keeping_alive
+        if previous is not None and not previous.get_loop().is_closed():  # a closed loop's task is gone
+            previous.cancel()
+        self._keeping_alive = loop.create_task(self._keep_alive())
+
+    async def _keep_alive(self) -> None:
+        """Recover what a previous run left, then beat, and end dead processes' answers, until stopped."""
+        from chatsite.database import db_async
+        from inference.services import process_heartbeat_beat
+
+        await self._recover()
+        interval = settings.INFERENCE_WORKER_HEARTBEAT_TTL_S / HEARTBEATS_PER_TTL
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await db_async(process_heartbeat_beat)(name=self.name)
+                await local_orphans_end(own=self.name)
+            except Exception:  # the next beat tries again; missing a few is what the TTL allows for
+                logger.exception("heartbeat of %s failed", self.name)
 
     async def _recover(self) -> None:
-        """Pick up what a previous run of this process left: re-run queued work, end orphaned streams."""
+        """Pick up what a previous run of this process left: re-run queued work, and end the answers
+        of processes that are gone (a process still beating keeps its own)."""
         from chatsite.database import db_async
         from inference.models import Generation
-        from inference.services import generation_finish
+        from inference.services import process_heartbeats_forget
 
-        def orphans() -> tuple[list[Any], list[Any]]:
+        def queued() -> list[Any]:
             qs = Generation.objects.filter(deployment__name__in=settings.INFERENCE_LOCAL_DEPLOYMENTS)
-            running = list(
-                qs.filter(status=Generation.Status.RUNNING)
-                .exclude(worker=self.runner.worker_name)
-                .values_list("id", flat=True)
-            )
-            queued = list(qs.filter(status=Generation.Status.QUEUED).values_list("id", flat=True))
-            return running, queued
+            return list(qs.filter(status=Generation.Status.QUEUED).values_list("id", flat=True))
 
-        running, queued = await db_async(orphans)()
-        for generation_id in running:
-            await db_async(generation_finish)(
-                generation_id=generation_id,
-                status="failed",
-                text="",
-                error_code="interrupted",
-                error_message="The server restarted mid-answer. Regenerate to try again.",
-            )
-        for generation_id in queued:
+        try:
+            await local_orphans_end(own=self.name)
+            await db_async(process_heartbeats_forget)(older_than_s=HEARTBEAT_FORGOTTEN_S)
+        except Exception:
+            logger.exception("ending dead processes' answers failed; the next beat tries again")
+        for generation_id in await db_async(queued)():
             self.runner.submit_threadsafe(generation_id)
 
     def submit(self, generation_id: Any, *, order: dict[str, Any] | None = None) -> None:
@@ -96,6 +120,25 @@ class LocalBackend:
 
 
 local_backend = LocalBackend()
+
+# A local process refreshes its heartbeat this many times within INFERENCE_WORKER_HEARTBEAT_TTL_S:
+# every 2 s by default, so it must miss two beats running to be taken for dead.
+HEARTBEATS_PER_TTL = 3
+# A silent process's heartbeat row is removed at the next start-up this long after its last beat.
+HEARTBEAT_FORGOTTEN_S = 24 * 3600
+
+
+async def local_orphans_end(*, own: str) -> int:
+    """End the generations still running on local processes that are gone (not `own`, this
+    process), and tell their followers; returns how many."""
+    from chatsite.database import db_async
+    from inference.selectors import generation_ids_orphaned_locally
+    from inference.workers import generation_end_orphaned
+
+    ended = 0
+    for generation_id in await db_async(generation_ids_orphaned_locally)(own=own):
+        ended += await generation_end_orphaned(generation_id=generation_id, worker="a local process")
+    return ended
 
 
 def generation_dispatch(

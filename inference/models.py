@@ -121,3 +121,17 @@ class Generation(models.Model):
     @property
     def group_name(self) -> str:
         return f"generation.{self.id}"
+
+
+class ProcessHeartbeat(models.Model):
+    """A process that runs generations in its own event loop (the embedded default's server), and
+    when it last said it was alive. Another process ends that one's running generations only once it
+    has gone silent: two servers on one database must not fail each other's answers. The row lives in
+    the database because that is all such processes share (there may be no Redis), and its time is
+    the database's, so processes on different hosts need no agreement between their clocks."""
+
+    name = models.CharField(max_length=200, primary_key=True, help_text="The `worker` of the generations it claims.")
+    seen_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,13 +1,19 @@
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db.models.expressions import RawSQL
+from django.db.models.functions import Now
 
 from chatsite.errors import ClientError
 from inference.engine import EngineSpec
-from inference.models import Generation, ModelDeployment
+from inference.models import Generation, ModelDeployment, ProcessHeartbeat
+
+# How a local process's name (the `worker` of the generations it claims) begins; a Celery worker's
+# never does.
+LOCAL_WORKER_PREFIX = "local:"
 
 
 def deployment_list_enabled() -> list[ModelDeployment]:
@@ -113,3 +119,22 @@ def generation_awaiting_verdict(*, generation_id: Any) -> bool | None:
     """Whether a held generation still waits for its message's verdict; None when its row is gone
     (withdrawn)."""
     return Generation.objects.filter(id=generation_id).values_list("awaiting_verdict", flat=True).first()
+
+
+def generations_finished(*, ids: list[str]) -> list[Generation]:
+    """Those of these generations whose rows say they have ended."""
+    return list(Generation.objects.filter(id__in=ids, status__in=Generation.FINISHED))
+
+
+def generation_ids_orphaned_locally(*, own: str) -> list[Any]:
+    """Generations still running on a local process (not `own`) that has gone silent: its heartbeat
+    is older than INFERENCE_WORKER_HEARTBEAT_TTL_S by the database's clock, or missing."""
+    alive = ProcessHeartbeat.objects.filter(
+        seen_at__gte=Now() - timedelta(seconds=settings.INFERENCE_WORKER_HEARTBEAT_TTL_S)
+    ).values("name")
+    return list(
+        Generation.objects.filter(status=Generation.Status.RUNNING, worker__startswith=LOCAL_WORKER_PREFIX)
+        .exclude(worker=own)
+        .exclude(worker__in=alive)
+        .values_list("id", flat=True)
+    )

@@ -2,16 +2,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from chatsite.errors import ClientError
 from chatsite.queries import update_returning
-from inference.models import Generation, ModelDeployment
+from inference.models import Generation, ModelDeployment, ProcessHeartbeat
 from inference.signals import generation_finished, generation_started
 from moderation.services import HeldForVerdict
 
@@ -253,6 +255,24 @@ def user_generations_stop(*, user_id: Any) -> list[Generation]:
     if ended:
         async_to_sync(announce)()
     return ended
+
+
+def process_heartbeat_beat(*, name: str) -> None:
+    """Say that the local process `name` is alive, by the database's clock."""
+    if ProcessHeartbeat.objects.filter(name=name).update(seen_at=Now()):
+        return
+    try:
+        with transaction.atomic():
+            ProcessHeartbeat.objects.create(name=name, seen_at=Now())
+    except IntegrityError:  # its previous beat's row, created meanwhile by a beat that ran late
+        ProcessHeartbeat.objects.filter(name=name).update(seen_at=Now())
+
+
+def process_heartbeats_forget(*, older_than_s: float) -> int:
+    """Remove the heartbeats of processes silent this long: one row is left by every server that
+    stopped, and once its generations are ended nothing needs it."""
+    removed, _ = ProcessHeartbeat.objects.filter(seen_at__lt=Now() - timedelta(seconds=older_than_s)).delete()
+    return removed
 
 
 def newest_user_text(request: dict[str, Any]) -> str:

@@ -11,7 +11,9 @@ may skip events: the pub/sub layer delivers at most once, so what is published w
 is being made or a connection is down is lost. So a follower that receives a `seq` beyond the next
 one first takes the ones between from the buffer (`events_after`), and one whose stream has gone
 quiet for INFERENCE_STREAM_RESYNC_S looks there too, which is how an ending that live delivery
-dropped still arrives.
+dropped still arrives. When the buffer has nothing new either (or cannot be read), the follower
+reads the stream's row: a generation that ended without a word reaching the buffer (ended by
+another process, or its buffer lost with Redis) still ends for whoever waits on it (`ends_from_rows`).
 """
 
 from __future__ import annotations
@@ -285,6 +287,42 @@ async def events_after(generation_id: str, after_seq: int, *, before_seq: int | 
     )
 
 
+async def events_after_or_nothing(generation_id: str, after_seq: int) -> list[dict[str, Any]]:
+    """`events_after`, or nothing when the buffer cannot be read (Redis down or restarting): for a
+    follower's look at a quiet stream, which then asks the stream's row instead (`ends_from_rows`)."""
+    try:
+        return await events_after(generation_id, after_seq)
+    except Exception as exc:  # one line a look, not a traceback: Redis may stay away for minutes
+        logger.warning("stream %s: its replay buffer cannot be read (%r)", generation_id, exc)
+        return []
+
+
+async def ends_from_rows(last_seqs: dict[str, int]) -> list[dict[str, Any]]:
+    """For streams that have gone quiet with nothing new in the buffer (`last_seqs`: each one's id and
+    the last `seq` its follower passed on): the events that end those whose row says they have ended.
+
+    A generation can end without its end reaching the buffer: ended by another process, whose
+    channel layer this one does not share (two embedded servers on one database); ended in the
+    database by a reaper that could not read or write the buffer; or its buffer lost with a Redis
+    restart, so the end was published with a `seq` the follower had already passed. Its row holds
+    all of it. The buffer is read once more after the row, since an end is recorded before it is
+    announced: an end published meanwhile is passed on as it is, else it is made from the row, with
+    the row's whole text for the follower to show (`final_event_from_row`)."""
+    from chatsite.database import db_async
+    from inference.selectors import generations_finished
+
+    events: list[dict[str, Any]] = []
+    for generation in await db_async(generations_finished)(ids=list(last_seqs)):
+        generation_id = str(generation.id)
+        found = await events_after_or_nothing(generation_id, last_seqs[generation_id])
+        if not any(event["type"] in TERMINAL_EVENTS for event in found):
+            logger.warning("stream %s ended without announcing it; its end comes from its row", generation_id)
+            seq = max([last_seqs[generation_id], *(event["seq"] for event in found)]) + 1
+            found.append(final_event_from_row(generation, seq=seq))
+        events += found
+    return events
+
+
 # How much longer than an answer's time limit a follower waits without an event: time for the
 # runner, or the reaper when a worker died, to end the answer and say so.
 FOLLOW_GRACE_S = 60.0
@@ -300,8 +338,9 @@ async def follow_streams(
     The same join-then-replay protocol as the chat socket, for callers without a consumer of their
     own (the OpenAI-compatible API): join each group on a fresh channel, replay the buffers, then
     read live events, dropping any `seq` already passed and taking from the buffers what live
-    delivery skipped. Raises TimeoutError after `idle_timeout` seconds without an event (by
-    default, INFERENCE_GENERATION_TIMEOUT_S + FOLLOW_GRACE_S).
+    delivery skipped, and from the rows the ends that never reached the buffers. Raises TimeoutError
+    after `idle_timeout` seconds without an event (by default, INFERENCE_GENERATION_TIMEOUT_S +
+    FOLLOW_GRACE_S).
     """
     if idle_timeout is None:
         idle_timeout = settings.INFERENCE_GENERATION_TIMEOUT_S + FOLLOW_GRACE_S
@@ -316,7 +355,9 @@ async def follow_streams(
     try:
         for generation_id in generation_ids:
             await layer.group_add(generation_group(generation_id), channel)
-        backlog = [event for generation_id in generation_ids for event in await events_after(generation_id, 0)]
+        backlog = [
+            event for generation_id in generation_ids for event in await events_after_or_nothing(generation_id, 0)
+        ]
         quiet_since = time.monotonic()
         while open_ids:
             if backlog:
@@ -327,13 +368,21 @@ async def follow_streams(
                 if not done:
                     if time.monotonic() - quiet_since >= idle_timeout:
                         raise TimeoutError(f"no event for {idle_timeout:.0f} s")
+                    silent = {}
                     for generation_id in sorted(open_ids):
-                        found = await events_after(generation_id, last[generation_id])
+                        found = await events_after_or_nothing(generation_id, last[generation_id])
                         if found:
                             logger.warning(
                                 "stream %s: %d events found only by the quiet resync", generation_id, len(found)
                             )
+                        else:
+                            silent[generation_id] = last[generation_id]
                         backlog += found
+                    if silent:
+                        try:
+                            backlog += await ends_from_rows(silent)
+                        except Exception:  # the next quiet spell asks again; the response lives on
+                            logger.exception("reading the rows of quiet streams %s failed", ", ".join(silent))
                     continue
                 event, receiving = receiving.result(), None
             generation_id = event.get("generation")

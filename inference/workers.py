@@ -283,8 +283,6 @@ def workers_alive(names: set[str]) -> set[str]:
 async def reap_once() -> int:
     """End generations whose worker is gone; returns how many. Safe to run in many processes."""
     from inference.models import Generation
-    from inference.services import generation_finish
-    from inference.streaming import StreamPublisher
 
     ttl = settings.INFERENCE_WORKER_HEARTBEAT_TTL_S
 
@@ -304,20 +302,39 @@ async def reap_once() -> int:
 
     reaped = 0
     for generation_id, worker in await db_async(orphans)():
-        publisher = await StreamPublisher.continuing(generation_id)
-        message = "The server working on this answer stopped. Your message is saved: regenerate to try again."
-        finished = await db_async(generation_finish)(
-            generation_id=generation_id,
-            status="failed",
-            text=publisher.text,
-            error_code="worker_lost",
-            error_message=message,
-        )
-        if finished is not None:
-            logger.warning("generation %s was running on %s, which is gone; ended it", generation_id, worker)
-            await publisher.fail(code="worker_lost", message=message)
-            reaped += 1
+        reaped += await generation_end_orphaned(generation_id=generation_id, worker=worker)
     return reaped
+
+
+WORKER_LOST_MESSAGE = "The server working on this answer stopped. Your message is saved: regenerate to try again."
+
+
+async def generation_end_orphaned(*, generation_id: Any, worker: str) -> bool:
+    """End a generation whose process is gone, and tell its followers; False when it had ended.
+
+    The row is ended even when the replay buffer cannot be read (Redis restarting): the text the
+    stream had shown is lost then, but a follower learns the end from the row (`ends_from_rows`)."""
+    from inference.services import generation_finish
+    from inference.streaming import StreamPublisher
+
+    try:
+        publisher = await StreamPublisher.continuing(generation_id)
+    except Exception:
+        logger.exception("generation %s: its stream cannot be read; ending it without telling it", generation_id)
+        publisher = None
+    finished = await db_async(generation_finish)(
+        generation_id=generation_id,
+        status="failed",
+        text=publisher.text if publisher is not None else "",
+        error_code="worker_lost",
+        error_message=WORKER_LOST_MESSAGE,
+    )
+    if finished is None:
+        return False
+    logger.warning("generation %s was running on %s, which is gone; ended it", generation_id, worker)
+    if publisher is not None:
+        await publisher.fail(code="worker_lost", message=WORKER_LOST_MESSAGE)
+    return True
 
 
 async def reap_forever(interval: float = 2.0) -> None:

@@ -567,6 +567,20 @@ async def generation_once_finished(user) -> Any:
     return generation
 
 
+async def ended_in_the_database_once_queued(user, **row) -> Any:
+    """Wait for `user`'s (only) generation to be queued, then end it in the database only, as another
+    process or a reaper that could not reach the stream's buffer does: no event announces it."""
+    from inference.models import Generation
+
+    for _ in range(200):
+        generation = await Generation.objects.filter(user=user).afirst()
+        if generation is not None:
+            await Generation.objects.filter(id=generation.id).aupdate(**row)
+            return generation
+        await asyncio.sleep(0.05)
+    raise AssertionError("no generation was queued within 10 s")
+
+
 @pytest.fixture
 async def unclaimed_generation(alice, default_deployment):
     """Alice's generation, queued but never dispatched: no engine runs it, a test publishes its events."""
@@ -607,6 +621,20 @@ def free_port() -> int:
 @pytest.fixture
 async def chat_server(engine):
     """uvicorn serving the real ASGI app on the test session's loop (so it shares the engine)."""
+    async with _serving() as url:
+        yield url
+
+
+@pytest.fixture
+async def server_without_engine():
+    """uvicorn serving the real ASGI app on the test session's loop, for tests whose generations no
+    engine runs (they end them in the database themselves)."""
+    async with _serving() as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def _serving():
     import uvicorn
 
     from chatsite.asgi import application
@@ -618,6 +646,8 @@ async def chat_server(engine):
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
         await asyncio.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    await task
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -18,7 +19,7 @@ from accounts.services import api_key_create
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create, message_send
 from inference.models import Generation, ModelDeployment
-from tests.conftest import generation_once_finished, stopped_while_streaming
+from tests.conftest import ended_in_the_database_once_queued, generation_once_finished, stopped_while_streaming
 
 ALL_SCOPES = tuple(ApiKey.Scope.values)
 MEGABYTE = "x" * 1_000_000
@@ -493,3 +494,26 @@ async def test_an_answer_stream_that_hears_nothing_ends_with_a_timeout_error_and
     assert json.loads(events[-1].split("data: ", 1)[1])["code"] == "timeout"
     generation = await Generation.objects.aget(id=generation.id)
     assert generation.status == Generation.Status.STOPPED
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_answer_ended_without_an_event_still_ends_its_event_stream(
+    server_without_engine, alice, monkeypatch, settings
+):
+    """Its row says it ended: the stream reads the row once it has been quiet a while, and ends with
+    the row's end instead of waiting out an answer's time limit."""
+    settings.INFERENCE_STREAM_RESYNC_S = 0.2
+    monkeypatch.setattr("inference.dispatch.generation_dispatch", lambda **dispatch: None)  # no engine runs it
+    key = await database_sync_to_async(lambda: api_key_create(user=alice, name="t", scopes=["chat"]).key)()
+    ending = asyncio.ensure_future(
+        ended_in_the_database_once_queued(
+            alice, status=Generation.Status.FAILED, error_code="worker_lost", error_message="The server stopped."
+        )
+    )
+
+    events = await asyncio.wait_for(_send_and_read(server_without_engine, key, {"content": "Say hello."}), 10)
+
+    generation = await ending
+    assert [name for name, _ in events] == ["message.accepted", "error"]
+    assert events[0][1]["generation"] == str(generation.id)
+    assert (events[1][1]["code"], events[1][1]["message"]) == ("worker_lost", "The server stopped.")

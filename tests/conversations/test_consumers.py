@@ -16,7 +16,8 @@ from chatsite.database import database_calls_concurrent, db_async
 from conversations.consumers import ChatConsumer
 from conversations.models import Message
 from conversations.services import conversation_create, message_send
-from inference.models import Generation
+from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
+from inference.models import Generation, ModelDeployment
 from inference.openai_format import usage
 from inference.services import generation_finish
 from inference.streaming import StreamPublisher, replay_buffer
@@ -370,6 +371,87 @@ async def test_a_socket_finds_an_ending_live_delivery_dropped(alice, default_dep
     await publisher.finish(status="complete", finish_reason="stop", usage=usage(1, 1))
     events = await drain_until_finished(socket, timeout=5)
     assert [(e["seq"], e["type"], e["status"]) for e in events] == [(2, "generation.done", "complete")]
+    await socket.disconnect()
+
+
+@pytest.fixture
+async def served_elsewhere():
+    """A deployment no engine of this process serves: its generations stay queued here, even from a
+    start-up's recovery (a socket's connect starts the local backend)."""
+    return await ModelDeployment.objects.acreate(name="smollm2-elsewhere", **DEFAULT_DEPLOYMENT_FIELDS)
+
+
+async def test_a_queued_answer_ended_in_the_database_ends_on_the_socket(alice, served_elsewhere, settings):
+    """An answer ended where this process hears nothing of it (another server on the same database,
+    a reaper whose Redis lost the stream) has only its row to say so: a socket waiting on it reads
+    the row once the stream has been quiet a while, instead of showing "…" for ever."""
+    settings.INFERENCE_STREAM_RESYNC_S = 0.2
+    generation = await Generation.objects.acreate(
+        user=alice, deployment=served_elsewhere, prompt_token_ids=[1], sampling={}
+    )
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to({"type": "generation.resume", "generation": str(generation.id), "after_seq": 0})
+    await asyncio.sleep(0.3)  # following it, queued: nothing to say yet
+
+    await Generation.objects.filter(id=generation.id).aupdate(
+        status=Generation.Status.FAILED, error_code="worker_lost", error_message="The server stopped."
+    )
+
+    event = await next_event(socket, timeout=3)
+    assert (event["type"], event["seq"], event["code"], event["message"]) == (
+        "generation.error",
+        1,
+        "worker_lost",
+        "The server stopped.",
+    )
+    assert await socket.receive_nothing(timeout=0.5)
+    await socket.disconnect()
+
+
+async def test_a_streaming_answer_ended_in_the_database_ends_on_the_socket_with_its_whole_text(
+    alice, served_elsewhere, settings
+):
+    settings.INFERENCE_STREAM_RESYNC_S = 0.2
+    socket, _ = await _following_a_stream(alice, served_elsewhere)  # it has shown "Hello" (seq 1)
+    generation = await Generation.objects.aget(user=alice)
+
+    await Generation.objects.filter(id=generation.id).aupdate(
+        status=Generation.Status.COMPLETE,
+        text="Hello there.",
+        finish_reason="stop",
+        prompt_tokens=1,
+        completion_tokens=3,
+    )
+
+    event = await next_event(socket, timeout=3)
+    assert (event["type"], event["seq"], event["status"], event["text"]) == (
+        "generation.done",
+        2,
+        "complete",
+        "Hello there.",
+    )
+    assert event["usage"] == usage(1, 3)
+    await socket.disconnect()
+
+
+async def test_a_socket_whose_buffer_cannot_be_read_still_ends_an_answer_from_its_row(
+    alice, served_elsewhere, settings, monkeypatch
+):
+    """Redis down: the buffer cannot be read, and the row still tells the socket the answer ended."""
+    settings.INFERENCE_STREAM_RESYNC_S = 0.2
+    socket, _ = await _following_a_stream(alice, served_elsewhere)
+    generation = await Generation.objects.aget(user=alice)
+
+    async def unreachable(generation_id, after_seq):
+        raise ConnectionError("Redis is down")
+
+    monkeypatch.setattr(replay_buffer(), "read", unreachable)
+    await Generation.objects.filter(id=generation.id).aupdate(
+        status=Generation.Status.FAILED, error_code="worker_lost", error_message="The server stopped.", text="Hello"
+    )
+
+    event = await next_event(socket, timeout=3)
+    assert (event["type"], event["seq"], event["code"]) == ("generation.error", 2, "worker_lost")
     await socket.disconnect()
 
 

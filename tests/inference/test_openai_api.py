@@ -13,7 +13,7 @@ from channels.db import database_sync_to_async
 from accounts.models import Tier
 from accounts.services import api_key_create
 from inference.models import Generation
-from tests.conftest import generation_once_finished, stopped_while_streaming
+from tests.conftest import ended_in_the_database_once_queued, generation_once_finished, stopped_while_streaming
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MODEL = "smollm2-135m"
@@ -264,3 +264,68 @@ async def test_a_completion_stream_closed_at_one_of_its_yields_stops_the_generat
     generation = await Generation.objects.aget(id=generation.id)
     assert generation.stop_requested
     assert generation.status == Generation.Status.STOPPED
+
+
+ENDED_COMPLETE = {
+    "status": Generation.Status.COMPLETE,
+    "text": "Hello from the row.",
+    "finish_reason": "stop",
+    "prompt_tokens": 12,
+    "completion_tokens": 5,
+}
+ENDED_FAILED = {"status": Generation.Status.FAILED, "error_code": "worker_lost", "error_message": "The server stopped."}
+
+
+@pytest.fixture
+def no_engine_runs_it(settings, monkeypatch):
+    """Completions are queued and never run; the stream's quiet spells are short."""
+    settings.INFERENCE_STREAM_RESYNC_S = 0.2
+    monkeypatch.setattr("inference.dispatch.generation_dispatch", lambda **dispatch: None)
+
+
+@pytest.mark.parametrize("ended", [ENDED_COMPLETE, ENDED_FAILED], ids=["complete", "failed"])
+async def test_a_completion_ended_without_an_event_answers_from_its_row(
+    server_without_engine, alice, key_for, no_engine_runs_it, ended
+):
+    """A waiting completion whose answer ended where its stream says nothing of it answers within
+    seconds from the answer's row, not after an answer's time limit."""
+    client = client_for(server_without_engine, await database_sync_to_async(key_for)(alice))
+    ending = asyncio.ensure_future(ended_in_the_database_once_queued(alice, **ended))
+    request = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}])
+
+    if ended is ENDED_FAILED:
+        with pytest.raises(openai.InternalServerError) as raised:
+            await asyncio.wait_for(request, 10)
+        assert raised.value.code == "worker_lost"
+    else:
+        completion = await asyncio.wait_for(request, 10)
+        assert completion.choices[0].message.content == "Hello from the row."
+        assert completion.choices[0].finish_reason == "stop"
+        assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (12, 5)
+    await ending
+
+
+@pytest.mark.parametrize("ended", [ENDED_COMPLETE, ENDED_FAILED], ids=["complete", "failed"])
+async def test_a_completion_stream_ended_without_an_event_ends_from_its_row(
+    server_without_engine, alice, key_for, no_engine_runs_it, ended
+):
+    client = client_for(server_without_engine, await database_sync_to_async(key_for)(alice))
+    ending = asyncio.ensure_future(ended_in_the_database_once_queued(alice, **ended))
+
+    async def read() -> tuple[str, list]:
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Say hello."}], stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+        return text, [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices]
+
+    if ended is ENDED_FAILED:
+        with pytest.raises(openai.APIError) as raised:
+            await asyncio.wait_for(read(), 10)
+        assert raised.value.code == "worker_lost"
+    else:
+        text, reasons = await asyncio.wait_for(read(), 10)
+        assert text == "Hello from the row."
+        assert reasons[-1] == "stop"
+    await ending

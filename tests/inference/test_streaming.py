@@ -39,6 +39,33 @@ async def test_a_follower_finds_an_ending_live_delivery_dropped(settings):
     assert [(e["seq"], e["type"]) for e in rest] == [(2, "generation.done")]
 
 
+@pytest.mark.django_db(transaction=True)
+async def test_a_follower_whose_buffer_cannot_be_read_ends_a_stream_from_its_row(
+    unclaimed_generation, settings, monkeypatch
+):
+    """Redis down (or restarted, its buffers gone): the end of an answer ended meanwhile reaches no
+    buffer, and a follower that cannot read one still ends the stream as the row says."""
+    from inference.models import Generation
+
+    settings.INFERENCE_STREAM_RESYNC_S = 0.2
+    generation_id = str(unclaimed_generation.id)
+    publisher = StreamPublisher(generation_id)
+    await publisher.add_text("Hello")
+    events = follow_streams([generation_id], idle_timeout=10)
+    first = await anext(events)
+
+    async def unreachable(generation_id, after_seq):
+        raise ConnectionError("Redis is down")
+
+    monkeypatch.setattr(replay_buffer(), "read", unreachable)
+    await Generation.objects.filter(id=generation_id).aupdate(
+        status=Generation.Status.STOPPED, text="Hello there", finish_reason="abort", completion_tokens=2
+    )
+    rest = await asyncio.wait_for(_collect(events), timeout=3)
+    assert [(e["seq"], e["type"]) for e in [first, *rest]] == [(1, "generation.delta"), (2, "generation.done")]
+    assert (rest[0]["status"], rest[0]["text"], rest[0]["finish_reason"]) == ("stopped", "Hello there", "abort")
+
+
 async def test_a_follower_keeps_receiving_live_after_a_quiet_spell(settings, monkeypatch):
     # Waiting out a quiet spell must not cancel the follower's receive: a cancelled receive may
     # lose the message it was taking (and channels-redis's pub/sub layer unsubscribes the channel).
