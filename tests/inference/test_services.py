@@ -1,0 +1,116 @@
+"""The generation services a runner retries after a dropped database connection.
+
+A retry may find the first try's work committed (the connection broke between the commit and its
+reply): the claim and the finish then recognise it as their own, so the runner runs and announces
+the answer, instead of taking its own claim or end for someone else's.
+"""
+
+from __future__ import annotations
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection
+
+from accounts.models import UsageRecord
+from chatsite import database
+from chatsite.database import database_calls_concurrent, db_async, reconnecting
+from inference.models import Generation
+from inference.services import generation_claim, generation_finish
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def queued(alice, default_deployment):
+    return Generation.objects.create(user=alice, deployment=default_deployment, prompt_token_ids=[1, 2], sampling={})
+
+
+def test_a_claims_retry_takes_a_claim_its_worker_committed_as_its_own(queued):
+    assert generation_claim(generation_id=queued.id, worker="w1") is not None
+
+    # The same worker's retry: its claim went through, only the reply was lost.
+    again = generation_claim(generation_id=queued.id, worker="w1", again=True)
+    assert again is not None and again.worker == "w1"
+    # Anyone else's claim, retried or not, still finds it taken.
+    assert generation_claim(generation_id=queued.id, worker="w2", again=True) is None
+    assert generation_claim(generation_id=queued.id, worker="w1") is None
+
+
+def test_a_claims_retry_does_not_take_a_generation_stopped_meanwhile(queued):
+    generation_claim(generation_id=queued.id, worker="w1")
+    Generation.objects.filter(id=queued.id).update(stop_requested=True)
+
+    assert generation_claim(generation_id=queued.id, worker="w1", again=True) is None
+
+
+def test_a_finishs_retry_returns_the_end_it_committed_and_charges_once(queued):
+    generation_claim(generation_id=queued.id, worker="w1")
+    end = {"status": "complete", "text": "Hello there.", "finish_reason": "stop", "completion_tokens": 3}
+    assert generation_finish(generation_id=queued.id, **end) is not None
+
+    again = generation_finish(generation_id=queued.id, again=True, **end)
+
+    assert again is not None and (again.status, again.completion_tokens) == ("complete", 3)
+    assert UsageRecord.objects.filter(generation_id=queued.id).count() == 1
+    # An end that differs is someone else's (the reaper's, a stop's): not this call's to announce.
+    assert generation_finish(generation_id=queued.id, again=True, **{**end, "status": "stopped"}) is None
+    assert generation_finish(generation_id=queued.id, **end) is None
+
+
+# --- on PostgreSQL: a connection the server dropped ------------------------------------------------
+
+
+@pytest.fixture
+def one_database_thread(monkeypatch):
+    """Async code's database calls on one thread that does not check its connection between calls
+    (as within CONNECTION_CHECK_INTERVAL_S of its last check): each call meets the connection the
+    last one left."""
+    if not database_calls_concurrent():
+        pytest.skip("SQLite has no server to drop a connection")
+    monkeypatch.setattr(database, "CONNECTION_CHECK_INTERVAL_S", 60)
+    monkeypatch.setattr(settings, "DATABASE_ASYNC_THREADS", 1)
+    monkeypatch.setattr(database, "_pool", None)
+
+
+async def _connection_dropped() -> None:
+    """PostgreSQL ends the database thread's connection (as a restart or a failover does)."""
+    pid = await db_async(_backend_pid)()
+    await sync_to_async(_terminate)(pid)
+
+
+def _backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def _terminate(pid: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid() AND pid = %s",
+            [pid],
+        )
+
+
+async def test_a_runners_claim_and_finish_are_retried_on_a_fresh_connection(one_database_thread, queued):
+    # As the runner called them before: the claim fails, and with it the runner.
+    await _connection_dropped()
+    with pytest.raises((OperationalError, InterfaceError)):
+        await db_async(generation_claim)(generation_id=queued.id, worker="w1")
+
+    # As the runner calls them now.
+    await _connection_dropped()
+    claimed = await db_async(reconnecting(generation_claim, again=True))(generation_id=queued.id, worker="w1")
+    assert claimed is not None and claimed.status == Generation.Status.RUNNING
+    await _connection_dropped()
+    finished = await db_async(reconnecting(generation_finish, again=True))(
+        generation_id=queued.id, status="complete", text="Hello there.", finish_reason="stop", completion_tokens=3
+    )
+
+    assert finished is not None
+    await queued.arefresh_from_db()
+    assert (queued.status, queued.text, queued.completion_tokens) == ("complete", "Hello there.", 3)
+    record = await UsageRecord.objects.aget(generation_id=queued.id)
+    assert (record.status, record.completion_tokens) == ("complete", 3)
