@@ -8,15 +8,13 @@ the answer, instead of taking its own claim or end for someone else's.
 from __future__ import annotations
 
 import pytest
-from asgiref.sync import sync_to_async
-from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError
 
 from accounts.models import UsageRecord
-from chatsite import database
-from chatsite.database import database_calls_concurrent, db_async, reconnecting
+from chatsite.database import db_async, reconnecting
 from inference.models import Generation
 from inference.services import generation_claim, generation_finish
+from tests.conftest import database_connection_dropped
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,50 +59,17 @@ def test_a_finishs_retry_returns_the_end_it_committed_and_charges_once(queued):
 # --- on PostgreSQL: a connection the server dropped ------------------------------------------------
 
 
-@pytest.fixture
-def one_database_thread(monkeypatch):
-    """Async code's database calls on one thread that does not check its connection between calls
-    (as within CONNECTION_CHECK_INTERVAL_S of its last check): each call meets the connection the
-    last one left."""
-    if not database_calls_concurrent():
-        pytest.skip("SQLite has no server to drop a connection")
-    monkeypatch.setattr(database, "CONNECTION_CHECK_INTERVAL_S", 60)
-    monkeypatch.setattr(settings, "DATABASE_ASYNC_THREADS", 1)
-    monkeypatch.setattr(database, "_pool", None)
-
-
-async def _connection_dropped() -> None:
-    """PostgreSQL ends the database thread's connection (as a restart or a failover does)."""
-    pid = await db_async(_backend_pid)()
-    await sync_to_async(_terminate)(pid)
-
-
-def _backend_pid() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        return cursor.fetchone()[0]
-
-
-def _terminate(pid: int) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid() AND pid = %s",
-            [pid],
-        )
-
-
 async def test_a_runners_claim_and_finish_are_retried_on_a_fresh_connection(one_database_thread, queued):
     # As the runner called them before: the claim fails, and with it the runner.
-    await _connection_dropped()
+    await database_connection_dropped()
     with pytest.raises((OperationalError, InterfaceError)):
         await db_async(generation_claim)(generation_id=queued.id, worker="w1")
 
     # As the runner calls them now.
-    await _connection_dropped()
+    await database_connection_dropped()
     claimed = await db_async(reconnecting(generation_claim, again=True))(generation_id=queued.id, worker="w1")
     assert claimed is not None and claimed.status == Generation.Status.RUNNING
-    await _connection_dropped()
+    await database_connection_dropped()
     finished = await db_async(reconnecting(generation_finish, again=True))(
         generation_id=queued.id, status="complete", text="Hello there.", finish_reason="stop", completion_tokens=3
     )
