@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -179,7 +180,13 @@ async def _running_row(alice, deployment, *, worker: str, text: str) -> Generati
 
     from inference.streaming import StreamPublisher
 
-    generation = await Generation.objects.acreate(
+    # Its text first: a reaper may end the row the moment it exists.
+    generation_id = uuid.uuid4()
+    publisher = StreamPublisher(generation_id, coalesce_ms=0)
+    for word in text.split(" "):
+        await publisher.add_text(word + " ")
+    return await Generation.objects.acreate(
+        id=generation_id,
         user=alice,
         deployment=deployment,
         prompt_token_ids=[1, 2, 3],
@@ -188,10 +195,6 @@ async def _running_row(alice, deployment, *, worker: str, text: str) -> Generati
         worker=worker,
         started_at=timezone.now() - timedelta(seconds=30),
     )
-    publisher = StreamPublisher(generation.id, coalesce_ms=0)
-    for word in text.split(" "):
-        await publisher.add_text(word + " ")
-    return generation
 
 
 async def _until_finished(generation: Generation, *, timeout: float = 30) -> Generation:
@@ -212,9 +215,9 @@ async def test_an_answer_whose_worker_died_is_charged_the_tokens_it_had_generate
     text = "The storm rolled in over the harbour, and the boats strained at their ropes all night long."
     generation = await _running_row(alice, default_deployment, worker="gpu@gone:1", text=text)
 
-    assert await reap_once() == 1
+    await reap_once()  # this process's reaper, or a worker's, ends it
 
-    await generation.arefresh_from_db()
+    generation = await _until_finished(generation, timeout=10)
     assert (generation.status, generation.error_code) == (Generation.Status.FAILED, "worker_lost")
     assert generation.text == text + " "
     tokens = count_tokens(tokenizer_for(default_deployment.model_path), generation.text)
@@ -260,3 +263,35 @@ async def test_an_answer_its_live_worker_no_longer_runs_is_ended(engine, alice, 
     orphan = await _until_finished(orphan, timeout=10)
     assert (orphan.status, orphan.error_code) == (Generation.Status.FAILED, "worker_lost")
     assert orphan.text == text + " " and orphan.completion_tokens > 5
+
+
+async def test_a_worker_asked_to_stop_finishes_its_running_answers_first(alice):
+    """A rolling restart: SIGTERM is Celery's warm shutdown. The worker takes no new task, and the
+    answers it is writing end as they would have, on its engine, before it exits. Its engine used to
+    be closed as the signal arrived, failing every answer it was writing."""
+    import signal
+
+    await ModelDeployment.objects.acreate(
+        name="smollm2-leaving", **{**DEFAULT_DEPLOYMENT_FIELDS, "default_max_tokens": 80}
+    )
+    await database_sync_to_async(user_set_tier)(user=alice, tier=await Tier.objects.aget(name="enterprise"))
+    leaving = CeleryWorker(deployments=["smollm2-leaving"], name="leaving")
+    try:
+        await leaving.wait_ready()
+        socket, _ = await open_socket(alice)
+        await socket.send_json_to(
+            {"type": "message.send", "model": "smollm2-leaving", "content": "Write a long story about a storm at sea."}
+        )
+        deltas = 0
+        while deltas < 2:
+            event = await next_event(socket)
+            assert event["type"] not in ("error", "generation.error", "generation.done"), event
+            deltas += event["type"] == "generation.delta"
+        leaving.process.send_signal(signal.SIGTERM)
+        events = await drain_until_finished(socket, timeout=120)
+        await socket.disconnect()
+        assert (events[-1]["type"], events[-1].get("status")) == ("generation.done", "complete"), events[-1]
+        exit_code = await asyncio.to_thread(leaving.process.wait, timeout=60)
+    finally:
+        leaving.kill()
+    assert exit_code == 0
