@@ -480,6 +480,8 @@ async def test_a_send_whose_database_connection_drops_after_its_commit_is_still_
 
     await socket.send_json_to({"type": "message.send", "content": "Hello there", "client_id": client_id})
 
+    created = await next_event(socket)
+    assert created["type"] == "conversation.created", created
     accepted = await next_event(socket)
     assert (accepted["type"], accepted["client_id"]) == ("message.accepted", client_id), accepted
     assert await Message.objects.filter(client_id=client_id).acount() == 1
