@@ -174,7 +174,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         # A send with a client_id is safe to repeat (message_send): one whose connection fails is
         # repeated on a fresh one, and so is the verdict's call after the commit (a conditional
         # release), so the message saved is answered with its `message.accepted`.
-        call = _reconnecting if content.get("client_id") is not None else db_async
+        call = _reconnecting_send if content.get("client_id") is not None else db_async
         # Scored once the send has committed its answer held: the engine starts on it meanwhile.
         sent = await checked_after_commit(
             call,
@@ -367,6 +367,15 @@ def _reconnecting(fn: Any) -> Any:
     """`fn` from the socket's loop, repeated on a fresh connection if its connection fails: only
     for calls that are safe to repeat."""
     return db_async(reconnecting(fn))
+
+
+def _reconnecting_send(fn: Any) -> Any:
+    """A send's calls, repeated on a fresh connection. The send's repeat is a retry: its first try
+    may have committed before its reply was lost, and a retry looks its client_id up first, where a
+    first send would find the conversation busy with its own answer."""
+    if fn is message_send:
+        return db_async(reconnecting(fn, retry=True))
+    return _reconnecting(fn)
 
 
 def _is_uuid(value: str) -> bool:

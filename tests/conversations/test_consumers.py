@@ -489,6 +489,25 @@ async def test_a_send_whose_database_connection_drops_after_its_commit_is_still_
     assert not generation.awaiting_verdict  # released: its answer is shown
 
 
+async def test_a_send_whose_database_connection_was_dropped_before_it_is_saved_once_and_accepted(
+    alice, one_database_thread
+):
+    import uuid
+
+    from tests.conftest import database_connection_dropped
+
+    socket, _ = await open_socket(alice)
+    client_id = str(uuid.uuid4())
+    await database_connection_dropped()
+
+    await socket.send_json_to({"type": "message.send", "content": "Hello there", "client_id": client_id})
+
+    assert (await next_event(socket))["type"] == "conversation.created"
+    accepted = await next_event(socket)
+    assert (accepted["type"], accepted["client_id"]) == ("message.accepted", client_id), accepted
+    assert await Message.objects.filter(client_id=client_id).acount() == 1
+
+
 def _resyncing() -> set[asyncio.Task]:
     return {
         task
