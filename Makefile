@@ -47,7 +47,7 @@ migrate: install
 
 run: model migrate
 	@echo "Serving on http://$(HOST):$(PORT)/ (the model loads in the background; the page says when it is ready)"
-	$(VENV)/bin/uvicorn chatsite.asgi:application --host $(HOST) --port $(PORT) --lifespan on --ws websockets
+	$(VENV)/bin/uvicorn chatsite.asgi:application --host $(HOST) --port $(PORT) --lifespan on --ws websockets --timeout-graceful-shutdown 10
 
 # The production topology on one machine: a web process and a GPU worker, joined by the local
 # PostgreSQL and Redis. Scale out with more of each (honcho start -c web=2,worker=1 or separate hosts).

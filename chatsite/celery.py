@@ -14,7 +14,7 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import celeryd_after_setup, worker_shutting_down
+from celery.signals import celeryd_after_setup, worker_shutdown
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 
@@ -38,8 +38,12 @@ def start_engines(sender, instance, **kwargs) -> None:
         raise SystemExit(1) from exc
 
 
-@worker_shutting_down.connect
+@worker_shutdown.connect
 def stop_engines(**kwargs) -> None:
+    """Close the engines once the worker has finished its tasks. A warm shutdown (SIGTERM) stops
+    taking tasks and lets the running ones end: their answers need the engine, and the heartbeat
+    (without which the reaper ends them as lost) until then. `worker_shutting_down` comes with the
+    signal, before any of that."""
     from inference.workers import worker_runtime_stop
 
     worker_runtime_stop()

@@ -16,11 +16,17 @@ trip on the way of every message to its first token. Here a thread's connection 
 when older than `CONN_MAX_AGE`, health-checked) at most once every `CONNECTION_CHECK_INTERVAL_S`,
 and at once after a call that failed, so a connection PostgreSQL dropped costs at most the calls
 of that second on that thread.
+
+Such a call fails: a connection that PostgreSQL dropped (a restart, a failover, an idle timeout)
+is found broken only by the query that uses it. Calls that must not be lost to that (a generation's
+claim and its end, which nothing else would record) go through `reconnecting`, which runs them
+again on a fresh connection; only calls that are safe to repeat may.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -30,12 +36,18 @@ from typing import ParamSpec, TypeVar
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
+
+logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 CONNECTION_CHECK_INTERVAL_S = 1.0
+# How often `reconnecting` runs a call again after its connection failed, and how long it waits
+# before each try (growing: the database may be restarting).
+RECONNECT_TRIES = 3
+RECONNECT_BACKOFF_S = 0.1
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -47,6 +59,35 @@ def db_async(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
     if not database_calls_concurrent():
         return database_sync_to_async(fn)
     return sync_to_async(_with_connection_checks(fn), thread_sensitive=False, executor=_executor())
+
+
+def reconnecting(fn: Callable[P, R], **retry_kwargs: object) -> Callable[P, R]:
+    """`fn`, run again on a fresh connection when its connection fails (OperationalError or
+    InterfaceError), up to RECONNECT_TRIES times in all, with a short growing wait before each
+    retry. Only for a call that is safe to repeat (a conditional update, an idempotent write) and
+    is not inside a caller's transaction, whose work the broken connection has lost.
+
+    `retry_kwargs` are added to a retry's arguments: a retry may find the first try's work done
+    (the connection broke after the commit, before the reply) and must then recognise it as its own.
+    """
+
+    @functools.wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        for attempt in range(1, RECONNECT_TRIES + 1):
+            try:
+                return fn(*args, **(kwargs if attempt == 1 else {**kwargs, **retry_kwargs}))
+            except (OperationalError, InterfaceError) as exc:
+                if attempt == RECONNECT_TRIES or connection.in_atomic_block:
+                    raise
+                logger.warning("%s: database connection failed (%s); retrying on a new one", fn.__name__, exc)
+                try:
+                    connection.close()
+                except Exception:  # a connection that broke may fail to close too: it is dropped anyway
+                    connection.connection = None
+                time.sleep(RECONNECT_BACKOFF_S * attempt)
+        raise AssertionError("unreachable")
+
+    return call
 
 
 def _with_connection_checks(fn: Callable[P, R]) -> Callable[P, R]:

@@ -343,7 +343,13 @@ async def _stream(sent):
     """The answer's events as server-sent events. If the response ends before the answer does (the
     client went away, or no event came for longer than an answer may take), the answer is stopped
     rather than spend the engine on nobody (`stopped_if_abandoned`)."""
-    from inference.streaming import FOLLOW_TIMEOUT_MESSAGE, follow_streams, stopped_if_abandoned
+    from inference.streaming import (
+        FOLLOW_TIMEOUT_MESSAGE,
+        RESTARTING_MESSAGE,
+        ServerRestarting,
+        follow_streams,
+        stopped_if_abandoned,
+    )
 
     generation_id = str(sent.generation.id)
     try:
@@ -364,9 +370,24 @@ async def _stream(sent):
             if final is not None:
                 yield final
             else:
-                async with aclosing(follow_streams([generation_id])) as events:
-                    async for event in events:
-                        yield _answer_sse(sent, event)
+                try:
+                    async with aclosing(follow_streams([generation_id])) as events:
+                        async for event in events:
+                            yield _answer_sse(sent, event)
+                except ServerRestarting as restart:
+                    # The answer runs on, on its worker: repeating the send with its client_id on
+                    # another web process resumes it (replayed from the start; skip to `last_seq`).
+                    following.ended = True
+                    yield sse(
+                        "error",
+                        {
+                            "code": "server_restarting",
+                            "message": RESTARTING_MESSAGE,
+                            "generation": generation_id,
+                            "last_seq": restart.last_seq[generation_id],
+                        },
+                    )
+                    return
             following.ended = True
     except TimeoutError:
         yield sse("error", {"code": "timeout", "message": FOLLOW_TIMEOUT_MESSAGE})

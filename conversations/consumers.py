@@ -41,10 +41,11 @@ from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.contrib.auth import HASH_SESSION_KEY
+from django.db import DatabaseError
 
 from accounts.selectors import SessionAccess, session_access, session_key_digest
 from accounts.services import user_group
-from chatsite.database import db_async
+from chatsite.database import db_async, reconnecting
 from chatsite.errors import ClientError
 from chatsite.parsers import json_parse
 from conversations.services import clean_message_content, message_regenerate, message_send
@@ -113,6 +114,19 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         state = await db_async(engine_state)(deployment)
         await self.send_json({"type": "engine.status", "deployment": deployment, "state": state})
 
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """channels' consumer, whose background tasks end with it however it ends.
+
+        `disconnect` cancels them when the client goes, but a consumer that ends otherwise (an
+        exception out of a handler, a server closing the socket) is never told of a disconnect,
+        and its resync would go on looking for its streams every few seconds for the life of the
+        process."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self._resync is not None:
+                self._resync.cancel()
+
     async def dispatch(self, message: dict[str, Any]) -> None:
         """channels' dispatch, without its database check before every event.
 
@@ -173,11 +187,20 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await handler(content)
         except ClientError as exc:
             await self._error(exc.code, exc.message, retry_after=exc.retry_after, client_id=client_id)
-        except Exception:
-            # A request this code did not foresee must not take the socket, and the answers it
+        except Exception as exc:
+            logger.exception("chat socket: a %s request failed", kind)
+            if kind == "message.send" or isinstance(exc, DatabaseError):
+                # The request may have been carried out in part (a send saved before the database
+                # went away). Say so, without the send's `client_id` (the page would take the message
+                # back), and close: the page reconnects and repeats its pending send as a retry,
+                # which is answered with what the first one saved, or saves it now.
+                code = "unavailable" if isinstance(exc, DatabaseError) else "server_error"
+                await self._error(code, "Something went wrong on the server. Reconnecting…")
+                await self.close(code=1011)
+                return
+            # Anything else this code did not foresee must not take the socket, and the answers it
             # follows, down with it: the client hears that it failed, and the log says why.
-            logger.exception("a %s request failed", kind)
-            await self._error("internal_error", "The request failed.", client_id=client_id)
+            await self._error("internal_error", "The request failed.")
 
     # --- client requests ------------------------------------------------------------------------
 
@@ -193,9 +216,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if not isinstance(retry, bool):
             raise ClientError("'retry' must be true or false.", code="invalid_request")
         text = clean_message_content(content.get("content"))
+        # A send with a client_id is safe to repeat (message_send): one whose connection fails is
+        # repeated on a fresh one, and so is the verdict's call after the commit (a conditional
+        # release), so the message saved is answered with its `message.accepted`.
+        call = _reconnecting_send if content.get("client_id") is not None else db_async
         # Scored once the send has committed its answer held: the engine starts on it meanwhile.
         sent = await checked_after_commit(
-            db_async,
+            call,
             message_send,
             text=text,
             user=self.user,
@@ -259,7 +286,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self._stop(await self._own_generation(content.get("generation")))
 
     async def _stop(self, generation: Generation) -> None:
-        ended = await db_async(generation_request_stop)(generation=generation)
+        ended = await _reconnecting(generation_request_stop)(generation=generation)
         if ended is not None:
             # No engine had it yet, so no runner will announce the end: announce it to every tab.
             publisher = await StreamPublisher.continuing(ended.id)
@@ -431,7 +458,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def _own_generation(self, generation_id: Any) -> Generation:
         generation = None
         if isinstance(generation_id, str) and _is_uuid(generation_id):
-            generation = await db_async(generation_get_for_user)(generation_id=generation_id, user=self.user)
+            generation = await _reconnecting(generation_get_for_user)(generation_id=generation_id, user=self.user)
         if generation is None:
             raise ClientError("That answer does not exist.", code="not_found", status=404)
         return generation
@@ -448,6 +475,21 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 def _is_integer(value: Any) -> bool:
     """An integer, as JSON has it: Python's True and False are ints too, and mean no id."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _reconnecting(fn: Any) -> Any:
+    """`fn` from the socket's loop, repeated on a fresh connection if its connection fails: only
+    for calls that are safe to repeat."""
+    return db_async(reconnecting(fn))
+
+
+def _reconnecting_send(fn: Any) -> Any:
+    """A send's calls, repeated on a fresh connection. The send's repeat is a retry: its first try
+    may have committed before its reply was lost, and a retry looks its client_id up first, where a
+    first send would find the conversation busy with its own answer."""
+    if fn is message_send:
+        return db_async(reconnecting(fn, retry=True))
+    return _reconnecting(fn)
 
 
 def _is_uuid(value: str) -> bool:

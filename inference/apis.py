@@ -28,7 +28,7 @@ from chatsite.errors import ClientError, validated_json_body
 from chatsite.parsers import request_body
 from inference import openai_format as wire
 from inference.services import completion_create, newest_user_text
-from inference.streaming import FOLLOW_TIMEOUT_MESSAGE, follow_streams, stopped_if_abandoned
+from inference.streaming import FOLLOW_TIMEOUT_MESSAGE, ServerRestarting, follow_streams, stopped_if_abandoned
 from moderation.services import checked_after_commit
 
 
@@ -181,6 +181,11 @@ async def _stream(ids: list[str], meta: dict[str, Any], include_usage: bool):
     except TimeoutError:
         yield wire.sse(wire.error_body(message=FOLLOW_TIMEOUT_MESSAGE, status=504, code="timeout"))
         return
+    except ServerRestarting:
+        # An OpenAI stream cannot be resumed: it ends with an error, and its answers are stopped
+        # (charged for what they had generated), as when its client goes away.
+        yield wire.sse(wire.error_body(message=SERVER_RESTARTING_MESSAGE, status=503, code="server_restarting"))
+        return
     if include_usage:
         yield wire.sse(wire.chunk(**meta, choices=[], usage=usage, include_usage=True))
     yield wire.sse("[DONE]")
@@ -207,6 +212,9 @@ async def _complete(ids: list[str], meta: dict[str, Any]) -> JsonResponse:
             following.ended = True
     except TimeoutError:
         return JsonResponse(wire.error_body(message=FOLLOW_TIMEOUT_MESSAGE, status=504, code="timeout"), status=504)
+    except ServerRestarting:
+        body = wire.error_body(message=SERVER_RESTARTING_MESSAGE, status=503, code="server_restarting")
+        return JsonResponse(body, status=503)
     return JsonResponse(wire.completion(**meta, texts=texts, reasons=reasons, usage=usage))
 
 
@@ -216,6 +224,9 @@ def _unsent(sent: str, whole: str | None) -> str:
     if whole is None or not whole.startswith(sent):
         return ""
     return whole[len(sent) :]
+
+
+SERVER_RESTARTING_MESSAGE = "The server is restarting. Try the request again."
 
 
 def _failure_body(event: dict[str, Any]) -> dict[str, Any]:

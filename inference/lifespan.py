@@ -2,12 +2,20 @@
 starts, shut the engines down when it stops.
 
 Servers without lifespan support (daphne) start them on the first chat socket instead.
+
+A server asked to stop waits for its open responses before it sends the lifespan's shutdown, and a
+streamed answer's response is open until its answer ends: minutes, so a restart would hang on it or
+cut it at the server's graceful timeout. So the stop signal itself is heard here too (alongside the
+server's own handler, which still runs): every stream this process follows ends at once, telling its
+client that the server is restarting (`inference.streaming.streams_end_for_restart`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import threading
 from typing import Any
 
 from django.conf import settings
@@ -15,6 +23,7 @@ from django.conf import settings
 from chatsite.heap import heap_freeze_when_warm
 from inference.dispatch import local_backend
 from inference.engine import engine_hosts
+from inference.streaming import streams_end_for_restart
 from inference.workers import reap_forever
 from moderation.services import classifiers_prepare
 
@@ -39,6 +48,7 @@ async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 logger.exception("start-up failed")
                 await send({"type": "lifespan.startup.failed", "message": str(exc)})
                 return
+            _streams_end_on_stop_signals()
             # Out of the garbage collector's sight once loaded (chatsite/heap.py).
             freezing = asyncio.get_running_loop().create_task(heap_freeze_when_warm())
             await send({"type": "lifespan.startup.complete"})
@@ -50,3 +60,22 @@ async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 await host.aclose()
             await send({"type": "lifespan.shutdown.complete"})
             return
+
+
+def _streams_end_on_stop_signals() -> None:
+    """Have SIGTERM and SIGINT end this process's streams before the server's own handler runs.
+
+    uvicorn installs its handlers before the lifespan starts and puts back the ones it found when it
+    exits; a handler it did not install (another server, a process with none) is left as it was."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        server_handler = signal.getsignal(signum)
+        if not callable(server_handler):
+            continue
+
+        def handler(signum: int, frame: Any, server_handler: Any = server_handler) -> None:
+            streams_end_for_restart()
+            server_handler(signum, frame)
+
+        signal.signal(signum, handler)

@@ -21,7 +21,7 @@ from typing import Any
 
 from django.conf import settings
 
-from chatsite.database import db_async
+from chatsite.database import db_async, reconnecting
 from inference import openai_format as wire
 from inference.engine import EngineRequestError, EngineUnavailable, engine_host_for
 from inference.models import Generation
@@ -64,6 +64,12 @@ class Runner:
     @property
     def active(self) -> int:
         return len(self._streams)
+
+    def running_ids(self) -> list[str]:
+        """The generations this runner is running, from before their claim until their end is
+        recorded: a `running` row of this worker's that is not among them has no runner (the reaper
+        ends it, `inference.workers.reap_once`)."""
+        return list(self._runs)
 
     def streaming_ids(self) -> list[str]:
         """The generations whose engine streams this runner is reading now."""
@@ -138,7 +144,11 @@ class Runner:
         self._runs.add(key)
         try:
             claim = asyncio.ensure_future(
-                db_async(generation_claim)(generation_id=generation_id, worker=self.worker_name)
+                # Retried on a fresh connection: a claim lost to a dropped connection would leave
+                # the answer queued, or running here with nobody to end it.
+                db_async(reconnecting(generation_claim, again=True))(
+                    generation_id=generation_id, worker=self.worker_name
+                )
             )
             if order is None:
                 generation = await claim
@@ -324,7 +334,9 @@ class Runner:
         it and took its row away)."""
         # A cut answer keeps only the text that passed moderation, and the client is told to show that.
         text = filtered.shown_text if filtered is not None else publisher.text
-        finished = await db_async(generation_finish)(
+        # Retried on a fresh connection: an end that is not recorded leaves the conversation
+        # answering for ever (until the reaper finds this runner no longer runs it), unsaved, uncharged.
+        finished = await db_async(reconnecting(generation_finish, again=True))(
             generation_id=generation.id,
             status=status,
             text=text,

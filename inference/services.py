@@ -8,6 +8,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -116,17 +117,24 @@ def generation_from_order(*, generation_id: Any, order: dict[str, Any]) -> Gener
     )
 
 
-def generation_claim(*, generation_id: Any, worker: str) -> Generation | None:
+def generation_claim(*, generation_id: Any, worker: str, again: bool = False) -> Generation | None:
     """Move a queued generation to running for `worker`; None when someone else already has it.
 
     The conditional update is the lock: of two deliveries of the same task only one claims it. One
     statement (`UPDATE … RETURNING`) and no transaction, as it sits between a message and its first
     token; the deployment comes from the process's cache.
+
+    `again`: this is `worker`'s retry of a claim whose connection failed, and the first try may have
+    committed before the reply was lost; a row already running for `worker` is then its own claim.
+    (A worker's name includes its process id, and a runner runs a generation once at a time.)
     """
     from inference.selectors import deployment_get_cached
 
+    claimable = Q(status=Generation.Status.QUEUED)
+    if again:
+        claimable |= Q(status=Generation.Status.RUNNING, worker=worker)
     claimed = update_returning(
-        Generation.objects.filter(id=generation_id, status=Generation.Status.QUEUED, stop_requested=False),
+        Generation.objects.filter(claimable, id=generation_id, stop_requested=False),
         status=Generation.Status.RUNNING,
         worker=worker,
         started_at=timezone.now(),
@@ -157,8 +165,13 @@ def generation_finish(
     completion_tokens: int = 0,
     error_code: str = "",
     error_message: str = "",
+    again: bool = False,
 ) -> Generation | None:
-    """Record a generation's end once. Returns None when it had already ended (a late duplicate)."""
+    """Record a generation's end once. Returns None when it had already ended (a late duplicate).
+
+    `again`: a retry of a finish whose connection failed, which may have committed before the reply
+    was lost. A row that ended exactly as this call would end it is then returned (its receivers ran
+    in that commit, and run no more), so its caller still announces the end."""
     assert status in Generation.FINISHED
     fields: dict[str, Any] = {
         "status": status,
@@ -178,6 +191,9 @@ def generation_finish(
         **fields,
     )
     if not finished:
+        if again:
+            same = {f: v for f, v in fields.items() if f not in ("finished_at", "text")}
+            return Generation.objects.filter(id=generation_id, **same).first()
         return None
     generation_finished.send(sender=Generation, generation=finished[0])
     return finished[0]

@@ -323,6 +323,44 @@ async def ends_from_rows(last_seqs: dict[str, int]) -> list[dict[str, Any]]:
     return events
 
 
+class ServerRestarting(Exception):  # noqa: N818 - a condition, as TimeoutError is
+    """This web process is shutting down: a stream it follows ends here, while its answer runs on
+    (on its worker, in the production topology). `last_seq`: each stream's last event passed on."""
+
+    def __init__(self, last_seq: dict[str, int]) -> None:
+        super().__init__("the server is restarting")
+        self.last_seq = last_seq
+
+
+# What a response that a restart ended tells its client.
+RESTARTING_MESSAGE = "The server is restarting. Send the same request again (same client_id) to resume."
+
+_restart_requested = False
+# Per event loop, held weakly (as the Redis clients are): what its streams wait on.
+_restart_events: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Event] = weakref.WeakKeyDictionary()
+
+
+def streams_end_for_restart() -> None:
+    """Tell every stream this process follows that it is shutting down: each ends at once with
+    ServerRestarting, instead of holding the shutdown until its answer ends. Safe from a signal
+    handler and from any thread."""
+    global _restart_requested
+    _restart_requested = True
+    for loop, event in list(_restart_events.items()):
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(event.set)
+
+
+def _restarting() -> asyncio.Event:
+    loop = asyncio.get_running_loop()
+    event = _restart_events.get(loop)
+    if event is None:
+        event = _restart_events[loop] = asyncio.Event()
+        if _restart_requested:
+            event.set()
+    return event
+
+
 # How much longer than an answer's time limit a follower waits without an event: time for the
 # runner, or the reaper when a worker died, to end the answer and say so.
 FOLLOW_GRACE_S = 60.0
@@ -340,7 +378,8 @@ async def follow_streams(
     read live events, dropping any `seq` already passed and taking from the buffers what live
     delivery skipped, and from the rows the ends that never reached the buffers. Raises TimeoutError
     after `idle_timeout` seconds without an event (by default, INFERENCE_GENERATION_TIMEOUT_S +
-    FOLLOW_GRACE_S).
+    FOLLOW_GRACE_S), and ServerRestarting as soon as the process is asked to stop
+    (`streams_end_for_restart`).
     """
     if idle_timeout is None:
         idle_timeout = settings.INFERENCE_GENERATION_TIMEOUT_S + FOLLOW_GRACE_S
@@ -352,6 +391,8 @@ async def follow_streams(
     # One receive for the channel at a time, kept across quiet spells: a cancelled receive may lose
     # the message it was taking.
     receiving: asyncio.Future | None = None
+    restarting = _restarting()
+    restart = asyncio.ensure_future(restarting.wait())
     try:
         for generation_id in generation_ids:
             await layer.group_add(generation_group(generation_id), channel)
@@ -360,11 +401,17 @@ async def follow_streams(
         ]
         quiet_since = time.monotonic()
         while open_ids:
+            if restarting.is_set():
+                raise ServerRestarting(dict(last))
             if backlog:
                 event = backlog.pop(0)
             else:
                 receiving = receiving or asyncio.ensure_future(layer.receive(channel))
-                done, _ = await asyncio.wait({receiving}, timeout=resync_s)
+                done, _ = await asyncio.wait(
+                    {receiving, restart}, timeout=resync_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                if receiving not in done and restart in done:
+                    raise ServerRestarting(dict(last))
                 if not done:
                     if time.monotonic() - quiet_since >= idle_timeout:
                         raise TimeoutError(f"no event for {idle_timeout:.0f} s")
@@ -400,6 +447,7 @@ async def follow_streams(
                 open_ids.discard(generation_id)
             yield event
     finally:
+        restart.cancel()
         if receiving is not None:
             receiving.cancel()
         for generation_id in generation_ids:

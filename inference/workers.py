@@ -27,7 +27,7 @@ from typing import Any
 
 from django.conf import settings
 
-from chatsite.database import db_async
+from chatsite.database import db_async, reconnecting
 from chatsite.heap import heap_freeze_when_warm, heap_frozen_count
 
 logger = logging.getLogger(__name__)
@@ -112,7 +112,10 @@ class WorkerRuntime:
         hosts = engine_hosts()
         return {
             "pid": os.getpid(),
+            "at": time.time(),
             "active": self.runner.active if self.runner is not None else 0,
+            # What the reaper compares this worker's running rows with (reap_once).
+            "running": self.runner.running_ids() if self.runner is not None else [],
             "engine_requests": sum(h.unfinished_requests() for h in hosts.values()),
             "engines": {n: h.state.value for n, h in hosts.items()},
             "dtypes": {n: h.dtype for n, h in hosts.items() if h.dtype},
@@ -280,40 +283,81 @@ def workers_alive(names: set[str]) -> set[str]:
     return {name for name, exists in zip(ordered, pipe.execute(), strict=True) if exists}
 
 
+def workers_running(names: set[str]) -> dict[str, tuple[float, set[str]]]:
+    """For each of these workers that is alive and publishes them: when its heartbeat's status was
+    taken, and the generations its runner was running then."""
+    if not names:
+        return {}
+    ordered = sorted(names)
+    pipe = _redis().pipeline(transaction=False)
+    for name in ordered:
+        pipe.get(WORKER_KEY.format(name=name))
+    running = {}
+    for name, raw in zip(ordered, pipe.execute(), strict=True):
+        status = json.loads(raw) if raw else {}
+        if "running" in status and "at" in status:
+            running[name] = (float(status["at"]), set(status["running"]))
+    return running
+
+
+LOST_MESSAGE = "The server working on this answer stopped. Your message is saved: regenerate to try again."
+
+
 async def reap_once() -> int:
-    """End generations whose worker is gone; returns how many. Safe to run in many processes."""
+    """End generations that nobody is running any more; returns how many. Safe to run in many
+    processes (the end is a conditional update: one of them records it).
+
+    A generation is lost when its worker's heartbeat has expired (the worker died), or when its
+    worker is alive but its runner no longer runs it: the runner crashed, or could not record the
+    end (the database was unreachable for longer than its retries). A live worker's heartbeat
+    lists what its runner runs, from before each claim until the end is recorded, so a `running`
+    row of that worker's claimed a heartbeat TTL before that list was taken, and not in it, has
+    no runner. Either way the answer keeps the text streamed so far, its completion tokens counted
+    from that text with the deployment's tokenizer (the engine's count died with the runner), and
+    ends as failed with `worker_lost`; the client is told.
+    """
     from inference.models import Generation
 
     ttl = settings.INFERENCE_WORKER_HEARTBEAT_TTL_S
 
-    def orphans() -> list[tuple[Any, str]]:
+    def orphans() -> list[tuple[Any, str, str]]:
         running = list(
             Generation.objects.filter(status=Generation.Status.RUNNING)
             .exclude(worker__startswith="local:")
-            .values_list("id", "worker", "started_at")
+            .select_related("deployment")
+            .only("id", "worker", "started_at", "deployment__model")
         )
-        alive = workers_alive({worker for _, worker, _ in running})
-        grace = time.time() - ttl
-        return [
-            (gid, worker)
-            for gid, worker, started in running
-            if worker not in alive and started and started.timestamp() < grace
-        ]
+        alive = workers_alive({generation.worker for generation in running})
+        runs = workers_running(alive)
+        lost = []
+        for generation in running:
+            gid, worker, started = generation.id, generation.worker, generation.started_at
+            if not started:
+                continue
+            if worker not in alive:
+                gone = started.timestamp() < time.time() - ttl
+            elif worker in runs:
+                seen_at, ids = runs[worker]
+                gone = str(gid) not in ids and started.timestamp() < seen_at - ttl
+            else:
+                gone = False  # a worker that does not say what it runs: only its death tells
+            if gone:
+                lost.append((gid, worker, generation.deployment.model_path))
+        return lost
 
     reaped = 0
-    for generation_id, worker in await db_async(orphans)():
-        reaped += await generation_end_orphaned(generation_id=generation_id, worker=worker)
+    for generation_id, worker, model_path in await db_async(orphans)():
+        reaped += await generation_end_orphaned(generation_id=generation_id, worker=worker, model_path=model_path)
     return reaped
 
 
-WORKER_LOST_MESSAGE = "The server working on this answer stopped. Your message is saved: regenerate to try again."
+async def generation_end_orphaned(*, generation_id: Any, worker: str, model_path: str | None = None) -> bool:
+    """End a generation whose runner is gone, and tell its followers; False when it had ended.
 
-
-async def generation_end_orphaned(*, generation_id: Any, worker: str) -> bool:
-    """End a generation whose process is gone, and tell its followers; False when it had ended.
-
-    The row is ended even when the replay buffer cannot be read (Redis restarting): the text the
-    stream had shown is lost then, but a follower learns the end from the row (`ends_from_rows`)."""
+    It keeps the text streamed so far, its completion tokens counted from that text with the
+    deployment's tokenizer (`model_path`; read from the row when not given). The row is ended even
+    when the replay buffer cannot be read (Redis restarting): the text the stream had shown is lost
+    then, but a follower learns the end from the row (`ends_from_rows`)."""
     from inference.services import generation_finish
     from inference.streaming import StreamPublisher
 
@@ -322,19 +366,45 @@ async def generation_end_orphaned(*, generation_id: Any, worker: str) -> bool:
     except Exception:
         logger.exception("generation %s: its stream cannot be read; ending it without telling it", generation_id)
         publisher = None
-    finished = await db_async(generation_finish)(
+    text = publisher.text if publisher is not None else ""
+    if model_path is None and text:
+        model_path = await db_async(_model_path_of)(generation_id)
+    completion_tokens = await asyncio.to_thread(_tokens_in, model_path, text) if model_path else 0
+    finished = await db_async(reconnecting(generation_finish, again=True))(
         generation_id=generation_id,
         status="failed",
-        text=publisher.text if publisher is not None else "",
+        text=text,
+        completion_tokens=completion_tokens,
         error_code="worker_lost",
-        error_message=WORKER_LOST_MESSAGE,
+        error_message=LOST_MESSAGE,
     )
     if finished is None:
         return False
-    logger.warning("generation %s was running on %s, which is gone; ended it", generation_id, worker)
+    logger.warning("generation %s was running on %s, which no longer runs it; ended it", generation_id, worker)
     if publisher is not None:
-        await publisher.fail(code="worker_lost", message=WORKER_LOST_MESSAGE)
+        await publisher.fail(code="worker_lost", message=LOST_MESSAGE)
     return True
+
+
+def _model_path_of(generation_id: Any) -> str | None:
+    from inference.models import Generation
+
+    generation = Generation.objects.select_related("deployment").only("deployment__model").filter(id=generation_id)
+    found = generation.first()
+    return found.deployment.model_path if found is not None else None
+
+
+def _tokens_in(model_path: str, text: str) -> int:
+    """How many tokens the deployment's tokenizer makes of `text` (what the engine had generated)."""
+    if not text:
+        return 0
+    from inference.tokenizers import count_tokens, tokenizer_for
+
+    try:
+        return count_tokens(tokenizer_for(model_path), text)
+    except Exception:  # no tokenizer here (a web host without the model's files): count nothing, end it all the same
+        logger.exception("could not count the tokens of an answer of %s", model_path)
+        return 0
 
 
 async def reap_forever(interval: float = 2.0) -> None:

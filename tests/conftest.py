@@ -651,3 +651,47 @@ async def _serving():
     finally:
         server.should_exit = True
         await task
+
+
+@pytest.fixture
+def one_database_thread(monkeypatch):
+    """Async code's database calls on one thread that does not check its connection between calls
+    (as within CONNECTION_CHECK_INTERVAL_S of its last check): each call meets the connection the
+    last one left, so `database_connection_dropped` breaks the next one."""
+    from chatsite import database
+
+    if not database.database_calls_concurrent():
+        pytest.skip("SQLite has no server to drop a connection")
+    monkeypatch.setattr(database, "CONNECTION_CHECK_INTERVAL_S", 60)
+    monkeypatch.setattr(settings, "DATABASE_ASYNC_THREADS", 1)
+    monkeypatch.setattr(database, "_pool", None)
+
+
+async def database_connection_dropped() -> None:
+    """PostgreSQL ends the connection of async code's database thread (`one_database_thread`), as a
+    restart or a failover would."""
+    from asgiref.sync import sync_to_async
+
+    from chatsite.database import db_async
+
+    pid = await db_async(_backend_pid)()
+    await sync_to_async(_backend_terminate)(pid)
+
+
+def _backend_pid() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def _backend_terminate(pid: int) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid() AND pid = %s",
+            [pid],
+        )

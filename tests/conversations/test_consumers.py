@@ -4,6 +4,7 @@ import asyncio
 import json
 import threading
 import time
+import uuid
 from unittest.mock import ANY
 
 import pytest
@@ -630,3 +631,104 @@ async def _following_a_stream(user, deployment):
     first = await next_event(socket, timeout=5)
     assert (first["seq"], first["text"]) == (1, "Hello")  # it follows the stream
     return socket, publisher
+
+
+# --- faults on the server ---------------------------------------------------------------------------
+
+
+async def test_a_send_whose_database_connection_drops_after_its_commit_is_still_accepted(
+    alice, one_database_thread, monkeypatch
+):
+    """The message is committed; the connection the next call (its verdict's) meets was dropped by
+    PostgreSQL. The socket used to die with no reply, the message saved and its answer held."""
+    import uuid
+
+    from moderation.services import InputCheck
+    from tests.conftest import database_connection_dropped
+
+    scored = InputCheck.scored
+
+    async def scored_then_connection_dropped(self):
+        await scored(self)
+        await database_connection_dropped()
+
+    monkeypatch.setattr(InputCheck, "scored", scored_then_connection_dropped)
+    socket, _ = await open_socket(alice)
+    client_id = str(uuid.uuid4())
+
+    await socket.send_json_to({"type": "message.send", "content": "Hello there", "client_id": client_id})
+
+    created = await next_event(socket)
+    assert created["type"] == "conversation.created", created
+    accepted = await next_event(socket)
+    assert (accepted["type"], accepted["client_id"]) == ("message.accepted", client_id), accepted
+    assert await Message.objects.filter(client_id=client_id).acount() == 1
+    generation = await Generation.objects.aget(id=accepted["generation"])
+    assert not generation.awaiting_verdict  # released: its answer is shown
+
+
+async def test_a_send_whose_database_connection_was_dropped_before_it_is_saved_once_and_accepted(
+    alice, one_database_thread
+):
+    import uuid
+
+    from tests.conftest import database_connection_dropped
+
+    socket, _ = await open_socket(alice)
+    client_id = str(uuid.uuid4())
+    await database_connection_dropped()
+
+    await socket.send_json_to({"type": "message.send", "content": "Hello there", "client_id": client_id})
+
+    assert (await next_event(socket))["type"] == "conversation.created"
+    accepted = await next_event(socket)
+    assert (accepted["type"], accepted["client_id"]) == ("message.accepted", client_id), accepted
+    assert await Message.objects.filter(client_id=client_id).acount() == 1
+
+
+def _resyncing() -> set[asyncio.Task]:
+    return {
+        task
+        for task in asyncio.all_tasks()
+        if getattr(task.get_coro(), "__qualname__", "").endswith("_resync_quiet_streams")
+    }
+
+
+async def test_a_send_that_fails_on_the_server_is_answered_and_the_socket_closed(alice, monkeypatch):
+    """It may have been saved before it failed: the page then reconnects and repeats it as a retry
+    (answered with what the first saved), instead of waiting on a socket that will never answer it."""
+
+    async def fails(self, content):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(ChatConsumer, "_message_send", fails)
+    socket, _ = await open_socket(alice)
+
+    await socket.send_json_to({"type": "message.send", "content": "Hi", "client_id": str(uuid.uuid4())})
+
+    error = await next_event(socket)
+    assert (error["type"], error["code"]) == ("error", "server_error")
+    assert "client_id" not in error
+    assert (await socket.receive_output(timeout=5)) == {"type": "websocket.close", "code": 1011}
+
+
+async def test_a_socket_that_ends_on_an_exception_ends_its_background_tasks(alice, monkeypatch):
+    """An exception out of a consumer ends it without a disconnect: its resync used to run on,
+    failing every few seconds for the life of the process."""
+    from inference.streaming import engine_status_broadcast
+
+    async def fails(self, event):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(ChatConsumer, "engine_status", fails)
+    before = _resyncing()
+    socket, _ = await open_socket(alice)
+    ours = _resyncing() - before
+    assert len(ours) == 1
+
+    await engine_status_broadcast("smollm2-135m", "ready")  # every socket hears these
+
+    with pytest.raises(RuntimeError):
+        await asyncio.wait_for(asyncio.shield(socket.future), timeout=10)
+    await asyncio.sleep(0)
+    assert all(task.done() for task in ours), "the consumer's resync should end with it"

@@ -198,3 +198,27 @@ async def test_a_failed_send_reaches_each_of_its_callers_and_the_next_one_is_tri
     # Not stuck behind the failed pipeline: the next event is sent (and fails) on its own.
     with pytest.raises(redis.exceptions.ConnectionError):
         await asyncio.wait_for(buffer.append(str(uuid.uuid4()), {"type": "generation.delta", "seq": 1}), timeout=5)
+
+
+@pytest.fixture
+def restart_forgotten(monkeypatch):
+    """A test that asks this process to restart its streams leaves the next test's streams alone."""
+    import weakref
+
+    monkeypatch.setattr(streaming, "_restart_requested", False)
+    monkeypatch.setattr(streaming, "_restart_events", weakref.WeakKeyDictionary())
+
+
+async def test_a_follower_ends_at_once_when_the_server_is_asked_to_stop(restart_forgotten):
+    publisher, events, first = await _followed_from_its_first_text(coalesce_ms=0)
+    waiting = asyncio.ensure_future(anext(events))
+    await asyncio.sleep(0.1)
+
+    streaming.streams_end_for_restart()  # as the stop signal's handler does, from outside the loop
+
+    with pytest.raises(streaming.ServerRestarting) as restart:
+        await asyncio.wait_for(waiting, timeout=2)
+    assert restart.value.last_seq == {publisher.generation_id: first["seq"]}
+    # A stream followed after the signal ends before its first event.
+    with pytest.raises(streaming.ServerRestarting):
+        await anext(follow_streams([publisher.generation_id], idle_timeout=10))

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
+from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.db.models.functions import Now
 
 from accounts.models import Tier
 from accounts.services import user_set_tier
@@ -166,3 +169,129 @@ async def test_concurrent_generations_on_one_worker_share_the_engine(engine, mak
     # CPU: 1.4 times on one CI machine, 1.19 on one without bf16 instructions, so the bar is modest.
     span = (max(g.finished_at for g in together) - min(g.started_at for g in together)).total_seconds()
     assert sum(g.completion_tokens for g in together) / span > 1.1 * single_rate
+
+
+# --- answers nobody runs any more ------------------------------------------------------------------
+
+
+async def _running_row(alice, deployment, *, worker: str, text: str) -> Generation:
+    """A generation claimed 30 s ago by `worker`, whose stream had published `text`."""
+    from django.utils import timezone
+
+    from inference.streaming import StreamPublisher
+
+    # Its text first: a reaper may end the row the moment it exists.
+    generation_id = uuid.uuid4()
+    publisher = StreamPublisher(generation_id, coalesce_ms=0)
+    for word in text.split(" "):
+        await publisher.add_text(word + " ")
+    return await Generation.objects.acreate(
+        id=generation_id,
+        user=alice,
+        deployment=deployment,
+        prompt_token_ids=[1, 2, 3],
+        sampling={},
+        status=Generation.Status.RUNNING,
+        worker=worker,
+        started_at=timezone.now() - timedelta(seconds=30),
+    )
+
+
+async def _until_finished(generation: Generation, *, timeout: float = 30) -> Generation:
+    deadline = time.monotonic() + timeout
+    while True:
+        await generation.arefresh_from_db()
+        if generation.is_finished or time.monotonic() > deadline:
+            return generation
+        await asyncio.sleep(0.2)
+
+
+async def test_an_answer_whose_worker_died_is_charged_the_tokens_it_had_generated(alice, default_deployment):
+    from accounts.models import UsageRecord
+    from inference.streaming import replay_buffer
+    from inference.tokenizers import count_tokens, tokenizer_for
+    from inference.workers import reap_once
+
+    text = "The storm rolled in over the harbour, and the boats strained at their ropes all night long."
+    generation = await _running_row(alice, default_deployment, worker="gpu@gone:1", text=text)
+
+    await reap_once()  # this process's reaper, or a worker's, ends it
+
+    generation = await _until_finished(generation, timeout=10)
+    assert (generation.status, generation.error_code) == (Generation.Status.FAILED, "worker_lost")
+    assert generation.text == text + " "
+    tokens = count_tokens(tokenizer_for(default_deployment.model_path), generation.text)
+    assert generation.completion_tokens == tokens > 15
+    record = await UsageRecord.objects.aget(generation_id=generation.id)
+    assert (record.status, record.completion_tokens) == ("failed", tokens)
+    events = await replay_buffer().read(str(generation.id), 0)
+    assert (events[-1]["type"], events[-1]["code"]) == ("generation.error", "worker_lost")
+
+
+async def test_an_answer_its_live_worker_no_longer_runs_is_ended(engine, alice, default_deployment):
+    """A runner that crashed (its end could not be recorded: the database was away for longer than
+    its retries) leaves its row running on a worker whose heartbeat goes on. Before, nothing ended
+    it: the conversation refused every new message, and a stop changed nothing."""
+    from inference.workers import reap_once
+
+    # While the worker runs an answer, its heartbeat lists it, and the reaper leaves it alone.
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to({"type": "message.send", "content": "Write a long story about a storm at sea."})
+    accepted = None
+    while True:
+        event = await next_event(socket)
+        assert event["type"] not in ("error", "generation.error", "generation.done"), event
+        if event["type"] == "message.accepted":
+            accepted = event
+        elif event["type"] == "generation.delta":
+            break
+    status = await engine.status_once(lambda status: accepted["generation"] in status.get("running", []), timeout=5)
+    assert accepted["generation"] in status["running"]
+    # However long ago it was claimed.
+    await Generation.objects.filter(id=accepted["generation"]).aupdate(started_at=Now() - timedelta(seconds=60))
+    assert await reap_once() == 0
+    assert (await Generation.objects.aget(id=accepted["generation"])).status == Generation.Status.RUNNING
+    await socket.send_json_to({"type": "generation.stop", "generation": accepted["generation"]})
+    await drain_until_finished(socket)
+    await socket.disconnect()
+
+    # A row of this live worker's that its runner does not run: the runner is gone.
+    text = "Once upon a time a lighthouse keeper counted the waves."
+    orphan = await _running_row(alice, default_deployment, worker=f"{engine.node}:{engine.pid}", text=text)
+    await reap_once()  # this process's reaper, or the worker's own, ends it
+
+    orphan = await _until_finished(orphan, timeout=10)
+    assert (orphan.status, orphan.error_code) == (Generation.Status.FAILED, "worker_lost")
+    assert orphan.text == text + " " and orphan.completion_tokens > 5
+
+
+async def test_a_worker_asked_to_stop_finishes_its_running_answers_first(alice):
+    """A rolling restart: SIGTERM is Celery's warm shutdown. The worker takes no new task, and the
+    answers it is writing end as they would have, on its engine, before it exits. Its engine used to
+    be closed as the signal arrived, failing every answer it was writing."""
+    import signal
+
+    await ModelDeployment.objects.acreate(
+        name="smollm2-leaving", **{**DEFAULT_DEPLOYMENT_FIELDS, "default_max_tokens": 80}
+    )
+    await database_sync_to_async(user_set_tier)(user=alice, tier=await Tier.objects.aget(name="enterprise"))
+    leaving = CeleryWorker(deployments=["smollm2-leaving"], name="leaving")
+    try:
+        await leaving.wait_ready()
+        socket, _ = await open_socket(alice)
+        await socket.send_json_to(
+            {"type": "message.send", "model": "smollm2-leaving", "content": "Write a long story about a storm at sea."}
+        )
+        deltas = 0
+        while deltas < 2:
+            event = await next_event(socket)
+            assert event["type"] not in ("error", "generation.error", "generation.done"), event
+            deltas += event["type"] == "generation.delta"
+        leaving.process.send_signal(signal.SIGTERM)
+        events = await drain_until_finished(socket, timeout=120)
+        await socket.disconnect()
+        assert (events[-1]["type"], events[-1].get("status")) == ("generation.done", "complete"), events[-1]
+        exit_code = await asyncio.to_thread(leaving.process.wait, timeout=60)
+    finally:
+        leaving.kill()
+    assert exit_code == 0
