@@ -589,6 +589,20 @@ def free_port() -> int:
 @pytest.fixture
 async def chat_server(engine):
     """uvicorn serving the real ASGI app on the test session's loop (so it shares the engine)."""
+    async with _serving() as url:
+        yield url
+
+
+@pytest.fixture
+async def app_server():
+    """uvicorn serving the real ASGI app with no engine started: for requests that are answered or
+    refused before one would be needed (limits, validation, moderation)."""
+    async with _serving() as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def _serving():
     import uvicorn
 
     from chatsite.asgi import application

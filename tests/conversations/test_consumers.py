@@ -3,7 +3,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from unittest.mock import ANY
+from unittest.mock import ANY, patch
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -453,3 +453,17 @@ async def _following_a_stream(user, deployment):
     first = await next_event(socket, timeout=5)
     assert (first["seq"], first["text"]) == (1, "Hello")  # it follows the stream
     return socket, publisher
+
+
+async def test_a_message_too_long_for_the_window_is_refused_before_any_work(alice):
+    socket, _ = await open_socket(alice)
+    with (
+        patch("moderation.services.score_many", side_effect=AssertionError("scored")) as scoring,
+        patch("conversations.services.count_tokens", side_effect=AssertionError("tokenized")) as tokenizing,
+    ):
+        await socket.send_json_to({"type": "message.send", "content": "word " * 6_000})
+        reply = await next_event(socket, timeout=10)
+    assert reply["type"] == "error" and reply["code"] == "context_length_exceeded"
+    assert not scoring.called and not tokenizing.called
+    assert not await Message.objects.aexists() and not await Generation.objects.aexists()
+    await socket.disconnect()
