@@ -17,7 +17,14 @@ from rest_framework.test import APIRequestFactory, force_authenticate
 from rest_framework.views import APIView
 
 from accounts.models import ApiKey, Tier
-from accounts.ratelimit import Charge, bucket_consume, bucket_refund, buckets_consume, buckets_refund
+from accounts.ratelimit import (
+    Charge,
+    bucket_consume,
+    bucket_refund,
+    buckets_consume,
+    buckets_refund,
+    buckets_reset,
+)
 from accounts.services import api_key_create, request_admit
 from chatsite.errors import ClientError
 from conversations.models import Message
@@ -60,6 +67,22 @@ def test_redis_buckets_behave_like_the_local_ones(redis_url):
     assert bucket_consume(key="r", capacity=2, period_s=60).retry_after in range(1, 31)
     bucket_refund(key="r", capacity=2, period_s=60, amount=1)
     assert bucket_consume(key="r", capacity=2, period_s=60).allowed
+
+
+def _a_reset_fills_a_bucket_again() -> None:
+    assert bucket_consume(key="reset", capacity=2, period_s=600, amount=2).allowed
+    assert not bucket_consume(key="reset", capacity=2, period_s=600).allowed
+    buckets_reset(["reset", "never-used"])
+    assert bucket_consume(key="reset", capacity=2, period_s=600, amount=2).allowed
+
+
+def test_a_reset_fills_a_bucket_again(db):
+    _a_reset_fills_a_bucket_again()
+
+
+@pytest.mark.redis
+def test_a_reset_fills_a_redis_bucket_again(redis_url):
+    _a_reset_fills_a_bucket_again()
 
 
 def _charges_paid_together_or_not_at_all() -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
@@ -43,11 +44,18 @@ def test_a_wrong_password_does_not_log_in(client, alice):
     assert "_auth_user_id" not in client.session
 
 
+@pytest.fixture
+def buckets_stand_still(monkeypatch):
+    """The sign-in buckets' clock stopped: a slow machine's password hashing must not refill them
+    between one attempt and the next (the embedded default's buckets read `time.time`)."""
+    monkeypatch.setattr("accounts.ratelimit.time.time", lambda: 1_000_000.0)
+
+
 def _log_in(client, username: str, password: str, address: str = "203.0.113.7"):
     return client.post(reverse("accounts:login"), {"username": username, "password": password}, REMOTE_ADDR=address)
 
 
-def test_an_account_is_locked_after_repeated_failures_even_for_the_right_password(client, alice):
+def test_an_account_is_locked_after_repeated_failures_even_for_the_right_password(client, alice, buckets_stand_still):
     for _ in range(LOGIN_FAILURES_PER_ACCOUNT):
         assert _log_in(client, "alice", "guess").status_code == 200
     locked = _log_in(client, "alice", PASSWORD)
@@ -66,7 +74,7 @@ def test_successful_sign_ins_do_not_count_towards_the_lock(client, alice):
     assert _log_in(client, "alice", "guess").status_code == 200
 
 
-def test_an_address_is_locked_after_failures_across_accounts(client, alice, make_user):
+def test_an_address_is_locked_after_failures_across_accounts(client, alice, make_user, buckets_stand_still):
     names = [make_user(f"user{i}").username for i in range(LOGIN_FAILURES_PER_ADDRESS // LOGIN_FAILURES_PER_ACCOUNT)]
     for name in names:
         for _ in range(LOGIN_FAILURES_PER_ACCOUNT):
@@ -78,7 +86,7 @@ def test_an_address_is_locked_after_failures_across_accounts(client, alice, make
     assert _log_in(client, "alice", PASSWORD, address="198.51.100.1").status_code == 302
 
 
-def test_an_admin_unlocks_a_locked_account(client, alice, make_user):
+def test_an_admin_unlocks_a_locked_account(client, alice, make_user, buckets_stand_still):
     for _ in range(LOGIN_FAILURES_PER_ACCOUNT):
         _log_in(client, "alice", "guess")
     assert _log_in(client, "alice", PASSWORD).status_code == 429
@@ -95,7 +103,7 @@ def test_an_admin_unlocks_a_locked_account(client, alice, make_user):
     assert _log_in(client, "alice", PASSWORD).status_code == 302
 
 
-def test_the_unlock_command_lifts_an_address_lock(client, alice):
+def test_the_unlock_command_lifts_an_address_lock(client, alice, buckets_stand_still):
     for i in range(LOGIN_FAILURES_PER_ADDRESS):
         _log_in(client, f"nobody{i}", "guess")
     assert _log_in(client, "alice", PASSWORD).status_code == 429
