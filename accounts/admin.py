@@ -10,6 +10,7 @@ from django.utils import timezone
 from accounts.forms import parse_month
 from accounts.models import ApiKey, Tier, TierModelPrice, UsageRecord, User
 from accounts.selectors import month_bounds, usage_by_user
+from accounts.services import login_unlock
 
 
 @admin.register(User)
@@ -18,6 +19,13 @@ class UserAdmin(BaseUserAdmin):
     list_filter = ("tier", *BaseUserAdmin.list_filter)
     list_select_related = ("tier",)
     fieldsets = (*BaseUserAdmin.fieldsets, ("Plan", {"fields": ("tier",)}))
+    actions = ["unlock_sign_in"]
+
+    @admin.action(description="Unlock sign-in for the selected users (after too many failed attempts)")
+    def unlock_sign_in(self, request: HttpRequest, queryset) -> None:
+        usernames = list(queryset.values_list("username", flat=True))
+        login_unlock(usernames=usernames)
+        self.message_user(request, f"Unlocked sign-in for {len(usernames)} users.")
 
 
 class TierModelPriceInline(admin.TabularInline):
@@ -57,6 +65,17 @@ class TierAdmin(admin.ModelAdmin):
                 )
             },
         ),
+        (
+            "Other endpoints, per user (empty means no limit)",
+            {
+                "fields": (
+                    "moderations_per_minute",
+                    "model_lists_per_minute",
+                    "conversations_per_hour",
+                    "api_keys_per_day",
+                )
+            },
+        ),
     )
 
 
@@ -68,7 +87,18 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_filter = ("revoked_at",)
     list_select_related = ("user",)
     search_fields = ("name", "prefix", "user__username")
-    fields = ("user", "name", "prefix", "scopes", "created_at", "expires_at", "revoked_at", "last_used_at")
+    fields = (
+        "user",
+        "name",
+        "prefix",
+        "scopes",
+        "requests_per_minute",
+        "tokens_per_minute",
+        "created_at",
+        "expires_at",
+        "revoked_at",
+        "last_used_at",
+    )
     readonly_fields = ("user", "name", "prefix", "scopes", "created_at", "last_used_at")
     actions = ["revoke"]
 
@@ -86,6 +116,7 @@ class UsageRecordAdmin(admin.ModelAdmin):
     list_display = (
         "created_at",
         "user",
+        "kind",
         "deployment",
         "tier",
         "status",
@@ -93,7 +124,7 @@ class UsageRecordAdmin(admin.ModelAdmin):
         "completion_tokens",
         "cost",
     )
-    list_filter = ("tier", "deployment", "status", ("created_at", admin.DateFieldListFilter))
+    list_filter = ("kind", "tier", "deployment", "status", ("created_at", admin.DateFieldListFilter))
     list_select_related = ("user", "deployment", "tier")
     search_fields = ("user__username", "generation__id")
     date_hierarchy = "created_at"

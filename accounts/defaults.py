@@ -41,6 +41,30 @@ DEFAULT_TIERS: dict[str, dict[str, Any]] = {
     "admin": {"display_name": "Admin", "all_deployments": True, "priority": 0},
 }
 
+# The per-user limits of the lighter endpoints (added after the first tiers, so apart from them:
+# the migration that made the tiers knows nothing of these fields).
+DEFAULT_ENDPOINT_LIMITS: dict[str, dict[str, int | None]] = {
+    "free": {
+        "moderations_per_minute": 20,
+        "model_lists_per_minute": 60,
+        "conversations_per_hour": 60,
+        "api_keys_per_day": 10,
+    },
+    "pro": {
+        "moderations_per_minute": 120,
+        "model_lists_per_minute": 300,
+        "conversations_per_hour": 600,
+        "api_keys_per_day": 50,
+    },
+    "enterprise": {
+        "moderations_per_minute": 1200,
+        "model_lists_per_minute": 1200,
+        "conversations_per_hour": 6000,
+        "api_keys_per_day": 200,
+    },
+    "admin": {},
+}
+
 # (prompt, completion) price per 1,000 tokens on the default deployment.
 DEFAULT_PRICES: dict[str, tuple[Decimal, Decimal]] = {
     "free": (Decimal("0"), Decimal("0")),
@@ -52,8 +76,10 @@ DEFAULT_PRICES: dict[str, tuple[Decimal, Decimal]] = {
 
 def create_default_tiers(*, tier_model: Any, price_model: Any, deployment: Any | None) -> None:
     """Create the default tiers (and their prices on `deployment`) where missing; used by a migration."""
+    known = {field.name for field in tier_model._meta.get_fields()}
     for name, fields in DEFAULT_TIERS.items():
-        tier, _ = tier_model.objects.get_or_create(name=name, defaults=fields)
+        limits = {field: value for field, value in DEFAULT_ENDPOINT_LIMITS[name].items() if field in known}
+        tier, _ = tier_model.objects.get_or_create(name=name, defaults={**fields, **limits})
         if deployment is not None:
             tier.deployments.add(deployment)
             prompt, completion = DEFAULT_PRICES[name]

@@ -4,9 +4,13 @@ import datetime as dt
 import re
 
 from django import forms
-from django.contrib.auth.forms import UserCreationForm
+from django.conf import settings
+from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
+from django.http import HttpRequest
 
 from accounts.models import ApiKey, User
+from accounts.services import login_attempt_admit, login_attempt_succeeded
+from chatsite.errors import ClientError
 
 MONTH_RE = re.compile(r"^(\d{4})-(\d{2})$")
 
@@ -15,6 +19,36 @@ class SignupForm(UserCreationForm):
     class Meta(UserCreationForm.Meta):
         model = User
         fields = ("username", "email")
+
+
+def client_address(request: HttpRequest) -> str:
+    """The client's address: the peer's, or behind a trusted proxy the one it appended last to
+    X-Forwarded-For (the entries before it are whatever the client sent)."""
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    if settings.TRUSTED_PROXY and forwarded:
+        return forwarded.split(",")[-1].strip()[:64]
+    return request.META.get("REMOTE_ADDR", "")[:64]
+
+
+class ThrottledAuthenticationForm(AuthenticationForm):
+    """Django's sign-in form, its attempts throttled per account and per client address
+    (accounts.services.login_attempt_admit): a locked attempt is refused before the password is
+    checked, and only failures count. `locked` holds the refusal, for the page's status."""
+
+    locked: ClientError | None = None
+
+    def clean(self):
+        username, password = self.cleaned_data.get("username"), self.cleaned_data.get("password")
+        if username is None or not password:
+            return super().clean()
+        try:
+            charges = login_attempt_admit(username=username, address=client_address(self.request))
+        except ClientError as exc:
+            self.locked = exc
+            raise forms.ValidationError(exc.message, code=exc.code) from None
+        cleaned = super().clean()  # a wrong password raises here, and its attempt stays counted
+        login_attempt_succeeded(charges=charges)
+        return cleaned
 
 
 class ApiKeyCreateForm(forms.Form):
@@ -26,6 +60,12 @@ class ApiKeyCreateForm(forms.Form):
         required=False,
         widget=forms.DateInput(attrs={"type": "date"}),
         help_text="Optional. The key works through this day (UTC).",
+    )
+    requests_per_minute = forms.IntegerField(
+        required=False, min_value=1, max_value=2**31 - 1, help_text="Optional: a cap below your plan's, for this key."
+    )
+    tokens_per_minute = forms.IntegerField(
+        required=False, min_value=1, max_value=2**31 - 1, help_text="Optional: a cap below your plan's, for this key."
     )
 
     def expires_at(self) -> dt.datetime | None:

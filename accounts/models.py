@@ -44,6 +44,25 @@ class Tier(models.Model):
     priority = models.SmallIntegerField(
         default=0, help_text="Queue priority: lower is served first (vLLM's convention)."
     )
+    # The lighter endpoints' own limits, per user: each is cheap once, not a thousand times a minute.
+    moderations_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="/v1/moderations requests; their input also counts towards the token limits and quotas.",
+    )
+    model_lists_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="/v1/models requests."
+    )
+    conversations_per_hour = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Empty conversations created through the API (a first message's own is a request).",
+    )
+    api_keys_per_day = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="API keys created."
+    )
 
     class Meta:
         ordering = ["priority", "name"]
@@ -109,6 +128,19 @@ class ApiKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # A key's own caps, under its user's plan (which all the user's keys and the browser share).
+    requests_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Optional: at most this many requests a minute with this key, within the plan's.",
+    )
+    tokens_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Optional: at most this many tokens a minute with this key, within the plan's.",
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -133,18 +165,30 @@ class ApiKey(models.Model):
 
 
 class UsageRecord(models.Model):
-    """The ledger: one row per finished generation, priced with the tier's prices at that moment.
+    """The ledger: one row per finished generation, priced with the tier's prices at that moment,
+    and one per /v1/moderations request (its input's tokens, which count towards the quotas).
 
-    The one-to-one on the generation is what makes charging idempotent: a retried task or a second
-    signal cannot add a second row.
+    The one-to-one on the generation is what makes charging a generation idempotent: a retried task
+    or a second signal cannot add a second row.
     """
+
+    class Kind(models.TextChoices):
+        GENERATION = "generation", "Generation"
+        MODERATION = "moderation", "Moderation"
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="usage_records")
     # SET_NULL: clearing old generations away must not erase what was billed for them.
     generation = models.OneToOneField(
         "inference.Generation", null=True, on_delete=models.SET_NULL, related_name="usage_record"
     )
-    deployment = models.ForeignKey("inference.ModelDeployment", on_delete=models.PROTECT, related_name="usage_records")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.GENERATION)
+    deployment = models.ForeignKey(
+        "inference.ModelDeployment",
+        null=True,
+        on_delete=models.PROTECT,
+        related_name="usage_records",
+        help_text="Empty for a moderation request: no model ran.",
+    )
     tier = models.ForeignKey(
         Tier, null=True, on_delete=models.PROTECT, related_name="usage_records", help_text="Empty: no tier existed."
     )
@@ -161,7 +205,12 @@ class UsageRecord(models.Model):
         indexes = [models.Index(fields=["user", "created_at"])]
 
     def __str__(self) -> str:
-        return f"{self.user_id} {self.deployment_id} {self.total_tokens} tokens {self.cost}"
+        return f"{self.user_id} {self.deployment_id or self.kind} {self.total_tokens} tokens {self.cost}"
+
+    @property
+    def model_name(self) -> str:
+        """What the row was for, as the usage pages name it (a moderation request has no model)."""
+        return self.deployment.name if self.deployment is not None else self.kind
 
     @property
     def total_tokens(self) -> int:

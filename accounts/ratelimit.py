@@ -162,6 +162,17 @@ def buckets_refund(charges: list[Charge]) -> None:
         _apply(refunds)
 
 
+def buckets_reset(keys: list[str]) -> None:
+    """Fill the buckets `keys` again at once (an admin lifting a lock), by forgetting them."""
+    if not keys:
+        return
+    if settings.REDIS_URL:
+        _redis_script(settings.REDIS_URL).registered_client.delete(*[KEY_PREFIX + key for key in keys])
+        return
+    with _local_lock:
+        django_cache.delete_many([KEY_PREFIX + key for key in keys])
+
+
 def _take(charges: list[Charge]) -> tuple[int, float, int]:
     """`_apply` for charges, after refusing one larger than its whole bucket without touching any."""
     for index, charge in enumerate(charges):

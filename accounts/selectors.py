@@ -178,7 +178,8 @@ def usage_summary(*, user: Any, month: dt.date) -> UsageSummary:
     rows = UsageRecord.objects.filter(user_id=user.id, created_at__gte=start, created_at__lt=end)
     totals = rows.aggregate(**_TOTALS)
     per_model = [
-        {**row, "cost": _money(row["cost"])}
+        # A row with no model is a moderation request's (the only kind without one).
+        {**row, "deployment__name": row["deployment__name"] or UsageRecord.Kind.MODERATION, "cost": _money(row["cost"])}
         for row in rows.values("deployment__name").annotate(**_TOTALS).order_by("deployment__name")
     ]
     by_day = {

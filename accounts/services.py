@@ -10,17 +10,19 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from accounts.models import ApiKey, Tier, UsageRecord, User
-from accounts.ratelimit import Charge, buckets_consume, buckets_refund
+from accounts.ratelimit import Charge, buckets_consume, buckets_refund, buckets_reset
 from accounts.selectors import (
     api_key_get_by_prefix,
     day_start,
     month_bounds,
     session_key_digest,
+    tier_for_user,
     tier_for_user_on_deployment,
     tier_prices_for_user_id,
     usage_tokens_since,
@@ -33,6 +35,7 @@ KEY_PREFIX_BYTES = 4  # 8 hex characters: enough to tell a user's keys apart, ne
 KEY_SECRET_BYTES = 32
 KEY_TOUCH_INTERVAL = dt.timedelta(minutes=1)
 MAX_KEY_NAME = 100
+MAX_KEY_CAP = 2**31 - 1  # what the columns hold
 MINUTE_S = 60
 COST_PLACES = Decimal("0.000001")
 
@@ -114,7 +117,16 @@ class CreatedApiKey:
     key: str  # the full key: shown once, never stored
 
 
-def api_key_create(*, user: Any, name: str, scopes: list[str], expires_at: dt.datetime | None = None) -> CreatedApiKey:
+def api_key_create(
+    *,
+    user: Any,
+    name: str,
+    scopes: list[str],
+    expires_at: dt.datetime | None = None,
+    requests_per_minute: int | None = None,
+    tokens_per_minute: int | None = None,
+) -> CreatedApiKey:
+    """A new key for `user`, optionally capped below their plan (requests and tokens a minute)."""
     name = (name or "").strip() if isinstance(name, str) else ""
     if not name or len(name) > MAX_KEY_NAME:
         raise ClientError(f"A key needs a name of 1 to {MAX_KEY_NAME} characters.", code="invalid_name", param="name")
@@ -125,6 +137,11 @@ def api_key_create(*, user: Any, name: str, scopes: list[str], expires_at: dt.da
         )
     if expires_at is not None and expires_at <= timezone.now():
         raise ClientError("The expiry must be in the future.", code="invalid_expiry", param="expires_at")
+    for param, cap in (("requests_per_minute", requests_per_minute), ("tokens_per_minute", tokens_per_minute)):
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_KEY_CAP):
+            raise ClientError(
+                f"A key's {param} must be a whole number from 1 to {MAX_KEY_CAP:,}.", param=param, code="invalid_limit"
+            )
     secret = secrets.token_urlsafe(KEY_SECRET_BYTES)
     while True:
         prefix = secrets.token_hex(KEY_PREFIX_BYTES)
@@ -137,6 +154,8 @@ def api_key_create(*, user: Any, name: str, scopes: list[str], expires_at: dt.da
         secret_hash=_hash_secret(secret),
         scopes=sorted(set(scopes)),
         expires_at=expires_at,
+        requests_per_minute=requests_per_minute,
+        tokens_per_minute=tokens_per_minute,
     )
     return CreatedApiKey(api_key=api_key, key=f"cs_{prefix}_{secret}")
 
@@ -216,6 +235,25 @@ def request_limits(*, user: Any, deployment: Any, api_key: ApiKey | None = None)
     return RequestLimits(tier=tier, max_context=max_context, max_output=max_output, priority=tier.priority)
 
 
+def request_size_check(*, chars: int, limits: RequestLimits) -> None:
+    """Refuse a prompt of `chars` characters that cannot fit the window (400 context_length_exceeded)
+    before anything is spent on it: no tokenizing, no moderation, no rate-limit budget.
+
+    Cheap by design, so it bounds characters rather than counting tokens: past
+    `PROMPT_MAX_CHARS_PER_TOKEN` characters a token on average, a prompt is refused without being
+    tokenized. English and code average about 4 in the BPE vocabularies served here; only runs of
+    whitespace or of one repeated symbol reach more. Anything under the bound is counted exactly
+    afterwards."""
+    most = limits.max_context * settings.PROMPT_MAX_CHARS_PER_TOKEN
+    if chars > most:
+        raise ClientError(
+            f"This model's maximum context length is {limits.max_context} tokens, and {chars:,} characters "
+            f"cannot fit in it (at most {most:,} are accepted). Please shorten the messages.",
+            code="context_length_exceeded",
+            param="messages",
+        )
+
+
 def request_admit(
     *,
     user: Any,
@@ -230,13 +268,11 @@ def request_admit(
     In order: the tier includes the model (403 model_not_allowed); the day's and month's token
     quotas, counted from the ledger plus what the user's unfinished generations may still use
     (429 quota_exceeded, retry when the period resets); requests per minute and tokens per minute
-    (prompt + max_tokens), from token buckets keyed on the API key or else the user, taken from both
-    in one step or from neither (429 rate_limited, naming the requests' limit first when both are
-    short). Returns the answer's max_tokens, capped to what the tier and the quota leave,
+    (prompt + max_tokens), from token buckets of the user's (every key of theirs and the browser
+    share them) and, where the API key has caps of its own, of the key's, taken from all in one step
+    or from none (429 rate_limited, naming the requests' limits first when several are short). Returns the answer's max_tokens, capped to what the tier and the quota leave,
     and the queue priority. `limits` is request_limits' answer when the caller already has it.
     """
-    from inference.selectors import generation_tokens_reserved_for_user
-
     if limits is None:
         limits = request_limits(user=user, deployment=deployment, api_key=api_key)
     tier = limits.tier
@@ -248,32 +284,28 @@ def request_admit(
                 "This message is too long for your plan's context window.", code="context_length_exceeded"
             )
 
-    now = timezone.now()
-    if tier.tokens_per_day or tier.tokens_per_month:
-        reserved = generation_tokens_reserved_for_user(user=user)
-        for quota, since, resets_at, period in _quota_periods(tier, now):
-            left = quota - usage_tokens_since(user=user, since=since) - reserved
-            if left < prompt_tokens + 1:
-                raise ClientError(
-                    f"You have used {period} {quota:,} tokens on your plan ({tier}). "
-                    f"It resets at {resets_at:%Y-%m-%d %H:%M} UTC.",
-                    code="quota_exceeded",
-                    status=429,
-                    retry_after=max(1, int((resets_at - now).total_seconds()) + 1),
-                )
-            max_tokens = min(max_tokens, left - prompt_tokens)
+    left = _quota_left(user=user, tier=tier, needed=prompt_tokens + 1)
+    if left is not None:
+        max_tokens = min(max_tokens, left - prompt_tokens)
 
-    subject = f"key:{api_key.id}" if api_key is not None else f"user:{user.id}"
+    # The plan's buckets are the user's, shared by all their keys and the browser; a key's own caps
+    # (optional, lower) are buckets of the key's, charged in the same step.
+    owners = [(f"user:{user.id}", tier.requests_per_minute, tier.tokens_per_minute, "your plan's")]
+    if api_key is not None:
+        owners.append((f"key:{api_key.id}", api_key.requests_per_minute, api_key.tokens_per_minute, "this API key's"))
+    token_caps = [tokens for _, _, tokens, _ in owners if tokens]
+    if token_caps and prompt_tokens + max_tokens > min(token_caps):
+        max_tokens = max(1, min(token_caps) - prompt_tokens)
     charges, limited = [], []
-    if tier.requests_per_minute:
-        charges.append(Charge(f"{subject}:requests", tier.requests_per_minute, MINUTE_S))
-        limited.append(f"{tier.requests_per_minute} requests a minute")
-    if tier.tokens_per_minute:
-        if prompt_tokens + max_tokens > tier.tokens_per_minute:
-            max_tokens = max(1, tier.tokens_per_minute - prompt_tokens)
-        charges.append(Charge(f"{subject}:tokens", tier.tokens_per_minute, MINUTE_S, prompt_tokens + max_tokens))
-        limited.append(f"{tier.tokens_per_minute:,} tokens a minute")
-    # Both buckets in one step: a request the token bucket refuses takes nothing from the other.
+    for subject, requests, _, whose in owners:
+        if requests:
+            charges.append(Charge(f"{subject}:requests", requests, MINUTE_S))
+            limited.append(f"{whose} limit of {requests} requests a minute")
+    for subject, _, tokens, whose in owners:
+        if tokens:
+            charges.append(Charge(f"{subject}:tokens", tokens, MINUTE_S, prompt_tokens + max_tokens))
+            limited.append(f"{whose} limit of {tokens:,} tokens a minute")
+    # All the buckets in one step: a request one of them refuses takes nothing from the others.
     refusal = buckets_consume(charges)
     if refusal is not None:
         raise _rate_limited(limited[refusal.index], refusal.retry_after)
@@ -284,6 +316,31 @@ def admission_refund(*, admission: Admission) -> None:
     """Give back what an admitted request took from its rate limits, when it goes no further after
     all (input moderation blocked the message it was admitted for)."""
     buckets_refund(list(admission.charges))
+
+
+def _quota_left(*, user: Any, tier: Tier, needed: int) -> int | None:
+    """The tokens the day's and month's quotas leave the user (None: no quota), counted from the
+    ledger plus what their unfinished generations may still use; 429 quota_exceeded when that is
+    fewer than `needed`."""
+    from inference.selectors import generation_tokens_reserved_for_user
+
+    if not (tier.tokens_per_day or tier.tokens_per_month):
+        return None
+    now = timezone.now()
+    reserved = generation_tokens_reserved_for_user(user=user)
+    least = None
+    for quota, since, resets_at, period in _quota_periods(tier, now):
+        left = quota - usage_tokens_since(user=user, since=since) - reserved
+        if left < needed:
+            raise ClientError(
+                f"You have used {period} {quota:,} tokens on your plan ({tier}). "
+                f"It resets at {resets_at:%Y-%m-%d %H:%M} UTC.",
+                code="quota_exceeded",
+                status=429,
+                retry_after=max(1, int((resets_at - now).total_seconds()) + 1),
+            )
+        least = left if least is None else min(least, left)
+    return least
 
 
 def _quota_periods(tier: Tier, now: dt.datetime):
@@ -297,11 +354,138 @@ def _quota_periods(tier: Tier, now: dt.datetime):
 
 def _rate_limited(limit: str, retry_after: int) -> ClientError:
     return ClientError(
-        f"You have reached your plan's limit of {limit}. Try again in {retry_after} seconds.",
+        f"You have reached {limit}. Try again in {retry_after} seconds.",
         code="rate_limited",
         status=429,
         retry_after=retry_after,
     )
+
+
+# --- the lighter endpoints ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Action:
+    field: str  # the Tier field that holds its limit
+    period_s: int
+    what: str  # how a refusal names the limit
+
+
+HOUR_S = 60 * MINUTE_S
+DAY_S = 24 * HOUR_S
+ACTIONS = {
+    "moderation": _Action("moderations_per_minute", MINUTE_S, "moderation requests a minute"),
+    "model_list": _Action("model_lists_per_minute", MINUTE_S, "model lists a minute"),
+    "conversation": _Action("conversations_per_hour", HOUR_S, "new conversations an hour"),
+    "api_key": _Action("api_keys_per_day", DAY_S, "new API keys a day"),
+}
+
+
+def _action_charge(*, user: Any, tier: Tier, action: str) -> tuple[Charge, str] | None:
+    spec = ACTIONS[action]
+    limit = getattr(tier, spec.field)
+    if not limit:
+        return None
+    return Charge(f"user:{user.id}:{action}", limit, spec.period_s), f"your plan's limit of {limit} {spec.what}"
+
+
+def action_admit(*, user: Any, action: str) -> None:
+    """Count one `action` (a name in ACTIONS) against the user's plan, or refuse it (429 rate_limited).
+
+    A bucket of the user's own per action, whichever key or session the request came with, so a
+    plan's limit is the user's however many keys they make.
+    """
+    charged = _action_charge(user=user, tier=tier_for_user(user=user), action=action)
+    if charged is None:
+        return
+    refusal = buckets_consume([charged[0]])
+    if refusal is not None:
+        raise _rate_limited(charged[1], refusal.retry_after)
+
+
+# Classifier input is charged as tokens at about four characters a token (English text in a BPE
+# vocabulary), which needs no tokenizer: counting exactly would cost what the limit is there to save.
+MODERATION_CHARS_PER_TOKEN = 4
+
+
+def moderation_admit(*, user: Any, texts: list[str]) -> UsageRecord:
+    """Admit a /v1/moderations request before its texts are scored, and charge it to the ledger.
+
+    Its input's tokens (estimated) count towards the day's and month's quotas (429 quota_exceeded)
+    and, with one request, towards the user's tokens and moderation requests a minute, taken in one
+    step or not at all (429 rate_limited). The ledger row (kind "moderation", free of charge) is what
+    makes the quotas count it.
+    """
+    tier = tier_for_user(user=user)
+    tokens = max(1, -(-sum(len(text) for text in texts) // MODERATION_CHARS_PER_TOKEN))
+    _quota_left(user=user, tier=tier, needed=tokens)
+    charges, limited = [], []
+    if (charged := _action_charge(user=user, tier=tier, action="moderation")) is not None:
+        charges.append(charged[0])
+        limited.append(charged[1])
+    if tier.tokens_per_minute:
+        charges.append(Charge(f"user:{user.id}:tokens", tier.tokens_per_minute, MINUTE_S, tokens))
+        limited.append(f"your plan's limit of {tier.tokens_per_minute:,} tokens a minute")
+    refusal = buckets_consume(charges)
+    if refusal is not None:
+        raise _rate_limited(limited[refusal.index], refusal.retry_after)
+    return UsageRecord.objects.create(
+        user_id=user.id,
+        kind=UsageRecord.Kind.MODERATION,
+        tier=tier,
+        status="complete",
+        prompt_tokens=tokens,
+    )
+
+
+# --- signing in ----------------------------------------------------------------------------------
+
+# Failed sign-ins allowed at once, then one more per LOGIN_PERIOD_S / capacity (a token bucket):
+# per account, whatever address tries it, and per client address, whatever accounts it tries.
+LOGIN_FAILURES_PER_ACCOUNT = 5
+LOGIN_FAILURES_PER_ADDRESS = 20
+LOGIN_PERIOD_S = 15 * MINUTE_S
+
+
+def _login_account_key(username: str) -> str:
+    # Hashed: the key holds anything a client typed; folded, so "Alice" and "alice" share it.
+    return "login:account:" + hashlib.sha256(username.strip().casefold().encode()).hexdigest()
+
+
+def _login_charges(*, username: str, address: str) -> list[Charge]:
+    return [
+        Charge(_login_account_key(username), LOGIN_FAILURES_PER_ACCOUNT, LOGIN_PERIOD_S),
+        Charge(f"login:address:{address}", LOGIN_FAILURES_PER_ADDRESS, LOGIN_PERIOD_S),
+    ]
+
+
+def login_attempt_admit(*, username: str, address: str) -> list[Charge]:
+    """Take one attempt from the account's and the address's sign-in buckets before the password is
+    checked, or refuse it (429 login_locked) without checking it: a locked account stays locked
+    for the right password too, or guessing would go on. Give the attempt back when it succeeds
+    (`login_attempt_succeeded`), so only failures count."""
+    charges = _login_charges(username=username, address=address)
+    refusal = buckets_consume(charges)
+    if refusal is not None:
+        minutes = max(1, -(-refusal.retry_after // MINUTE_S))
+        whom = "this account" if refusal.index == 0 else "your network address"
+        raise ClientError(
+            f"Too many failed sign-ins for {whom}. Try again in {minutes} minute{'s' if minutes > 1 else ''}, "
+            "or ask an administrator to unlock it.",
+            code="login_locked",
+            status=429,
+            retry_after=refusal.retry_after,
+        )
+    return charges
+
+
+def login_attempt_succeeded(*, charges: list[Charge]) -> None:
+    buckets_refund(charges)
+
+
+def login_unlock(*, usernames: list[str] = (), addresses: list[str] = ()) -> None:
+    """Lift the sign-in locks of these accounts and client addresses at once (an admin's action)."""
+    buckets_reset([_login_account_key(name) for name in usernames] + [f"login:address:{a}" for a in addresses])
 
 
 # --- the ledger ----------------------------------------------------------------------------------

@@ -7,11 +7,7 @@ app_name = "accounts"
 
 urlpatterns = [
     path("signup/", views.signup, name="signup"),
-    path(
-        "login/",
-        auth_views.LoginView.as_view(template_name="accounts/login.html", redirect_authenticated_user=True),
-        name="login",
-    ),
+    path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("keys/", views.api_keys, name="api_keys"),
     path("keys/<int:api_key_id>/revoke/", views.api_key_revoke_view, name="api_key_revoke"),

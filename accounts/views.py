@@ -6,17 +6,17 @@ from decimal import Decimal
 
 from django.contrib import messages
 from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from django_ratelimit.decorators import ratelimit
 
-from accounts.forms import ApiKeyCreateForm, SignupForm, parse_month
+from accounts.forms import ApiKeyCreateForm, SignupForm, ThrottledAuthenticationForm, parse_month
 from accounts.selectors import api_key_list_for_user, tier_for_user, usage_statement_rows, usage_summary
-from accounts.services import api_key_create, api_key_revoke, user_create
+from accounts.services import action_admit, api_key_create, api_key_revoke, user_create
 from chatsite.errors import ClientError
 
 CHART_HEIGHT = 120
@@ -38,29 +38,47 @@ def signup(request: HttpRequest) -> HttpResponse:
     return render(request, "accounts/signup.html", {"form": form})
 
 
+class LoginView(auth_views.LoginView):
+    """Django's sign-in page with its attempts throttled (ThrottledAuthenticationForm)."""
+
+    template_name = "accounts/login.html"
+    redirect_authenticated_user = True
+    authentication_form = ThrottledAuthenticationForm
+
+    def form_invalid(self, form: ThrottledAuthenticationForm) -> HttpResponse:
+        response = super().form_invalid(form)
+        if form.locked is not None:
+            response.status_code = 429
+            response["Retry-After"] = str(form.locked.retry_after)
+        return response
+
+
 @never_cache
 @login_required
 @require_http_methods(["GET", "POST"])
-@ratelimit(key="user", rate="20/h", method="POST", block=False)
 def api_keys(request: HttpRequest) -> HttpResponse:
-    """List the user's keys and create one. A new key's full value is on this one response only."""
+    """List the user's keys and create one. A new key's full value is on this one response only.
+
+    Creating one counts against the plan's keys a day (a valid form only: a typo costs nothing)."""
     form = ApiKeyCreateForm(request.POST or None)
     created = None
     status = 200
+    retry_after = None
     if request.method == "POST":
-        if getattr(request, "limited", False):
-            form.add_error(None, "You have created many keys in the last hour. Try again later.")
-            status = 429
-        elif form.is_valid():
+        if form.is_valid():
             try:
+                action_admit(user=request.user, action="api_key")
                 created = api_key_create(
                     user=request.user,
                     name=form.cleaned_data["name"],
                     scopes=form.cleaned_data["scopes"],
                     expires_at=form.expires_at(),
+                    requests_per_minute=form.cleaned_data.get("requests_per_minute"),
+                    tokens_per_minute=form.cleaned_data.get("tokens_per_minute"),
                 )
             except ClientError as exc:
                 form.add_error(None, exc.message)
+                status, retry_after = exc.status, exc.retry_after
             else:
                 form = ApiKeyCreateForm()
         if not created and status == 200:
@@ -71,8 +89,8 @@ def api_keys(request: HttpRequest) -> HttpResponse:
         {"form": form, "created": created, "keys": api_key_list_for_user(user=request.user), "now": timezone.now()},
         status=status,
     )
-    if status == 429:
-        response["Retry-After"] = "3600"
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
     return response
 
 
@@ -159,7 +177,7 @@ def usage_statement(request: HttpRequest) -> HttpResponse:
             [
                 row.created_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S"),
                 row.generation_id or "",
-                row.deployment.name,
+                row.model_name,
                 row.tier.name if row.tier else "",
                 row.status,
                 row.prompt_tokens,

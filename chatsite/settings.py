@@ -251,6 +251,9 @@ INFERENCE_ENGINE_START_TIMEOUT_S = env_float("INFERENCE_ENGINE_START_TIMEOUT_S",
 INFERENCE_AT_CAPACITY_RETRY_S = env_int("INFERENCE_AT_CAPACITY_RETRY_S", 10, minimum=1)
 INFERENCE_PRIORITY_AGING_S = env_float("INFERENCE_PRIORITY_AGING_S", 15, minimum=0)
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 32_000, minimum=1)
+# A prompt longer than the window times this many characters is refused before it is tokenized or
+# moderated (accounts.services.request_size_check).
+PROMPT_MAX_CHARS_PER_TOKEN = env_int("PROMPT_MAX_CHARS_PER_TOKEN", 8, minimum=1, maximum=1000)
 # CPU threads for the moderation classifiers' forward pass. One: a short text gains nothing from more,
 # and a multi-threaded pass stalls at every barrier when an engine on the same cores holds them.
 MODERATION_CPU_THREADS = env_int("MODERATION_CPU_THREADS", 1, minimum=1)

@@ -9,7 +9,14 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from accounts.services import Admission, admission_refund, request_admit, request_limits
+from accounts.services import (
+    Admission,
+    action_admit,
+    admission_refund,
+    request_admit,
+    request_limits,
+    request_size_check,
+)
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
 from conversations.prompts import AssembledPrompt, Turn, assemble_prompt
@@ -68,9 +75,11 @@ def conversation_create(*, user: Any, deployment: ModelDeployment | None = None,
 
 
 def conversation_start(*, user: Any, title: str = "", model: str | None = None) -> Conversation:
-    """An empty conversation on `model` (or the default), refused if the user's plan excludes the model."""
+    """An empty conversation on `model` (or the default), refused if the user's plan excludes the
+    model or if the user has started the plan's conversations for the hour (429 rate_limited)."""
     deployment = deployment_get(name=model)
     request_limits(user=user, deployment=deployment)  # the plan's gate: refuses a model it excludes
+    action_admit(user=user, action="conversation")
     return conversation_create(user=user, deployment=deployment, title=title.strip())
 
 
@@ -351,6 +360,9 @@ def _message_save_allowed(
 
     # The plan first: a model it does not include is refused before anything is loaded for it.
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)
+    # Before the message is tokenized or its verdict asked for (which starts the scoring): a message
+    # that cannot fit is refused unsaved, unscored and uncharged.
+    request_size_check(chars=len(content), limits=limits)
     if isinstance(verdict, InputCheck):
         verdict = verdict.verdict_if_scored(tier_id=limits.tier.id) or verdict
     queued, kept = None, False

@@ -269,8 +269,10 @@ class ModelListApi(APIView):
     )
     def get(self, request: Request) -> Response:
         from accounts.selectors import deployments_allowed_for_user
+        from accounts.services import action_admit
         from inference.selectors import deployment_list_enabled
 
+        action_admit(user=request.user, action="model_list")
         deployments = deployments_allowed_for_user(user=request.user, deployments=deployment_list_enabled())
         data = self.OutputSerializer(deployments, many=True).data
         return Response({"object": "list", "data": data})

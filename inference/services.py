@@ -374,7 +374,7 @@ def _completion_queue(
     the commit (`_held_completion_settle`), as a chat message's is. A request that is both refused
     and blocked is refused as blocked.
     """
-    from accounts.services import request_limits
+    from accounts.services import request_limits, request_size_check
     from inference.selectors import deployment_get
     from inference.tokenizers import render_chat, tokenizer_for
     from moderation.services import InputCheck, verdict_under_tier
@@ -384,6 +384,8 @@ def _completion_queue(
     except ClientError as exc:
         raise ClientError(exc.message, code=exc.code, status=400, param="model") from None
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)
+    # Before the prompt is tokenized or its verdict asked for (which starts the scoring).
+    request_size_check(chars=sum(len(m["content"]) for m in request["messages"]), limits=limits)
     prompt = render_chat(tokenizer_for(deployment.model_path), request["messages"])
     pending = None
     if isinstance(verdict, InputCheck):

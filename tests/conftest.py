@@ -627,8 +627,9 @@ async def chat_server(engine):
 
 @pytest.fixture
 async def server_without_engine():
-    """uvicorn serving the real ASGI app on the test session's loop, for tests whose generations no
-    engine runs (they end them in the database themselves)."""
+    """uvicorn serving the real ASGI app on the test session's loop with no engine started: for
+    requests answered or refused before one is needed (limits, validation), and for generations no
+    engine runs (tests end them in the database themselves)."""
     async with _serving() as url:
         yield url
 

@@ -12,7 +12,7 @@ from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
 from accounts.authentication import ApiKeyAuthentication, HasScope
-from accounts.models import ApiKey
+from accounts.models import ApiKey, Tier
 from accounts.services import api_key_authenticate, api_key_create, api_key_revoke
 from chatsite.errors import ClientError
 from conversations.models import Message
@@ -171,13 +171,28 @@ def test_the_key_pages_need_a_login(client, db):
     assert client.get(reverse("accounts:api_keys")).status_code == 302
 
 
-def test_creating_keys_is_rate_limited_per_user(client, alice, bob):
+def test_creating_keys_is_limited_per_user_by_the_plan(client, alice, bob):
+    Tier.objects.filter(name="free").update(api_keys_per_day=3)
     client.force_login(alice)
-    for i in range(20):
+    for i in range(3):
         assert client.post(reverse("accounts:api_keys"), {"name": f"k{i}", "scopes": ["chat"]}).status_code == 200
     refused = client.post(reverse("accounts:api_keys"), {"name": "one too many", "scopes": ["chat"]})
     assert refused.status_code == 429
-    assert refused["Retry-After"] == "3600"
-    assert ApiKey.objects.filter(user=alice).count() == 20
+    assert 1 <= int(refused["Retry-After"]) <= 24 * 3600 // 3
+    assert "limit of 3 new API keys a day" in refused.content.decode()
+    assert ApiKey.objects.filter(user=alice).count() == 3
     client.force_login(bob)
     assert client.post(reverse("accounts:api_keys"), {"name": "bob's", "scopes": ["chat"]}).status_code == 200
+
+
+def test_a_key_made_on_the_page_can_carry_its_own_caps(client, alice):
+    client.force_login(alice)
+    response = client.post(
+        reverse("accounts:api_keys"),
+        {"name": "capped", "scopes": ["chat"], "requests_per_minute": "5", "tokens_per_minute": "1000"},
+    )
+    assert response.status_code == 200
+    key = ApiKey.objects.get(user=alice)
+    assert (key.requests_per_minute, key.tokens_per_minute) == (5, 1000)
+    bad = client.post(reverse("accounts:api_keys"), {"name": "bad", "scopes": ["chat"], "requests_per_minute": "0"})
+    assert bad.status_code == 400 and ApiKey.objects.count() == 1

@@ -16,8 +16,15 @@ from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory, force_authenticate
 from rest_framework.views import APIView
 
-from accounts.models import Tier
-from accounts.ratelimit import Charge, bucket_consume, bucket_refund, buckets_consume, buckets_refund
+from accounts.models import ApiKey, Tier
+from accounts.ratelimit import (
+    Charge,
+    bucket_consume,
+    bucket_refund,
+    buckets_consume,
+    buckets_refund,
+    buckets_reset,
+)
 from accounts.services import api_key_create, request_admit
 from chatsite.errors import ClientError
 from conversations.models import Message
@@ -60,6 +67,22 @@ def test_redis_buckets_behave_like_the_local_ones(redis_url):
     assert bucket_consume(key="r", capacity=2, period_s=60).retry_after in range(1, 31)
     bucket_refund(key="r", capacity=2, period_s=60, amount=1)
     assert bucket_consume(key="r", capacity=2, period_s=60).allowed
+
+
+def _a_reset_fills_a_bucket_again() -> None:
+    assert bucket_consume(key="reset", capacity=2, period_s=600, amount=2).allowed
+    assert not bucket_consume(key="reset", capacity=2, period_s=600).allowed
+    buckets_reset(["reset", "never-used"])
+    assert bucket_consume(key="reset", capacity=2, period_s=600, amount=2).allowed
+
+
+def test_a_reset_fills_a_bucket_again(db):
+    _a_reset_fills_a_bucket_again()
+
+
+@pytest.mark.redis
+def test_a_reset_fills_a_redis_bucket_again(redis_url):
+    _a_reset_fills_a_bucket_again()
 
 
 def _charges_paid_together_or_not_at_all() -> None:
@@ -194,13 +217,57 @@ def test_a_token_refusal_gives_back_the_request_it_counted(alice, default_deploy
     request_admit(user=alice, deployment=default_deployment, prompt_tokens=100, max_tokens=400)
 
 
-def test_limits_are_kept_per_api_key_apart_from_the_users_own(alice, default_deployment):
+def test_two_keys_of_one_user_share_the_plans_buckets(alice, bob, default_deployment):
     Tier.objects.filter(name="free").update(requests_per_minute=1, tokens_per_minute=None)
+    first, second = (api_key_create(user=alice, name=n, scopes=["chat"]).api_key for n in ("one", "two"))
+    request_admit(user=alice, api_key=first, deployment=default_deployment, prompt_tokens=10, max_tokens=10)
+    with pytest.raises(ClientError) as refused:
+        request_admit(user=alice, api_key=second, deployment=default_deployment, prompt_tokens=10, max_tokens=10)
+    assert refused.value.code == "rate_limited" and "your plan's limit of 1 requests a minute" in refused.value.message
+    # Bob's are his own.
+    request_admit(user=bob, deployment=default_deployment, prompt_tokens=10, max_tokens=10)
+
+
+def test_the_browser_and_a_key_share_the_plans_buckets(alice, default_deployment):
+    Tier.objects.filter(name="free").update(requests_per_minute=None, tokens_per_minute=1000)
     key = api_key_create(user=alice, name="script", scopes=["chat"]).api_key
-    request_admit(user=alice, deployment=default_deployment, prompt_tokens=10, max_tokens=10)
-    request_admit(user=alice, api_key=key, deployment=default_deployment, prompt_tokens=10, max_tokens=10)
-    with pytest.raises(ClientError):
-        request_admit(user=alice, api_key=key, deployment=default_deployment, prompt_tokens=10, max_tokens=10)
+    message_send(user=alice, content="Hi")  # the chat page's message: its prompt and a 512-token budget
+    with pytest.raises(ClientError) as refused:
+        request_admit(user=alice, api_key=key, deployment=default_deployment, prompt_tokens=500, max_tokens=10)
+    assert refused.value.code == "rate_limited" and "tokens a minute" in refused.value.message
+
+
+def test_a_keys_own_cap_below_the_plan_refuses_earlier_and_only_with_that_key(alice, default_deployment):
+    Tier.objects.filter(name="free").update(requests_per_minute=3, tokens_per_minute=None)
+    capped = api_key_create(user=alice, name="capped", scopes=["chat"], requests_per_minute=1).api_key
+    other = api_key_create(user=alice, name="other", scopes=["chat"]).api_key
+    request_admit(user=alice, api_key=capped, deployment=default_deployment, prompt_tokens=10, max_tokens=10)
+    with pytest.raises(ClientError) as refused:
+        request_admit(user=alice, api_key=capped, deployment=default_deployment, prompt_tokens=10, max_tokens=10)
+    assert "this API key's limit of 1 requests a minute" in refused.value.message
+    # The refusal took nothing from the plan's bucket: two of its three are left, for the other key.
+    for _ in range(2):
+        request_admit(user=alice, api_key=other, deployment=default_deployment, prompt_tokens=10, max_tokens=10)
+    with pytest.raises(ClientError) as refused:
+        request_admit(user=alice, api_key=other, deployment=default_deployment, prompt_tokens=10, max_tokens=10)
+    assert "your plan's limit of 3 requests a minute" in refused.value.message
+
+
+def test_a_keys_own_token_cap_caps_the_answers_budget_and_is_charged_with_the_plans(alice, default_deployment):
+    Tier.objects.filter(name="free").update(requests_per_minute=None, tokens_per_minute=8000)
+    key = api_key_create(user=alice, name="capped", scopes=["chat"], tokens_per_minute=300).api_key
+    admission = request_admit(user=alice, api_key=key, deployment=default_deployment, prompt_tokens=100, max_tokens=400)
+    assert admission.max_tokens == 200
+    assert {c.key for c in admission.charges} == {f"user:{alice.id}:tokens", f"key:{key.id}:tokens"}
+    assert not bucket_consume(key=f"user:{alice.id}:tokens", capacity=8000, period_s=60, amount=7801).allowed
+
+
+@pytest.mark.parametrize("cap", [0, -1, 2**31, "ten", True, 1.5])
+def test_a_key_cap_that_is_not_a_positive_whole_number_is_refused(alice, cap):
+    with pytest.raises(ClientError) as refused:
+        api_key_create(user=alice, name="bad", scopes=["chat"], requests_per_minute=cap)
+    assert refused.value.param == "requests_per_minute"
+    assert not ApiKey.objects.exists()
 
 
 def test_an_admin_tier_without_limits_is_never_rate_limited(alice, put_on_tier, default_deployment):

@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import Tier, TierModelPrice, UsageRecord
-from accounts.services import usage_record, user_set_tier
+from accounts.services import moderation_admit, usage_record, user_set_tier
 from conversations.services import message_send
 from inference.models import Generation
 from inference.services import generation_claim, generation_finish, generation_request_stop
@@ -281,3 +281,17 @@ async def test_a_real_answer_is_charged_once_with_the_engines_counts(engine, ali
     generation = await Generation.objects.aget(id=record.generation_id)
     assert generation.priority == pro.priority
     await socket.disconnect()
+
+
+def test_a_moderation_request_shows_on_the_usage_page_and_the_statement(client, alice):
+    moderation_admit(user=alice, texts=["x" * 400])  # 100 tokens
+    client.force_login(alice)
+    page = client.get(reverse("accounts:usage"))
+    assert page.status_code == 200
+    assert [(row["deployment__name"], row["prompt_tokens"]) for row in page.context["summary"].per_model] == [
+        ("moderation", 100)
+    ]
+    response = client.get(reverse("accounts:usage_statement"), {"month": f"{timezone.now():%Y-%m}"})
+    rows = list(csv.reader(io.StringIO(response.content.decode())))
+    assert rows[1][1:6] == ["", "moderation", "free", "complete", "100"]
+    assert rows[2][0] == "total" and rows[2][5] == "100"

@@ -1,8 +1,14 @@
 from __future__ import annotations
 
+import io
+
+import pytest
+from django.core.management import call_command
+from django.test import Client
 from django.urls import reverse
 
 from accounts.models import User
+from accounts.services import LOGIN_FAILURES_PER_ACCOUNT, LOGIN_FAILURES_PER_ADDRESS, LOGIN_PERIOD_S
 from tests.conftest import PASSWORD
 
 
@@ -36,3 +42,70 @@ def test_a_wrong_password_does_not_log_in(client, alice):
     response = client.post(reverse("accounts:login"), {"username": "alice", "password": "wrong"})
     assert response.status_code == 200
     assert "_auth_user_id" not in client.session
+
+
+@pytest.fixture
+def buckets_stand_still(monkeypatch):
+    """The sign-in buckets' clock stopped: a slow machine's password hashing must not refill them
+    between one attempt and the next (the embedded default's buckets read `time.time`)."""
+    monkeypatch.setattr("accounts.ratelimit.time.time", lambda: 1_000_000.0)
+
+
+def _log_in(client, username: str, password: str, address: str = "203.0.113.7"):
+    return client.post(reverse("accounts:login"), {"username": username, "password": password}, REMOTE_ADDR=address)
+
+
+def test_an_account_is_locked_after_repeated_failures_even_for_the_right_password(client, alice, buckets_stand_still):
+    for _ in range(LOGIN_FAILURES_PER_ACCOUNT):
+        assert _log_in(client, "alice", "guess").status_code == 200
+    locked = _log_in(client, "alice", PASSWORD)
+    assert locked.status_code == 429
+    assert 1 <= int(locked["Retry-After"]) <= LOGIN_PERIOD_S
+    assert "Too many failed sign-ins for this account" in locked.content.decode()
+    assert "_auth_user_id" not in client.session
+    # Another address fares no better: the lock is the account's, and "Alice" is the same account.
+    assert _log_in(client, "Alice", PASSWORD, address="198.51.100.1").status_code == 429
+
+
+def test_successful_sign_ins_do_not_count_towards_the_lock(client, alice):
+    for _ in range(LOGIN_FAILURES_PER_ACCOUNT + 2):
+        assert _log_in(client, "alice", PASSWORD).status_code == 302
+        client.post(reverse("accounts:logout"))
+    assert _log_in(client, "alice", "guess").status_code == 200
+
+
+def test_an_address_is_locked_after_failures_across_accounts(client, alice, make_user, buckets_stand_still):
+    names = [make_user(f"user{i}").username for i in range(LOGIN_FAILURES_PER_ADDRESS // LOGIN_FAILURES_PER_ACCOUNT)]
+    for name in names:
+        for _ in range(LOGIN_FAILURES_PER_ACCOUNT):
+            assert _log_in(client, name, "guess").status_code == 200
+    locked = _log_in(client, "alice", PASSWORD)
+    assert locked.status_code == 429
+    assert "Too many failed sign-ins for your network address" in locked.content.decode()
+    # Alice herself, from her own address, is not locked out by it.
+    assert _log_in(client, "alice", PASSWORD, address="198.51.100.1").status_code == 302
+
+
+def test_an_admin_unlocks_a_locked_account(client, alice, make_user, buckets_stand_still):
+    for _ in range(LOGIN_FAILURES_PER_ACCOUNT):
+        _log_in(client, "alice", "guess")
+    assert _log_in(client, "alice", PASSWORD).status_code == 429
+    admin = make_user("root")
+    User.objects.filter(id=admin.id).update(is_staff=True, is_superuser=True)
+    staff = Client()
+    staff.force_login(admin)
+    response = staff.post(
+        reverse("admin:accounts_user_changelist"),
+        {"action": "unlock_sign_in", "_selected_action": [alice.id]},
+        follow=True,
+    )
+    assert "Unlocked sign-in for 1 users." in response.content.decode()
+    assert _log_in(client, "alice", PASSWORD).status_code == 302
+
+
+def test_the_unlock_command_lifts_an_address_lock(client, alice, buckets_stand_still):
+    for i in range(LOGIN_FAILURES_PER_ADDRESS):
+        _log_in(client, f"nobody{i}", "guess")
+    assert _log_in(client, "alice", PASSWORD).status_code == 429
+    call_command("unlocklogin", "--address", "203.0.113.7", stderr=io.StringIO())
+    assert _log_in(client, "alice", PASSWORD).status_code == 302

@@ -8,13 +8,15 @@ import json
 import time
 import uuid
 from types import SimpleNamespace
+from unittest.mock import patch
 
 import httpx
 import pytest
 from channels.db import database_sync_to_async
 from rest_framework.test import APIClient
 
-from accounts.models import ApiKey
+from accounts.models import ApiKey, Tier
+from accounts.ratelimit import bucket_consume
 from accounts.services import api_key_create
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create, message_send
@@ -517,3 +519,38 @@ async def test_an_answer_ended_without_an_event_still_ends_its_event_stream(
     assert [name for name, _ in events] == ["message.accepted", "error"]
     assert events[0][1]["generation"] == str(generation.id)
     assert (events[1][1]["code"], events[1][1]["message"]) == ("worker_lost", "The server stopped.")
+
+
+def test_starting_conversations_past_the_plans_hourly_limit_is_refused(alice):
+    Tier.objects.filter(name="free").update(conversations_per_hour=2)
+    session = APIClient()
+    session.force_login(alice)
+    client = client_for(alice)  # the session and the key share the user's limit
+    assert session.post("/api/conversations/", {}, format="json").status_code == 201
+    assert client.post("/api/conversations/", {}, format="json").status_code == 201
+    refused = client.post("/api/conversations/", {}, format="json")
+    assert refused.status_code == 429
+    assert 1 <= int(refused["Retry-After"]) <= 1800
+    error = refused.json()["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limited")
+    assert "limit of 2 new conversations an hour" in error["message"]
+    assert Conversation.objects.filter(user=alice).count() == 2
+
+
+@pytest.mark.parametrize("into_a_conversation", [False, True])
+def test_a_message_too_long_for_the_window_is_refused_before_any_work(alice, into_a_conversation):
+    Tier.objects.filter(name="free").update(requests_per_minute=1)
+    conversation = conversation_with_messages(alice)
+    huge = "word " * 6_000  # 30,000 characters: within a message's limit, far beyond 2,048 tokens
+    url = send_url(conversation.id if into_a_conversation else None)
+    with (
+        patch("moderation.services.score_many", side_effect=AssertionError("scored")) as scoring,
+        patch("conversations.services.count_tokens", side_effect=AssertionError("tokenized")) as tokenizing,
+    ):
+        response = client_for(alice).post(url, {"content": huge}, format="json")
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+    assert not scoring.called and not tokenizing.called
+    assert Conversation.objects.count() == 1 and Message.objects.count() == 2
+    assert not Generation.objects.exists()
+    assert bucket_consume(key=f"user:{alice.id}:requests", capacity=1, period_s=60).allowed  # untouched

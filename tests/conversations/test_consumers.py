@@ -5,7 +5,7 @@ import json
 import threading
 import time
 import uuid
-from unittest.mock import ANY
+from unittest.mock import ANY, patch
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -732,3 +732,17 @@ async def test_a_socket_that_ends_on_an_exception_ends_its_background_tasks(alic
         await asyncio.wait_for(asyncio.shield(socket.future), timeout=10)
     await asyncio.sleep(0)
     assert all(task.done() for task in ours), "the consumer's resync should end with it"
+
+
+async def test_a_message_too_long_for_the_window_is_refused_before_any_work(alice):
+    socket, _ = await open_socket(alice)
+    with (
+        patch("moderation.services.score_many", side_effect=AssertionError("scored")) as scoring,
+        patch("conversations.services.count_tokens", side_effect=AssertionError("tokenized")) as tokenizing,
+    ):
+        await socket.send_json_to({"type": "message.send", "content": "word " * 6_000})
+        reply = await next_event(socket, timeout=10)
+    assert reply["type"] == "error" and reply["code"] == "context_length_exceeded"
+    assert not scoring.called and not tokenizing.called
+    assert not await Message.objects.aexists() and not await Generation.objects.aexists()
+    await socket.disconnect()

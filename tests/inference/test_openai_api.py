@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from unittest.mock import patch
 
 import httpx
 import openai
 import pytest
 from channels.db import database_sync_to_async
+from django.utils import timezone
 
-from accounts.models import Tier
-from accounts.services import api_key_create
+from accounts.models import Tier, UsageRecord
+from accounts.ratelimit import bucket_consume
+from accounts.selectors import day_start, usage_tokens_since
+from accounts.services import api_key_create, request_admit
+from chatsite.errors import ClientError
 from inference.models import Generation
 from tests.conftest import ended_in_the_database_once_queued, generation_once_finished, stopped_while_streaming
 
@@ -329,3 +335,94 @@ async def test_a_completion_stream_ended_without_an_event_ends_from_its_row(
         assert text == "Hello from the row."
         assert reasons[-1] == "stop"
     await ending
+
+
+def error_of(exc: openai.APIStatusError) -> dict:
+    return exc.response.json()["error"]
+
+
+async def test_a_key_is_refused_once_the_browser_has_used_the_users_requests(server_without_engine, alice, key_for):
+    await Tier.objects.filter(name="free").aupdate(requests_per_minute=1)
+    # The minute's one request went to the chat page.
+    await database_sync_to_async(bucket_consume)(key=f"user:{alice.id}:requests", capacity=1, period_s=60)
+    client = client_for(server_without_engine, await database_sync_to_async(key_for)(alice))
+    with pytest.raises(openai.RateLimitError) as limited:
+        await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
+    assert limited.value.code == "rate_limited" and int(limited.value.response.headers["Retry-After"]) >= 1
+    assert not await Generation.objects.aexists()
+
+
+async def test_moderations_past_the_plans_limit_are_refused_whichever_key_asks(server_without_engine, alice, key_for):
+    await Tier.objects.filter(name="free").aupdate(moderations_per_minute=2)
+    first, second = [client_for(server_without_engine, await database_sync_to_async(key_for)(alice)) for _ in range(2)]
+    await first.moderations.create(input="What is the boiling point of water?")
+    await second.moderations.create(input="And of milk?")
+    with pytest.raises(openai.RateLimitError) as limited:
+        await first.moderations.create(input="And of honey?")
+    error = error_of(limited.value)
+    assert (error["type"], error["code"], error["param"]) == ("rate_limit_error", "rate_limited", None)
+    assert "limit of 2 moderation requests a minute" in error["message"]
+    assert 1 <= int(limited.value.response.headers["Retry-After"]) <= 30
+    assert await UsageRecord.objects.filter(kind="moderation").acount() == 2
+
+
+async def test_moderations_input_counts_towards_the_token_quota(
+    server_without_engine, alice, key_for, default_deployment
+):
+    await Tier.objects.filter(name="free").aupdate(tokens_per_day=1000, tokens_per_minute=None)
+    client = client_for(server_without_engine, await database_sync_to_async(key_for)(alice))
+    await client.moderations.create(input=["x" * 2000, "y" * 1000])  # 3,000 characters: 750 tokens
+    record = await UsageRecord.objects.aget(user=alice)
+    assert (record.kind, record.deployment_id, record.prompt_tokens, record.cost) == ("moderation", None, 750, 0)
+    assert await database_sync_to_async(usage_tokens_since)(user=alice, since=day_start(timezone.now())) == 750
+    with pytest.raises(openai.RateLimitError) as exhausted:
+        await client.moderations.create(input="z" * 1200)  # 300 tokens: more than the day's 250 left
+    assert exhausted.value.code == "quota_exceeded"
+    # A completion now has 250 tokens of the day left, no more.
+    with pytest.raises(ClientError) as refused:
+        await database_sync_to_async(request_admit)(
+            user=alice, deployment=default_deployment, prompt_tokens=300, max_tokens=10
+        )
+    assert refused.value.code == "quota_exceeded"
+    assert await UsageRecord.objects.acount() == 1
+
+
+async def test_moderations_input_beyond_its_size_is_refused_before_scoring(server_without_engine, alice, key_for):
+    client = client_for(server_without_engine, await database_sync_to_async(key_for)(alice))
+    with patch("moderation.services.score_many", side_effect=AssertionError("scored")) as scoring:
+        with pytest.raises(openai.APIStatusError) as refused:
+            await client.moderations.create(input=["x" * 16_001, "y" * 16_000])
+    assert refused.value.status_code == 413
+    assert error_of(refused.value)["code"] == "input_too_long" and error_of(refused.value)["param"] == "input"
+    assert not scoring.called
+    assert not await UsageRecord.objects.aexists()
+
+
+async def test_model_lists_past_the_plans_limit_are_refused(server_without_engine, alice, key_for):
+    await Tier.objects.filter(name="free").aupdate(model_lists_per_minute=1)
+    client = client_for(server_without_engine, await database_sync_to_async(key_for)(alice))
+    await client.models.list()
+    with pytest.raises(openai.RateLimitError) as limited:
+        await client.models.list()
+    assert limited.value.code == "rate_limited" and int(limited.value.response.headers["Retry-After"]) >= 1
+    assert error_of(limited.value)["type"] == "rate_limit_error"
+
+
+async def test_a_huge_prompt_is_refused_at_once_and_nothing_is_spent_on_it(server_without_engine, alice, key_for):
+    await Tier.objects.filter(name="free").aupdate(requests_per_minute=1)
+    client = client_for(server_without_engine, await database_sync_to_async(key_for)(alice))
+    huge = ("All work and no play makes Jack a dull boy. " * 5000)[:200_000]  # as much as the API takes
+    started = time.monotonic()
+    with (
+        patch("moderation.services.score_many", side_effect=AssertionError("scored")) as scoring,
+        patch("inference.tokenizers.render_chat", side_effect=AssertionError("tokenized")) as tokenizing,
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": huge}])
+    assert time.monotonic() - started < 5
+    assert refused.value.code == "context_length_exceeded" and error_of(refused.value)["param"] == "messages"
+    assert not scoring.called and not tokenizing.called
+    assert not await Generation.objects.aexists() and not await UsageRecord.objects.aexists()
+    # The minute's one request is still there.
+    decision = await database_sync_to_async(bucket_consume)(key=f"user:{alice.id}:requests", capacity=1, period_s=60)
+    assert decision.allowed
