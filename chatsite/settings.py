@@ -23,6 +23,7 @@ from chatsite.env import (
     env_url,
     secret_key_from_env_or_file,
 )
+from chatsite.redis_clients import REDIS_CONNECT_TIMEOUT_S, REDIS_HEALTH_CHECK_S, redis_connection_options
 from inference.defaults import DEFAULT_DEPLOYMENT_NAME
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -148,13 +149,21 @@ if REDIS_URL:
     # The pub/sub layer: one PUBLISH per message, delivered at most once. It costs the stack about
     # 0.55 ms of CPU less per streamed token than the list-based layer (docs/performance.md); what
     # live delivery skips, followers take from the replay buffer (inference/streaming.py).
+    # Every Redis client retries a command on a connection a Redis restart left stale
+    # (chatsite/redis_clients.py): the layer's and the cache's pools too.
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-            "CONFIG": {"hosts": [{"address": REDIS_URL}]},
+            "CONFIG": {"hosts": [{"address": REDIS_URL, **redis_connection_options(asynchronous=True)}]},
         }
     }
-    CACHES = {"default": {"BACKEND": "chatsite.cache.RedisCache", "LOCATION": REDIS_URL}}
+    CACHES = {
+        "default": {
+            "BACKEND": "chatsite.cache.RedisCache",
+            "LOCATION": REDIS_URL,
+            "OPTIONS": redis_connection_options(),
+        }
+    }
 else:
     # The embedded default only: one process, so an in-memory layer is enough. Streams are coalesced,
     # but a slow reader must still not make publishing fail.
@@ -231,6 +240,11 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "priority_steps": list(range(10)),
     "sep": ":",
     "queue_order_strategy": "priority",
+    # kombu's own Redis clients: a stale connection is pinged before use and a timed-out command
+    # retried, as every other client's (chatsite/redis_clients.py).
+    "health_check_interval": REDIS_HEALTH_CHECK_S,
+    "retry_on_timeout": True,
+    "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
 }
 INFERENCE_GENERATION_TIMEOUT_S = env_int("INFERENCE_GENERATION_TIMEOUT_S", 600, minimum=10)
 # A worker refreshes its heartbeat every second; one silent this long is taken for dead and its
