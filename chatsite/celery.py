@@ -14,7 +14,7 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import celeryd_after_setup, worker_shutting_down
+from celery.signals import celeryd_after_setup, worker_shutdown, worker_shutting_down
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 
@@ -40,6 +40,16 @@ def start_engines(sender, instance, **kwargs) -> None:
 
 @worker_shutting_down.connect
 def stop_engines(**kwargs) -> None:
+    from inference.workers import worker_runtime_stop
+
+    worker_runtime_stop()
+
+
+@worker_shutdown.connect
+def stop_engines_at_exit(**kwargs) -> None:
+    """However the worker stops: an unrecoverable error stops it without worker_shutting_down, and
+    its engine process, left running, would keep the process from exiting (Python joins it) while
+    the engine loop's heartbeat goes on saying it is ready. Stopping twice is harmless."""
     from inference.workers import worker_runtime_stop
 
     worker_runtime_stop()

@@ -233,6 +233,8 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# An answer running when the broker connection drops goes on (docs/production.md, "Redis restarting").
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT_S", 120, minimum=10),
@@ -246,6 +248,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "retry_on_timeout": True,
     "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
 }
+# kombu's Redis transport with a fix for losing Redis while tasks are unacknowledged, which otherwise
+# stops a worker from consuming for good (chatsite/broker.py).
+CELERY_BROKER_TRANSPORT = "chatsite.broker:Transport" if REDIS_URL else None
 INFERENCE_GENERATION_TIMEOUT_S = env_int("INFERENCE_GENERATION_TIMEOUT_S", 600, minimum=10)
 # A worker refreshes its heartbeat every second; one silent this long is taken for dead and its
 # running generations are ended with an error the user can act on (regenerate).
