@@ -242,10 +242,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "priority_steps": list(range(10)),
     "sep": ":",
     "queue_order_strategy": "priority",
-    # kombu's own Redis clients: a stale connection is pinged before use and a timed-out command
-    # retried, as every other client's (chatsite/redis_clients.py).
+    # kombu's own Redis clients: an idle connection is pinged before use, and connecting gives up, as
+    # every other client's (chatsite/redis_clients.py). Not retry_on_timeout: a blocking read (BRPOP,
+    # the fanout LISTEN) retried on a new connection would wait for a reply to nothing.
     "health_check_interval": REDIS_HEALTH_CHECK_S,
-    "retry_on_timeout": True,
     "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
 }
 # kombu's Redis transport with a fix for losing Redis while tasks are unacknowledged, which otherwise
