@@ -94,10 +94,9 @@ _local_lock = threading.Lock()
 
 @cache
 def _redis_script(url: str):
-    import redis
+    from chatsite.redis_clients import redis_client
 
-    client = redis.Redis.from_url(url)
-    return client.register_script(_LUA)
+    return redis_client(url).register_script(_LUA)
 
 
 @dataclass(frozen=True)

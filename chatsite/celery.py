@@ -40,10 +40,11 @@ def start_engines(sender, instance, **kwargs) -> None:
 
 @worker_shutdown.connect
 def stop_engines(**kwargs) -> None:
-    """Close the engines once the worker has finished its tasks. A warm shutdown (SIGTERM) stops
-    taking tasks and lets the running ones end: their answers need the engine, and the heartbeat
-    (without which the reaper ends them as lost) until then. `worker_shutting_down` comes with the
-    signal, before any of that."""
+    """Close the engines once the worker has finished its tasks, however it stops. A warm shutdown
+    (SIGTERM) stops taking tasks and lets the running ones end: their answers need the engine, and
+    the heartbeat (without which the reaper ends them as lost) until then; `worker_shutting_down`
+    comes with the signal, before any of that. An unrecoverable error sends no such signal, and an
+    engine process left running would keep the worker from exiting while its heartbeat said ready."""
     from inference.workers import worker_runtime_stop
 
     worker_runtime_stop()

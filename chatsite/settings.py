@@ -27,6 +27,7 @@ from chatsite.env import (
     secret_key_from_env_or_file,
 )
 from chatsite.origins import trusted_origin_valid
+from chatsite.redis_clients import REDIS_CONNECT_TIMEOUT_S, REDIS_HEALTH_CHECK_S, redis_connection_options
 from inference.defaults import DEFAULT_DEPLOYMENT_NAME
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -209,13 +210,21 @@ if REDIS_URL:
     # The pub/sub layer: one PUBLISH per message, delivered at most once. It costs the stack about
     # 0.55 ms of CPU less per streamed token than the list-based layer (docs/performance.md); what
     # live delivery skips, followers take from the replay buffer (inference/streaming.py).
+    # Every Redis client retries a command on a connection a Redis restart left stale
+    # (chatsite/redis_clients.py): the layer's and the cache's pools too.
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-            "CONFIG": {"hosts": [{"address": REDIS_URL}]},
+            "CONFIG": {"hosts": [{"address": REDIS_URL, **redis_connection_options(asynchronous=True)}]},
         }
     }
-    CACHES = {"default": {"BACKEND": "chatsite.cache.RedisCache", "LOCATION": REDIS_URL}}
+    CACHES = {
+        "default": {
+            "BACKEND": "chatsite.cache.RedisCache",
+            "LOCATION": REDIS_URL,
+            "OPTIONS": redis_connection_options(),
+        }
+    }
 else:
     # The embedded default only: one process, so an in-memory layer is enough. Streams are coalesced,
     # but a slow reader must still not make publishing fail.
@@ -288,6 +297,8 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# An answer running when the broker connection drops goes on (docs/production.md, "Redis restarting").
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT_S", 120, minimum=10),
@@ -295,7 +306,15 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "priority_steps": list(range(10)),
     "sep": ":",
     "queue_order_strategy": "priority",
+    # kombu's own Redis clients: an idle connection is pinged before use, and connecting gives up, as
+    # every other client's (chatsite/redis_clients.py). Not retry_on_timeout: a blocking read (BRPOP,
+    # the fanout LISTEN) retried on a new connection would wait for a reply to nothing.
+    "health_check_interval": REDIS_HEALTH_CHECK_S,
+    "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
 }
+# kombu's Redis transport with a fix for losing Redis while tasks are unacknowledged, which otherwise
+# stops a worker from consuming for good (chatsite/broker.py).
+CELERY_BROKER_TRANSPORT = "chatsite.broker:Transport" if REDIS_URL else None
 INFERENCE_GENERATION_TIMEOUT_S = env_int("INFERENCE_GENERATION_TIMEOUT_S", 600, minimum=10)
 # A worker refreshes its heartbeat every second; one silent this long is taken for dead and its
 # running generations are ended with an error the user can act on (regenerate).

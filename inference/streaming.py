@@ -34,6 +34,7 @@ from channels_redis.pubsub import RedisPubSubChannelLayer
 from django.conf import settings
 
 from chatsite.batching import Batcher
+from chatsite.redis_clients import redis_async_client
 
 logger = logging.getLogger(__name__)
 
@@ -108,12 +109,10 @@ class RedisReplayBuffer:
 
     def _client(self) -> Any:
         # redis.asyncio connections belong to the loop that opened them; keep one client per loop.
-        import redis.asyncio as redis
-
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
-            client = self._clients[loop] = redis.Redis.from_url(self.url)
+            client = self._clients[loop] = redis_async_client(self.url)
         return client
 
     @staticmethod
@@ -151,7 +150,7 @@ class RedisReplayBuffer:
             return None
         pubsub = layer._get_layer()
         shards = pubsub._shards
-        return pubsub if len(shards) == 1 and shards[0].host == {"address": self.url} else None
+        return pubsub if len(shards) == 1 and shards[0].host.get("address") == self.url else None
 
     async def read(self, generation_id: str, after_seq: int) -> list[dict[str, Any]]:
         raw = await self._client().lrange(self._key(generation_id), 0, -1)
@@ -174,7 +173,8 @@ _buffer: ReplayBuffer | None = None
 
 def replay_buffer() -> ReplayBuffer:
     global _buffer
-    if _buffer is None:
+    # A new one when REDIS_URL changes (a test pointing the process at a Redis of its own).
+    if _buffer is None or getattr(_buffer, "url", None) != settings.REDIS_URL:
         if settings.REDIS_URL:
             _buffer = RedisReplayBuffer(settings.REDIS_URL, settings.INFERENCE_REPLAY_TTL_S)
         else:

@@ -29,6 +29,7 @@ from django.conf import settings
 
 from chatsite.database import db_async, reconnecting
 from chatsite.heap import heap_freeze_when_warm, heap_frozen_count
+from chatsite.redis_clients import redis_async_client, redis_client
 
 logger = logging.getLogger(__name__)
 
@@ -222,28 +223,26 @@ def worker_runtime_stop() -> None:
 
 # --- the web side ---------------------------------------------------------------------------------
 
-_sync_client = None
+# One client per Redis URL (a test may point the process at a Redis of its own).
+_sync_clients: dict[str, Any] = {}
 # Per event loop, held weakly: a closed loop's id can be reused by a new loop, the loop itself cannot.
 _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, Any]] = weakref.WeakKeyDictionary()
 
 
 def _redis() -> Any:
-    global _sync_client
-    if _sync_client is None:
-        import redis
-
-        _sync_client = redis.Redis.from_url(settings.REDIS_URL)
-    return _sync_client
+    url = settings.REDIS_URL
+    client = _sync_clients.get(url)
+    if client is None:
+        client = _sync_clients[url] = redis_client(url)
+    return client
 
 
 def _async_redis(**options: Any) -> Any:
-    """One client per event loop (and options): redis.asyncio connections belong to their loop."""
-    import redis.asyncio as aredis
-
+    """One client per event loop (and URL and options): redis.asyncio connections belong to their loop."""
     clients = _async_clients.setdefault(asyncio.get_running_loop(), {})
-    key = tuple(sorted(options.items()))
+    key = (settings.REDIS_URL, *sorted(options.items()))
     if key not in clients:
-        clients[key] = aredis.Redis.from_url(settings.REDIS_URL, **options)
+        clients[key] = redis_async_client(settings.REDIS_URL, **options)
     return clients[key]
 
 

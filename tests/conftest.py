@@ -33,6 +33,13 @@ from inference.models import ModelDeployment
 PASSWORD = "a long enough password 1"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Fault tests first: they run a worker on a Redis of their own, and the session's worker (the
+    `engine` fixture, started by the first test that needs it) would take that worker's running
+    answers for orphans, its heartbeat being on the other Redis."""
+    items.sort(key=lambda item: item.get_closest_marker("fault") is None)
+
+
 @pytest.fixture(autouse=True)
 def default_deployment(request):
     """Transactional tests flush the migration's row; put it back for every test that uses the database."""
@@ -279,7 +286,7 @@ async def engine(django_db_setup, django_db_blocker, clean_redis):
 class CeleryWorker:
     """A real `celery worker` process hosting the real engine, against the test database and Redis."""
 
-    def __init__(self, *, deployments: list[str], name: str) -> None:
+    def __init__(self, *, deployments: list[str], name: str, redis_url: str = "") -> None:
         db = settings.DATABASES["default"]
         assert db["ENGINE"] == "django.db.backends.postgresql", "the worker tests need PostgreSQL"
         url = f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
@@ -307,7 +314,12 @@ class CeleryWorker:
                 "-l",
                 "INFO",
             ],
-            env={**os.environ, "DATABASE_URL": url, "CHATSITE_LOCAL_SECRET": "1"},
+            env={
+                **os.environ,
+                "DATABASE_URL": url,
+                "REDIS_URL": redis_url or settings.REDIS_URL,
+                "CHATSITE_LOCAL_SECRET": "1",
+            },
             cwd=settings.BASE_DIR,
             stdout=self.log,
             stderr=subprocess.STDOUT,
