@@ -174,7 +174,8 @@ _buffer: ReplayBuffer | None = None
 def replay_buffer() -> ReplayBuffer:
     global _buffer
     # A new one when REDIS_URL changes (a test pointing the process at a Redis of its own).
-    if _buffer is None or getattr(_buffer, "url", None) != settings.REDIS_URL:
+    # (The in-memory buffer has no URL, and REDIS_URL is empty then: the same buffer for the process.)
+    if _buffer is None or (getattr(_buffer, "url", None) or None) != (settings.REDIS_URL or None):
         if settings.REDIS_URL:
             _buffer = RedisReplayBuffer(settings.REDIS_URL, settings.INFERENCE_REPLAY_TTL_S)
         else:

@@ -222,3 +222,12 @@ async def test_a_follower_ends_at_once_when_the_server_is_asked_to_stop(restart_
     # A stream followed after the signal ends before its first event.
     with pytest.raises(streaming.ServerRestarting):
         await anext(follow_streams([publisher.generation_id], idle_timeout=10))
+
+
+def test_the_embedded_default_keeps_one_replay_buffer_for_the_process(settings):
+    """Its buffer is in memory: a new one for each caller would lose every event a follower had not
+    read yet, and a stream whose live delivery skipped one would wait for it for ever."""
+    from inference.streaming import replay_buffer
+
+    settings.REDIS_URL = ""
+    assert replay_buffer() is replay_buffer()
