@@ -427,7 +427,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         now = time.monotonic()
         if not fresh and now - self._access_checked_at < ACCESS_RECHECK_S:
             return True
-        access = await db_async(session_access)(
+        access = await _reconnecting(session_access)(
             user_id=self.user.id, session_key=self._session_key, session_auth_hash=self._session_hash
         )
         if access is SessionAccess.ALLOWED:
