@@ -88,3 +88,23 @@ def create_default_tiers(*, tier_model: Any, price_model: Any, deployment: Any |
                 deployment=deployment,
                 defaults={"prompt_price_per_1k": prompt, "completion_price_per_1k": completion},
             )
+
+
+DEPLOYMENT_MANAGER_PERMISSIONS = [
+    ("inference", "view_modeldeployment"),
+    ("inference", "add_modeldeployment"),
+    ("inference", "change_modeldeployment"),
+    ("inference", "view_generation"),
+]
+
+
+def create_staff_groups(*, group_model: Any, permission_model: Any) -> None:
+    """The Moderators (the review queue) and Deployment managers groups with their permissions; the
+    models are passed in so a migration can use its historical ones. Permissions must exist already."""
+    moderators, _ = group_model.objects.get_or_create(name="Moderators")
+    moderators.permissions.add(
+        permission_model.objects.get(content_type__app_label="accounts", codename="review_moderation")
+    )
+    managers, _ = group_model.objects.get_or_create(name="Deployment managers")
+    for app_label, codename in DEPLOYMENT_MANAGER_PERMISSIONS:
+        managers.permissions.add(permission_model.objects.get(content_type__app_label=app_label, codename=codename))

@@ -59,18 +59,12 @@ def default_deployment(request):
 def staff_groups_restore() -> None:
     """The staff groups the migration creates, put back after a transactional test's flush (the fault
     tests, which run first, flush before any other test has read them)."""
-    from importlib import import_module
-
     from django.contrib.auth.models import Group, Permission
 
-    if Group.objects.filter(name="Moderators").exists():
-        return
-    migration = import_module("accounts.migrations.0003_default_tiers_and_groups")
-    moderators = Group.objects.create(name="Moderators")
-    moderators.permissions.add(Permission.objects.get(content_type__app_label="accounts", codename="review_moderation"))
-    managers, _ = Group.objects.get_or_create(name="Deployment managers")
-    for app_label, codename in migration.DEPLOYMENT_MANAGER_PERMISSIONS:
-        managers.permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    from accounts.defaults import create_staff_groups
+
+    if not Group.objects.filter(name="Moderators").exists():
+        create_staff_groups(group_model=Group, permission_model=Permission)
 
 
 @pytest.fixture(autouse=True)

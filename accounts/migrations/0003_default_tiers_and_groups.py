@@ -6,15 +6,8 @@ Everything here is a starting point that admins edit; nothing in code depends on
 from django.contrib.auth.management import create_permissions
 from django.db import migrations
 
-from accounts.defaults import DEFAULT_TIER_NAME, create_default_tiers
+from accounts.defaults import DEFAULT_TIER_NAME, create_default_tiers, create_staff_groups
 from inference.defaults import DEFAULT_DEPLOYMENT_NAME
-
-DEPLOYMENT_MANAGER_PERMISSIONS = [
-    ("inference", "view_modeldeployment"),
-    ("inference", "add_modeldeployment"),
-    ("inference", "change_modeldeployment"),
-    ("inference", "view_generation"),
-]
 
 
 def create_tiers(apps, schema_editor):
@@ -34,12 +27,7 @@ def create_groups(apps, schema_editor):
         create_permissions(app_config, apps=apps, verbosity=0)
         app_config.models_module = None
     Group = apps.get_model("auth", "Group")
-    Permission = apps.get_model("auth", "Permission")
-    moderators, _ = Group.objects.get_or_create(name="Moderators")
-    moderators.permissions.add(Permission.objects.get(content_type__app_label="accounts", codename="review_moderation"))
-    managers, _ = Group.objects.get_or_create(name="Deployment managers")
-    for app_label, codename in DEPLOYMENT_MANAGER_PERMISSIONS:
-        managers.permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    create_staff_groups(group_model=Group, permission_model=apps.get_model("auth", "Permission"))
 
 
 class Migration(migrations.Migration):
