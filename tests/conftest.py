@@ -63,8 +63,13 @@ def staff_groups_restore() -> None:
 
     from accounts.defaults import create_staff_groups
 
-    if not Group.objects.filter(name="Moderators").exists():
-        create_staff_groups(group_model=Group, permission_model=Permission)
+    if Group.objects.filter(name="Moderators").exists():
+        return
+    create_staff_groups(group_model=Group, permission_model=Permission)
+    # moderation's own migration adds the review queue's permission to the same group.
+    Group.objects.get(name="Moderators").permissions.add(
+        Permission.objects.get(content_type__app_label="moderation", codename="review_flag")
+    )
 
 
 @pytest.fixture(autouse=True)
