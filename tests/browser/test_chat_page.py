@@ -8,49 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
-from pathlib import Path
 
 import pytest
 
 from conversations.models import Message
 from inference.models import Generation
-from tests.conftest import PASSWORD
+from tests.browser.conftest import ARTIFACTS, BROWSER_MARKS, sign_up
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.engine,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Chromium is not installed (apt-get install chromium)"),
-]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "test-artifacts"
-
-
-@pytest.fixture
-async def page(chat_server):
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
-        )
-        context = await browser.new_context(base_url=chat_server)
-        page = await context.new_page()
-        page.set_default_timeout(90_000)
-        yield page
-        await browser.close()
-
-
-async def sign_up(page, username: str) -> None:
-    await page.goto("/accounts/signup/")
-    await page.fill("input[name=username]", username)
-    await page.fill("input[name=password1]", PASSWORD)
-    await page.fill("input[name=password2]", PASSWORD)
-    await page.click("button[type=submit]")
-    await page.wait_for_selector("#composer")
-    await page.wait_for_selector("#chat[data-socket=open]", state="attached")
+pytestmark = BROWSER_MARKS
 
 
 async def test_a_new_user_gets_a_streamed_answer_that_is_still_there_after_a_reload(page):

@@ -7,21 +7,15 @@ directive ...") and as a `securitypolicyviolation` event; both are collected for
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from accounts.models import User
 from conversations.models import Conversation
-from tests.browser.test_chat_page import CHROMIUM, page, sign_up  # noqa: F401 - `page` is a fixture
+from tests.browser.conftest import BROWSER_MARKS, sign_up
 from tests.conftest import PASSWORD
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.engine,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Chromium is not installed (apt-get install chromium)"),
-]
+pytestmark = BROWSER_MARKS
 
 REPORT_VIOLATIONS = """
 document.addEventListener("securitypolicyviolation", (e) =>
@@ -30,7 +24,7 @@ document.addEventListener("securitypolicyviolation", (e) =>
 
 
 @pytest.fixture
-async def violations(page):  # noqa: F811 - the fixture imported above
+async def violations(page):
     """Every CSP refusal the browser reports while the test runs, on any page it visits."""
     seen: list[str] = []
     await page.add_init_script(REPORT_VIOLATIONS)

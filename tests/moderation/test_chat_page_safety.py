@@ -7,14 +7,9 @@ from asgiref.sync import sync_to_async
 
 from conversations.models import Message
 from conversations.services import ANSWER_CUT
-from tests.browser.test_chat_page import CHROMIUM, page, sign_up  # noqa: F401 (fixtures)
+from tests.browser.conftest import BROWSER_MARKS, page, sign_up  # noqa: F401 (`page` is a fixture)
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.engine,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not __import__("pathlib").Path(CHROMIUM).exists(), reason="Chromium is not installed"),
-]
+pytestmark = BROWSER_MARKS
 
 
 async def test_a_blocked_message_is_explained_in_the_page_and_after_a_reload(page):  # noqa: F811

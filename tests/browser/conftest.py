@@ -1,0 +1,48 @@
+"""What the browser tests share: Debian's headless Chromium, driven by Playwright, against the real
+ASGI app (`chat_server`), and a sign-up that lands on the chat page with its socket open."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PASSWORD
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "test-artifacts"
+
+
+@pytest.fixture
+async def page(chat_server):
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
+        )
+        context = await browser.new_context(base_url=chat_server)
+        page = await context.new_page()
+        page.set_default_timeout(90_000)
+        yield page
+        await browser.close()
+
+
+async def sign_up(page, username: str) -> None:
+    await page.goto("/accounts/signup/")
+    await page.fill("input[name=username]", username)
+    await page.fill("input[name=password1]", PASSWORD)
+    await page.fill("input[name=password2]", PASSWORD)
+    await page.click("button[type=submit]")
+    await page.wait_for_selector("#composer")
+    await page.wait_for_selector("#chat[data-socket=open]", state="attached")
+
+
+BROWSER_MARKS = [
+    pytest.mark.browser,
+    pytest.mark.engine,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Chromium is not installed (apt-get install chromium)"),
+]
