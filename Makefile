@@ -68,6 +68,7 @@ topology: model topology-database
 lint: install-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 test: install-dev model
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
@@ -75,6 +76,7 @@ test: install-dev model
 		|| echo "chromium is not installed: the browser tests will be skipped"
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	@echo "== the suite in the embedded default (SQLite, in-memory channel layer, engine in process) =="
 	$(PY) -m pytest
 	@if $(PY) -c "import psycopg, redis, sys; psycopg.connect(sys.argv[1], connect_timeout=3).close(); \
@@ -89,32 +91,33 @@ test: install-dev model
 fault-test: install-dev model
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m fault
 
+# Aliases of `python -m benchmarks <name>` (benchmarks/harness.py; BENCH_ARGS passes options, e.g. --json).
 benchmark: model topology-database
-	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) benchmarks/stream_overhead.py
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks overhead
 
 benchmark-send: model topology-database
-	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) benchmarks/send_latency.py
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks send
 
 benchmark-trace: model topology-database
-	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) benchmarks/first_text_trace.py
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks trace
 
 benchmark-scale: install
-	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) CHATSITE_LOCAL_SECRET=1 $(PY) benchmarks/send_reads_at_scale.py
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks scale
 
 benchmark-embedded: model
-	$(PY) benchmarks/embedded_first_text.py
+	$(PY) -m benchmarks embedded
 
 benchmark-moderation: install
-	$(PY) benchmarks/moderation_latency.py
+	$(PY) -m benchmarks moderation
 
 benchmark-cuts: model
-	$(PY) benchmarks/answer_cuts.py --prompts fresh
+	$(PY) -m benchmarks cuts --prompts fresh
 
 benchmark-dtype: model
-	$(PY) benchmarks/engine_dtype.py
+	$(PY) -m benchmarks dtype
 
 benchmark-interference: install topology-database
-	$(PY) benchmarks/core_interference.py --database $(TOPOLOGY_DATABASE_URL)
+	$(PY) -m benchmarks interference --database $(TOPOLOGY_DATABASE_URL)
 
 clean:
 	rm -rf $(VENV) var/staticfiles

@@ -15,6 +15,7 @@ under its KEY_PREFIX (DEFAULT_KEY_PREFIX when the settings give none).
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
@@ -30,20 +31,23 @@ DEFAULT_KEY_PREFIX = "chatsite:cache"
 
 
 class RedisCache(DjangoRedisCache):
-    def __init__(self, server: str, params: dict[str, Any]) -> None:
+    def __init__(self, server: str | list[str], params: dict[str, Any]) -> None:
         super().__init__(server, params)
         self.key_prefix = self.key_prefix or DEFAULT_KEY_PREFIX
+        # What Django's own __init__ keeps in private attributes, read here from the settings.
+        self.servers = re.split("[;,]", server) if isinstance(server, str) else list(server)
+        self.options = params.get("OPTIONS", {})
 
     @cached_property
     def _cache(self) -> Any:
-        key = (tuple(self._servers), repr(sorted(self._options.items())))
+        key = (tuple(self.servers), repr(sorted(self.options.items())))
         with _clients_lock:
             client = _clients.get(key)
             if client is None:
-                client = _clients[key] = self._class(self._servers, **self._options)
+                client = _clients[key] = RedisCacheClient(self.servers, **self.options)
         return client
 
-    def clear(self) -> bool:
+    def clear(self) -> bool:  # type: ignore[override]  # Django's Redis cache returns whether it deleted
         return keys_delete(self._cache.get_client(write=True), prefix=self.key_prefix + ":") > 0
 
 

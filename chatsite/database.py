@@ -75,7 +75,9 @@ def reconnecting(fn: Callable[P, R], **retry_kwargs: object) -> Callable[P, R]:
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
         for attempt in range(1, RECONNECT_TRIES + 1):
             try:
-                return fn(*args, **(kwargs if attempt == 1 else {**kwargs, **retry_kwargs}))
+                if attempt == 1:
+                    return fn(*args, **kwargs)
+                return fn(*args, **{**kwargs, **retry_kwargs})  # type: ignore[arg-type]  # the retry's own keywords
             except (OperationalError, InterfaceError) as exc:
                 if attempt == RECONNECT_TRIES or connection.in_atomic_block:
                     raise

@@ -72,10 +72,12 @@ def api_exception_handler(exc: Exception, context: dict) -> Any:
         if exc.retry_after is not None:
             response["Retry-After"] = str(exc.retry_after)
         return response
-    response = exception_handler(exc, context)
-    if response is None or not isinstance(exc, exceptions.APIException):
-        return response
-    param, message = None, exc.detail
+    handled = exception_handler(exc, context)
+    if handled is None or not isinstance(exc, exceptions.APIException):
+        return handled
+    response = handled
+    param: str | None = None
+    message: Any = exc.detail
     if isinstance(exc, exceptions.ValidationError) and isinstance(exc.detail, dict) and exc.detail:
         param, problems = next(iter(exc.detail.items()))
         message = problems[0] if isinstance(problems, list) and problems else problems
@@ -134,7 +136,7 @@ def bad_request(request: Any, exception: Exception | None = None) -> Any:
     from django.views.defaults import bad_request as bad_request_page
 
     if not request.path.startswith(API_PREFIXES):
-        return bad_request_page(request, exception)
+        return bad_request_page(request, exception)  # type: ignore[arg-type]  # Django passes one
     if isinstance(exception, RequestDataTooBig):
         refused = request_too_large()
     else:

@@ -9,6 +9,7 @@ and never reaches code that would recurse through it (serializers, `json.dumps`,
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
@@ -71,5 +72,5 @@ class JSONParser(parsers.JSONParser):
     through `request.body`, which keeps Django's upload limit (RequestDataTooBig, made a 413 by
     `api_exception_handler`)."""
 
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict | None = None) -> Any:
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         return json_parse(stream.read())

@@ -20,7 +20,7 @@ def update_returning(queryset: QuerySet[M], **values: Any) -> list[M]:
     `RETURNING *` is added, and the rows come back as model instances.
     """
     query = queryset.query.chain(UpdateQuery)
-    query.add_update_values(values)
+    query.add_update_values(values)  # type: ignore[attr-defined]  # UpdateQuery's, after chain()
     query.clear_select_clause()
     statement, params = query.get_compiler(queryset.db).as_sql()
     manager = queryset.model._default_manager.db_manager(queryset.db)

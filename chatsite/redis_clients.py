@@ -32,16 +32,14 @@ REDIS_CONNECT_TIMEOUT_S = 5.0
 
 def redis_connection_options(*, asynchronous: bool = False) -> dict[str, Any]:
     """Keyword arguments for a redis-py client or connection pool (sync, or redis.asyncio)."""
+    from redis.asyncio.retry import Retry as AsyncRetry
     from redis.backoff import ExponentialBackoff
     from redis.exceptions import ConnectionError, TimeoutError
+    from redis.retry import Retry
 
-    if asynchronous:
-        from redis.asyncio.retry import Retry
-    else:
-        from redis.retry import Retry
-
+    retry_class = AsyncRetry if asynchronous else Retry
     return {
-        "retry": Retry(ExponentialBackoff(cap=REDIS_BACKOFF_CAP_S, base=REDIS_BACKOFF_BASE_S), REDIS_RETRIES),
+        "retry": retry_class(ExponentialBackoff(cap=REDIS_BACKOFF_CAP_S, base=REDIS_BACKOFF_BASE_S), REDIS_RETRIES),
         "retry_on_error": [ConnectionError, TimeoutError],
         "health_check_interval": REDIS_HEALTH_CHECK_S,
         "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,

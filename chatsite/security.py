@@ -69,16 +69,16 @@ def private_responses_not_stored(
     Native in both modes: under ASGI it adds no hop to a thread."""
     if iscoroutinefunction(get_response):
 
-        async def middleware(request: HttpRequest) -> HttpResponseBase:
+        async def middleware_async(request: HttpRequest) -> HttpResponseBase:
             response = await get_response(request)
             response_mark_private(request=request, response=response)
             return response
 
-    else:
+        return middleware_async
 
-        def middleware(request: HttpRequest) -> HttpResponseBase:
-            response = get_response(request)
-            response_mark_private(request=request, response=response)
-            return response
+    def middleware(request: HttpRequest) -> HttpResponseBase:
+        response = get_response(request)
+        response_mark_private(request=request, response=response)
+        return response
 
     return middleware

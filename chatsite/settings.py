@@ -120,10 +120,10 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": DATA_DIR / "db.sqlite3",
+            "NAME": str(DATA_DIR / "db.sqlite3"),
             # A file, not shared-cache memory: the engine's threads write while tests read, and
             # shared-cache SQLite fails such writers at once instead of waiting.
-            "TEST": {"NAME": DATA_DIR / "test-db.sqlite3"},
+            "TEST": {"NAME": str(DATA_DIR / "test-db.sqlite3")},
             # Streams finish while other requests read: wait for the lock instead of failing.
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
         }

@@ -128,8 +128,8 @@ def verdict_from_scores(*, scores: Scores, policy: PolicySnapshot) -> Verdict:
     for category, (threshold, rule_action) in policy.rules.items():
         score = all_scores.get(category, 0.0)
         if score >= threshold and rule_action != Action.ALLOW:
-            tripped.append((ACTION_SEVERITY[rule_action], score, category))
-            if ACTION_SEVERITY[rule_action] > ACTION_SEVERITY[action]:
+            tripped.append((ACTION_SEVERITY[Action(rule_action)], score, category))
+            if ACTION_SEVERITY[Action(rule_action)] > ACTION_SEVERITY[action]:
                 action = Action(rule_action)
     tripped.sort(reverse=True)
     return Verdict(
@@ -192,7 +192,7 @@ class InputCheck:
             return ALLOW
         scores = self._scores_begun()
         try:
-            scores = scores.result(timeout=max(0.0, self._deadline - time.monotonic()))
+            scores = scores.result(timeout=self._time_left())
         except TimeoutError:
             raise ClientError(
                 "The safety check did not answer in time. Try again in a moment.",
@@ -207,7 +207,11 @@ class InputCheck:
         raises what went wrong."""
         scores = asyncio.wrap_future(self._scores_begun())
         # asyncio.wait, unlike wait_for, leaves the scores be when it gives up.
-        await asyncio.wait({scores}, timeout=max(0.0, self._deadline - time.monotonic()))
+        await asyncio.wait({scores}, timeout=self._time_left())
+
+    def _time_left(self) -> float:
+        """Seconds until waiting for the scores gives up (the deadline is set when scoring begins)."""
+        return max(0.0, (self._deadline or 0.0) - time.monotonic())
 
     def _scores_begun(self) -> concurrent.futures.Future:
         if self._scores is None:

@@ -14,6 +14,7 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -209,7 +210,7 @@ def measure_streaming(*, leads: int = 8) -> dict:
         """Whether each check, (the text that passed before, the new text), blocks."""
         planned = [output_check_texts(before=before, chunk=chunk) for before, chunk in checks]
         texts = list(dict.fromkeys(text for parts, _ in planned for text in parts))
-        scores = {}
+        scores: dict[str, Any] = {}
         for start in range(0, len(texts), 64):
             scores.update(zip(texts[start : start + 64], score_many(texts[start : start + 64]), strict=True))
         return [
