@@ -18,7 +18,7 @@ class UserAdmin(BaseUserAdmin):
     list_display = ("username", "email", "tier", "is_staff", "is_active")
     list_filter = ("tier", *BaseUserAdmin.list_filter)
     list_select_related = ("tier",)
-    fieldsets = (*BaseUserAdmin.fieldsets, ("Plan", {"fields": ("tier",)}))
+    fieldsets = (*(BaseUserAdmin.fieldsets or ()), ("Plan", {"fields": ("tier",)}))
     actions = ["unlock_sign_in"]
 
     @admin.action(description="Unlock sign-in for the selected users (after too many failed attempts)")

@@ -28,6 +28,7 @@ class CpuHostScheduler(Scheduler):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         # The executor and its queues exist by now: they are made before the scheduler.
-        seconds = (self.vllm_config.additional_config or {}).get(SPIN_KEY)
+        additional = self.vllm_config.additional_config
+        seconds = additional.get(SPIN_KEY) if isinstance(additional, dict) else None
         if seconds is not None:
             shorten_spin(float(seconds))

@@ -59,7 +59,7 @@ def prepare_default_model(target: Path, *, progress: Callable[[str], None] = pri
         progress("  dequantizing the weights to bfloat16")
         model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.bfloat16)
         # Saving refuses a model that still says it is quantized; the weights are plain tensors now.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         progress(f"  writing {target}")
