@@ -57,6 +57,8 @@ if bad_origins := [origin for origin in WEBSOCKET_TRUSTED_ORIGINS if not trusted
     )
 
 INSTALLED_APPS = [
+    # First, so `manage.py runserver` is daphne's and serves the chat socket too (Channels' setup).
+    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
