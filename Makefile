@@ -89,32 +89,36 @@ test: install-dev model
 fault-test: install-dev model
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m fault
 
+# Aliases of `python -m benchmarks <name>` (benchmarks/harness.py). BENCH_ARGS passes options to it,
+# e.g. `make benchmark BENCH_ARGS="--rounds 1 --json"`; `python -m benchmarks <name> --help` lists them.
+BENCH_ARGS ?=
+
 benchmark: model topology-database
-	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) benchmarks/stream_overhead.py
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks overhead $(BENCH_ARGS)
 
 benchmark-send: model topology-database
-	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) benchmarks/send_latency.py
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks send $(BENCH_ARGS)
 
 benchmark-trace: model topology-database
-	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) benchmarks/first_text_trace.py
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks trace $(BENCH_ARGS)
 
 benchmark-scale: install
-	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) CHATSITE_LOCAL_SECRET=1 $(PY) benchmarks/send_reads_at_scale.py
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks scale $(BENCH_ARGS)
 
 benchmark-embedded: model
-	$(PY) benchmarks/embedded_first_text.py
+	$(PY) -m benchmarks embedded $(BENCH_ARGS)
 
 benchmark-moderation: install
-	$(PY) benchmarks/moderation_latency.py
+	$(PY) -m benchmarks moderation $(BENCH_ARGS)
 
 benchmark-cuts: model
-	$(PY) benchmarks/answer_cuts.py --prompts fresh
+	$(PY) -m benchmarks cuts --prompts fresh $(BENCH_ARGS)
 
 benchmark-dtype: model
-	$(PY) benchmarks/engine_dtype.py
+	$(PY) -m benchmarks dtype $(BENCH_ARGS)
 
 benchmark-interference: install topology-database
-	$(PY) benchmarks/core_interference.py --database $(TOPOLOGY_DATABASE_URL)
+	$(PY) -m benchmarks interference --database $(TOPOLOGY_DATABASE_URL) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) var/staticfiles
