@@ -91,33 +91,36 @@ test: install-dev model
 fault-test: install-dev model
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m fault
 
-# Aliases of `python -m benchmarks <name>` (benchmarks/harness.py; BENCH_ARGS passes options, e.g. --json).
+# Aliases of `python -m benchmarks <name>` (benchmarks/harness.py). BENCH_ARGS passes options to it,
+# e.g. `make benchmark BENCH_ARGS="--rounds 1 --json"`; `python -m benchmarks <name> --help` lists them.
+BENCH_ARGS ?=
+
 benchmark: model topology-database
-	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks overhead
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks overhead $(BENCH_ARGS)
 
 benchmark-send: model topology-database
-	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks send
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks send $(BENCH_ARGS)
 
 benchmark-trace: model topology-database
-	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks trace
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks trace $(BENCH_ARGS)
 
 benchmark-scale: install
-	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks scale
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks scale $(BENCH_ARGS)
 
 benchmark-embedded: model
-	$(PY) -m benchmarks embedded
+	$(PY) -m benchmarks embedded $(BENCH_ARGS)
 
 benchmark-moderation: install
-	$(PY) -m benchmarks moderation
+	$(PY) -m benchmarks moderation $(BENCH_ARGS)
 
 benchmark-cuts: model
-	$(PY) -m benchmarks cuts --prompts fresh
+	$(PY) -m benchmarks cuts --prompts fresh $(BENCH_ARGS)
 
 benchmark-dtype: model
-	$(PY) -m benchmarks dtype
+	$(PY) -m benchmarks dtype $(BENCH_ARGS)
 
 benchmark-interference: install topology-database
-	$(PY) -m benchmarks interference --database $(TOPOLOGY_DATABASE_URL)
+	$(PY) -m benchmarks interference --database $(TOPOLOGY_DATABASE_URL) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) var/staticfiles

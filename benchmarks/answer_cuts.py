@@ -21,7 +21,7 @@ candidates, not examples: read each one, fix its label where the answer said som
 and append the rows to the labelled set before retraining (`manage.py train_moderation`). Mine
 the `development` prompts only: the `fresh` ones are the test.
 
-Run with `make benchmark-cuts` (or `.venv/bin/python benchmarks/answer_cuts.py --prompts fresh`).
+Run with `make benchmark-cuts` (or `python -m benchmarks cuts --prompts fresh`).
 """
 
 from __future__ import annotations
@@ -30,14 +30,10 @@ import argparse
 import asyncio
 import csv
 import json
-import os
 import re
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+from benchmarks.harness import django_setup, result
 
 SAMPLES_PER_PROMPT = 3
 MAX_TOKENS = 160
@@ -132,22 +128,20 @@ PROMPTS = {
 }
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", choices=[*PROMPTS, "benchmark"], default="fresh")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--save", type=Path, help="keep the sampled answers in this JSON file")
     source.add_argument("--answers", type=Path, help="score the answers saved in this JSON file")
     parser.add_argument("--mine", type=Path, help="write the sentences scoring --mine-above to this CSV file")
     parser.add_argument("--mine-above", type=float, default=MINE_ABOVE, metavar="SCORE")
-    return parser.parse_args()
 
 
 def stream_benchmark():
-    """The stream benchmark's module: its prompts, and how it renders and samples them."""
-    from benchmarks import stream_overhead
+    """The stack benchmarks' shared module: their prompts, and how they render and sample them."""
+    from benchmarks import stack
 
-    return stream_overhead
+    return stack
 
 
 async def sample_answers(prompts: list[str], *, greedy: bool) -> list[dict]:
@@ -241,11 +235,8 @@ def mine(answers: list[dict], *, above: float, out: Path) -> int:
     return len(kept)
 
 
-def main() -> None:
-    args = parse_args()
-    import django
-
-    django.setup()
+def run(args: argparse.Namespace) -> None:
+    django_setup()
     if args.answers:
         answers = json.loads(args.answers.read_text())
     else:
@@ -263,8 +254,4 @@ def main() -> None:
         crossed = re.sub(r"\s*\n\s*", " / ", filtered.full_text[len(filtered.shown_text) :].strip())[:300]
         print(f"cut: {answer['prompt']!r} (seed {answer['seed']}): {scores}\n     {crossed!r}")
     print(f"\n{len(cuts)} of {len(answers)} harmless answers cut by the default policy's output check")
-    print(f"RESULT answers={len(answers)} cut={len(cuts)}")
-
-
-if __name__ == "__main__":
-    main()
+    result(answers=len(answers), cut=len(cuts))

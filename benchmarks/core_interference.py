@@ -15,11 +15,10 @@ process bound to core 1:
 The machine's own speed drifts by several percent within a minute under KVM, so each load's step
 is compared with the idle steps timed just before and just after it (their mean), and the run ends
 with one line
-  RESULT idle_ms=<x> spin=<+a%> memory=<+b%> embedder=<+c%> postgres_commits=<+d%>
-(medians over the rounds). Run with `make benchmark-interference` (or `.venv/bin/python
-benchmarks/core_interference.py [--database URL] [--rounds N]`), with nothing else using the CPU.
-Linux only, at least two cores. docs/performance.md ("What on the other core slows the engine")
-has the figures measured so far.
+  RESULT idle_ms=<x> spin=<a> memory=<b> embedder=<c> postgres_commits=<d>
+(medians over the rounds, in per cent). Run with `make benchmark-interference` (or `python -m
+benchmarks interference [--database URL] [--rounds N]`), with nothing else using the CPU. Linux
+only, at least two cores. docs/performance.md has the figures measured so far.
 """
 
 from __future__ import annotations
@@ -30,9 +29,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import ROOT, result
+
 STEPS = 80
 SETTLE_S = 1.0
 
@@ -104,11 +103,12 @@ def start_load(name: str, database: str | None) -> subprocess.Popen:
     return load
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database", help="a PostgreSQL URL for the commits load (left out without one)")
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over the loads (3)")
+
+
+def run(args: argparse.Namespace) -> None:
     if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("needs Linux and at least two cores")
     os.sched_setaffinity(0, {0})
@@ -133,9 +133,5 @@ def main() -> None:
                 f" ({against:+.1%})",
                 flush=True,
             )
-    summary = " ".join(f"{name}={statistics.median(results[name]):+.1f}%" for name in loads)
-    print(f"RESULT idle_ms={statistics.median(idle_steps):.2f} {summary}")
-
-
-if __name__ == "__main__":
-    main()
+    summary = {name: round(statistics.median(results[name]), 1) for name in loads}
+    result(idle_ms=round(statistics.median(idle_steps), 2), **summary)

@@ -22,16 +22,16 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import ROOT, django_setup, pct, result
+from benchmarks.stack import PROMPTS
+
 WARM_UP = 3
 PAUSE_S = 0.5
 
 
 def signed_in_session() -> str:
     """A user on the plan with the highest limits, signed in: the session cookie's value."""
-    import django
-
-    django.setup()
+    django_setup()
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.db import connection
@@ -51,8 +51,6 @@ def signed_in_session() -> str:
 
 async def measure(server: subprocess.Popen, port: int, session_key: str, messages: int) -> list[float]:
     import websockets
-
-    from benchmarks.stream_overhead import PROMPTS
 
     deadline = time.monotonic() + 300
     while True:
@@ -92,11 +90,12 @@ async def measure(server: subprocess.Popen, port: int, session_key: str, message
     return took
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--messages", type=int, default=30)
-    parser.add_argument("--port", type=int, default=8765)
-    args = parser.parse_args()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--messages", type=int, default=30, help="messages timed (30)")
+    parser.add_argument("--port", type=int, default=8765, help="the embedded server's port (8765)")
+
+
+def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="chatsite-benchmark-") as data_dir:
         os.environ.update(
             CHATSITE_DATA_DIR=data_dir,
@@ -105,7 +104,6 @@ def main() -> None:
         )
         for name in ("DATABASE_URL", "REDIS_URL"):  # the embedded default, whatever the shell has
             os.environ.pop(name, None)
-        sys.path.insert(0, str(ROOT))
         session_key = signed_in_session()
         log = Path(data_dir) / "server.log"
         server = subprocess.Popen(
@@ -123,14 +121,9 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=60)
-    from benchmarks.stream_overhead import pct
-
     print(
         f"embedded default, the send to its first text: p50 {statistics.median(took):.1f} ms,"
         f" p90 {pct(took, 90):.1f} ms"
     )
     print(f"({len(took)} messages, each into a new conversation, {PAUSE_S} s apart)")
-
-
-if __name__ == "__main__":
-    main()
+    result(first_text_p50_ms=round(statistics.median(took), 1), first_text_p90_ms=round(pct(took, 90), 1))

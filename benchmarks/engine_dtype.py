@@ -7,8 +7,7 @@ For each dtype, one engine with the default deployment's arguments, in a process
 Then which dtype the deployment's `auto` picks here, and one line
   RESULT native_bf16=<yes|no> auto=<dtype> step_b8_ms_bf16=<x> step_b8_ms_f32=<y> first_token_70_ms_bf16=<a> ...
 
-Run with `make benchmark-dtype` (or `.venv/bin/python benchmarks/engine_dtype.py`), with nothing
-else using the CPU.
+Run with `make benchmark-dtype` (or `python -m benchmarks dtype`), with nothing else using the CPU.
 """
 
 from __future__ import annotations
@@ -22,11 +21,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+from benchmarks.harness import ROOT, django_setup, result
 
 DTYPES = ("bfloat16", "float32")
 SHORT = {"bfloat16": "bf16", "float32": "f32"}
@@ -37,9 +33,7 @@ SENTENCE = "Explain, step by step and with examples, how the water cycle works i
 
 def measure(dtype: str) -> dict[str, float]:
     """Start an engine in `dtype` in this process and time it."""
-    import django
-
-    django.setup()
+    django_setup()
     from vllm import LLM, SamplingParams
 
     from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME
@@ -76,7 +70,7 @@ def figures_of_child(dtype: str) -> dict[str, float]:
     """Run `measure(dtype)` in a process group of its own, ended as soon as it has printed its figures
     (an offline vLLM engine can hang at interpreter exit, its processes asleep)."""
     child = subprocess.Popen(
-        [sys.executable, __file__, "--one", dtype],
+        [sys.executable, "-m", "benchmarks", "dtype", "--one", dtype],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -94,10 +88,11 @@ def figures_of_child(dtype: str) -> dict[str, float]:
         child.wait()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--one", choices=DTYPES, help=argparse.SUPPRESS)  # the child's run
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     if args.one:
         print("FIGURES " + json.dumps(measure(args.one)), flush=True)
         return
@@ -119,11 +114,5 @@ def main() -> None:
         print(f"{label:28}" + "".join(f"{v:10.1f}ms" for v in values) + f"   x{values[0] / values[1]:.2f}")
     auto = engine_dtype("auto", on_cpu=True, native_bf16=native)
     print(f"a deployment's auto computes in {auto} here")
-    fields = " ".join(
-        f"{key}_{SHORT[dtype]}={results[dtype][key]:.1f}" for key in results[DTYPES[0]] for dtype in DTYPES
-    )
-    print(f"RESULT native_bf16={'yes' if native else 'no'} auto={auto} {fields}")
-
-
-if __name__ == "__main__":
-    main()
+    fields = {f"{key}_{SHORT[dtype]}": round(results[dtype][key], 1) for key in results[DTYPES[0]] for dtype in DTYPES}
+    result(native_bf16="yes" if native else "no", auto=auto, **fields)

@@ -26,11 +26,13 @@ chatsite:release`) came later than the engine alone would have had its first tok
 Redis a little per command, so the stack is a little slower than in `make benchmark`: compare the
 parts with each other, not with that run's RESULT.
 
-Needs PostgreSQL and Redis: `make benchmark-trace` (TRACE_ROUNDS rounds, 5 by default).
+Ends with the medians: the added time and each part's. Needs PostgreSQL and Redis: `make
+benchmark-trace` (`python -m benchmarks trace --rounds N`, 5 rounds by default).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import statistics
@@ -38,23 +40,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+from benchmarks.harness import pct, result
+from benchmarks.stack import DEPLOYMENT, PROMPTS, QUIET_MARGIN_S, engine_direct, setup_django, whole_stack
 
-from benchmarks.stream_overhead import (  # noqa: E402
-    DEPLOYMENT,
-    PROMPTS,
-    QUIET_MARGIN_S,
-    engine_direct,
-    pct,
-    setup_django,
-    whole_stack,
-)
 
-ROUNDS = int(os.environ.get("TRACE_ROUNDS", "5"))
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rounds", type=int, default=int(os.environ.get("TRACE_ROUNDS", "5")), help="rounds over the prompts (5)"
+    )
+
 
 # The commands that mark a message's way, as MONITOR shows them (upper-cased), in the order taken.
 MARKS = {
@@ -138,7 +133,7 @@ class Traced:
     release_late: float | None = None
 
 
-async def trace(deployment) -> list[Traced]:
+async def trace(deployment, rounds: int) -> list[Traced]:
     from django.conf import settings
 
     from chatsite.heap import heap_freeze
@@ -151,10 +146,10 @@ async def trace(deployment) -> list[Traced]:
         for one in (direct, stack.one):
             await one("Hello!")  # warm-up
         monitor.start()
-        print(f"tracing {len(PROMPTS)} prompts x {ROUNDS} rounds, the two sides taking turns ...", flush=True)
+        print(f"tracing {len(PROMPTS)} prompts x {rounds} rounds, the two sides taking turns ...", flush=True)
         traced: list[Traced] = []
         try:
-            for round_ in range(ROUNDS):
+            for round_ in range(rounds):
                 for prompt in PROMPTS:
                     alone = through = None
                     for side in ("engine", "stack") if round_ % 2 == 0 else ("stack", "engine"):
@@ -221,10 +216,18 @@ def report(traced: list[Traced]) -> None:
     )
 
 
-def main() -> None:
+def run(args: argparse.Namespace) -> None:
     deployment = setup_django()
-    report(asyncio.run(trace(deployment)))
-
-
-if __name__ == "__main__":
-    main()
+    traced = asyncio.run(trace(deployment, args.rounds))
+    report(traced)
+    complete = [t for t in traced if len(t.parts) == len(PARTS)]
+    if complete:
+        medians = {
+            f"part{i + 1}_p50_ms": round(1000 * statistics.median(t.parts[name] for t in complete), 1)
+            for i, (name, _, _) in enumerate(PARTS)
+        }
+        result(
+            messages=len(traced),
+            added_p50_ms=round(1000 * statistics.median(t.added for t in complete), 1),
+            **medians,
+        )

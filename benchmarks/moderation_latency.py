@@ -9,23 +9,19 @@ It also times the whole check while another thread of the process runs Python, a
 process's database thread does while a message is scored beside its send transaction: a check
 that needs the GIL back often waits for the interpreter's switch interval each time.
 
-Run with `make benchmark-moderation` (or `.venv/bin/python benchmarks/moderation_latency.py`).
+Run with `make benchmark-moderation` (or `python -m benchmarks moderation`).
 Nothing else should be using the CPU: the figure is the classifier's, not the machine's load.
 """
 
 from __future__ import annotations
 
-import os
+import argparse
 import statistics
-import sys
 import threading
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+from benchmarks.harness import django_setup, result
 
 ROUNDS = 5
 
@@ -65,10 +61,8 @@ def python_running_beside():
         thread.join()
 
 
-def main() -> None:
-    import django
-
-    django.setup()
+def run(args: argparse.Namespace) -> None:
+    django_setup()
     from moderation.classifiers import embedder, profanity, score_text, warm_up
     from moderation.training import load_examples
 
@@ -91,10 +85,7 @@ def main() -> None:
     for name, timings in rows:
         print(f"{name:13} {statistics.median(timings):7.2f} {percentile(timings, 0.99):7.2f}")
     whole = rows[0][1]
-    print(
-        f"RESULT input_moderation_p50_ms={statistics.median(whole):.2f} input_moderation_p99_ms={percentile(whole, 0.99):.2f}"
+    result(
+        input_moderation_p50_ms=round(statistics.median(whole), 2),
+        input_moderation_p99_ms=round(percentile(whole, 0.99), 2),
     )
-
-
-if __name__ == "__main__":
-    main()

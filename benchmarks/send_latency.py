@@ -23,31 +23,25 @@ prints:
 
 No worker consumes the tasks: each generation is claimed and ended right away, outside the send's
 timing, and the Redis database is emptied at the end. Needs PostgreSQL and Redis: `make
-benchmark-send`.
+benchmark-send` (`python -m benchmarks send`).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
-
-# The stack benchmark's prompts and set-up (migrations, the production topology required).
-from benchmarks.stream_overhead import PROMPTS, setup_django  # noqa: E402
+from benchmarks.harness import result
+from benchmarks.stack import PROMPTS, setup_django
 
 ALONE = 60
 TOGETHER_ROUNDS = 20
 WARM_UP = 2
 
 
-async def main() -> None:
+async def measure() -> None:
     import redis
     from django.conf import settings
     from django.contrib.auth import get_user_model
@@ -188,8 +182,16 @@ async def main() -> None:
         f"c=1 an answer's end recorded (generation_finish): p50 {statistics.median(ended_at_c1):.1f} ms, "
         f"p90 {ended_at_c1[len(ended_at_c1) * 9 // 10]:.1f} ms"
     )
+    result(
+        dispatched_c1_p50_ms=round(statistics.median(alone), 1),
+        transaction_p50_ms=round(statistics.median(judged), 1),
+        second_message_p50_ms=round(statistics.median(followed), 1),
+        back_to_back_p50_ms=round(statistics.median(back_to_back), 1),
+        c8_last_dispatched_ms=round(last, 1),
+        end_recorded_p50_ms=round(statistics.median(ended_at_c1), 1),
+    )
 
 
-if __name__ == "__main__":
+def run(args: argparse.Namespace) -> None:
     setup_django()
-    asyncio.run(main())
+    asyncio.run(measure())

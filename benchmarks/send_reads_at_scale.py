@@ -6,27 +6,22 @@ token quotas adds up what their unfinished generations may still use. Both filte
 only a handful of rows have at any moment, so they should cost the same however many finished
 generations the table holds: the status index leads PostgreSQL to the unfinished rows alone.
 
-In a scratch database (`<name>_scale`, created and dropped here; kept with `BENCH_SCALE_KEEP=1`, to
-look at its plans): each read p50 and p90 over 200 calls, a pause of 2 ms before each as between a
-send's statements, on the empty table, then with `BENCH_SCALE_ROWS` finished generations (500,000
-by default) spread over 1,000 users, one of them holding a tenth, and a few queued and running.
-Needs PostgreSQL: `make benchmark-scale`.
+In a scratch database (`<name>_scale`, created and dropped here; kept with `--keep`, to look at its
+plans): each read p50 and p90 over 200 calls, a pause of 2 ms before each as between a send's
+statements, on the empty table, then with `--rows` finished generations (500,000 by default) spread
+over 1,000 users, one of them holding a tenth, and a few queued and running. Needs PostgreSQL:
+`make benchmark-scale` (`python -m benchmarks scale`).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+from benchmarks.harness import django_setup, pct, result
 
-from benchmarks.stream_overhead import pct  # noqa: E402
-
-ROWS = int(os.environ.get("BENCH_SCALE_ROWS", "500000"))
 USERS = 1000
 CALLS = 200
 PAUSE_S = 0.002
@@ -50,8 +45,8 @@ def recreate(maintenance_url: str, name: str, *, drop_only: bool = False) -> Non
             connection.execute(f'CREATE DATABASE "{name}"')
 
 
-def fill(*, deployment_id: int, user_ids: list[int], heavy_user_id: int) -> None:
-    """ROWS finished generations and a few queued and running ones, written by the server itself."""
+def fill(*, deployment_id: int, user_ids: list[int], heavy_user_id: int, rows: int) -> None:
+    """`rows` finished generations and a few queued and running ones, written by the server itself."""
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -70,7 +65,7 @@ def fill(*, deployment_id: int, user_ids: list[int], heavy_user_id: int) -> None
                    false, false, 'gpu@scale', now() - i * interval '1 second', now(), now()
             FROM generate_series(1, %s) AS i
             """,
-            [heavy_user_id, user_ids, len(user_ids), deployment_id, ROWS],
+            [heavy_user_id, user_ids, len(user_ids), deployment_id, rows],
         )
         cursor.execute(
             """
@@ -99,26 +94,39 @@ def timed(read) -> tuple[float, float]:
     return pct(took, 50), pct(took, 90)
 
 
-def main() -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=int(os.environ.get("BENCH_SCALE_ROWS", "500000")),
+        help="finished generations to write (500,000)",
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        default=bool(os.environ.get("BENCH_SCALE_KEEP")),
+        help="keep the scratch database",
+    )
+
+
+def run(args: argparse.Namespace) -> None:
     scratch_url, maintenance_url = scratch_database_url()
     name = scratch_url.rsplit("/", 1)[1]
     recreate(maintenance_url, name)
     os.environ["DATABASE_URL"] = scratch_url
     os.environ.pop("REDIS_URL", None)  # the reads alone: no broker, no channel layer
     try:
-        run()
+        measure(rows=args.rows)
     finally:
         from django.db import connections
 
         connections.close_all()
-        if not os.environ.get("BENCH_SCALE_KEEP"):
+        if not args.keep:
             recreate(maintenance_url, name, drop_only=True)
 
 
-def run() -> None:
-    import django
-
-    django.setup()
+def measure(*, rows: int) -> None:
+    django_setup()
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
@@ -138,16 +146,20 @@ def run() -> None:
     }
     empty = {label: timed(read) for label, read in reads.items()}
     started = time.perf_counter()
-    fill(deployment_id=deployment.id, user_ids=user_ids, heavy_user_id=heavy.id)
-    print(f"{ROWS:,} finished generations written in {time.perf_counter() - started:.0f} s")
+    fill(deployment_id=deployment.id, user_ids=user_ids, heavy_user_id=heavy.id, rows=rows)
+    print(f"{rows:,} finished generations written in {time.perf_counter() - started:.0f} s")
     full = {label: timed(read) for label, read in reads.items()}
     for label in reads:
         (empty_p50, empty_p90), (p50, p90) = empty[label], full[label]
         print(
             f"{label}: {empty_p50:.2f} ms p50 ({empty_p90:.2f} p90) on the empty table; "
-            f"{p50:.2f} ms ({p90:.2f}) with {ROWS:,} finished generations"
+            f"{p50:.2f} ms ({p90:.2f}) with {rows:,} finished generations"
         )
-
-
-if __name__ == "__main__":
-    main()
+    queued, reserved = reads
+    result(
+        rows=rows,
+        queued_count_empty_p50_ms=round(empty[queued][0], 2),
+        queued_count_full_p50_ms=round(full[queued][0], 2),
+        unfinished_empty_p50_ms=round(empty[reserved][0], 2),
+        unfinished_full_p50_ms=round(full[reserved][0], 2),
+    )

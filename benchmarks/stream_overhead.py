@@ -27,156 +27,49 @@ model process's token was through the stack than alone (and the ratio times that
 user's place in the closed loop's batch stood empty while its next message crossed the stack, and a
 final line
   RESULT ttft_added_p50_ms=<x> ttft_added_p99_ms=<y> throughput_ratio_c8=<z>
-(added TTFT at concurrency 1, the throughput ratio at concurrency 8). BENCH_ROUNDS sets the rounds.
+(added TTFT at concurrency 1, the throughput ratio at concurrency 8). --rounds sets the rounds.
 Then, through the stack, it stops answers after their first text and prints how long each stop took
 to end its answer (stop sent to `generation.done` received: the web process, the abort broadcast,
 the worker cancelling the engine request and recording the end).
 
-Needs PostgreSQL and Redis: `make benchmark` (or set DATABASE_URL and REDIS_URL and run this file).
+Needs PostgreSQL and Redis: `make benchmark` (or set DATABASE_URL and REDIS_URL and run
+`python -m benchmarks overhead`).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+from benchmarks.harness import pct, result
+from benchmarks.stack import (
+    CONCURRENCY,
+    MAX_TOKENS,
+    PROMPTS,
+    QUIET_MARGIN_S,
+    One,
+    Sample,
+    Stopped,
+    engine_direct,
+    setup_django,
+    whole_stack,
+)
 
-DEPLOYMENT = "bench-smollm2"
-MAX_TOKENS = 64
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain what a CPU does in two sentences.",
-    "Give me three tips for sleeping better.",
-    "What is photosynthesis?",
-    "Name three famous painters.",
-    "How do I boil an egg?",
-    "Why is the sky blue?",
-]
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 # A c=8 stretch takes seconds and the engine's rate swings by 10-20 % from one to the next, so each
 # round runs several prompts' worth (a c=1 pass over the prompts takes tens of seconds).
-CONCURRENCY = 8
 CLOSED_LOOP_PASSES = 3  # a closed-loop stretch answers the prompts this many times over
 BURSTS_PER_ROUND = 3
-# Before each request, beyond the engine's busy-wait after a step (INFERENCE_CPU_WORKER_SPIN_MS).
-QUIET_MARGIN_S = 0.15
 
 
-@dataclass
-class Sample:
-    ttft: float  # seconds from request to first text
-    duration: float  # seconds from request to the end
-    tokens: int
-
-    @property
-    def itl(self) -> float:
-        return (self.duration - self.ttft) / max(self.tokens - 1, 1)
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
-def setup_django():
-    import django
-
-    django.setup()
-    from django.conf import settings
-
-    if settings.INFERENCE_BACKEND != "celery":
-        sys.exit("Set DATABASE_URL (PostgreSQL) and REDIS_URL: the benchmark measures the production topology.")
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
-    from inference.models import ModelDeployment
-
-    fields = {**DEFAULT_DEPLOYMENT_FIELDS, "temperature": 0.0, "default_max_tokens": MAX_TOKENS}
-    ModelDeployment.objects.update_or_create(name=DEPLOYMENT, defaults=fields)
-    return ModelDeployment.objects.get(name=DEPLOYMENT)
-
-
-def prompt_ids(deployment, prompt: str) -> list[int]:
-    from inference.tokenizers import render_chat, tokenizer_for
-
-    messages = [{"role": "system", "content": deployment.system_prompt}, {"role": "user", "content": prompt}]
-    return render_chat(tokenizer_for(deployment.model_path), messages)
-
-
-def sampling(deployment) -> dict:
-    return {
-        "temperature": 0.0,
-        "top_p": deployment.top_p,
-        "repetition_penalty": deployment.repetition_penalty,
-        "max_tokens": MAX_TOKENS,
-    }
-
-
-# --- (a) the engine alone ------------------------------------------------------------------------
-
-
-One = Callable[[str], Awaitable[Sample]]
-
-
-@dataclass
-class Stopped:
-    seconds: float  # from the stop sent to its `generation.done` received
-    status: str
-    tokens: int
-
-
-@dataclass
-class Stack:
-    one: One
-    stopped: Callable[[str], Awaitable[Stopped]]  # a message stopped after its first text
-    web_pid: int
-    worker_pid: int
-
-
-@asynccontextmanager
-async def engine_direct(deployment) -> AsyncIterator[One]:
-    from inference.engine import EngineHost
-    from inference.selectors import engine_spec_for
-
-    host = EngineHost(engine_spec_for(deployment))
-    host.start()
-    await host.wait_ready(timeout=900)
-    counter = iter(range(10**6))
-
-    async def one(prompt: str) -> Sample:
-        started = time.perf_counter()
-        first, tokens = None, 0
-        async for delta in host.stream(
-            request_id=f"bench-{next(counter)}",
-            prompt_token_ids=prompt_ids(deployment, prompt),
-            sampling=sampling(deployment),
-        ):
-            if first is None and delta.text:
-                first = time.perf_counter() - started
-            tokens = delta.completion_tokens
-        return Sample(first or 0.0, time.perf_counter() - started, tokens)
-
-    try:
-        yield one
-    finally:
-        await host.aclose()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", "3")), help="rounds of both sides (3)"
+    )
 
 
 class CpuMeter:
@@ -290,7 +183,7 @@ async def closed_loop(one: One, prompts: list[str], concurrency: int) -> tuple[l
     return samples, time.perf_counter() - started
 
 
-async def run_paired(sides: dict[str, One], cpu: CpuMeter) -> dict[str, Results]:
+async def run_paired(sides: dict[str, One], cpu: CpuMeter, rounds: int) -> dict[str, Results]:
     """Per side, the timed stretches of each shape, the sides taking turns request by request (c=1)
     and stretch by stretch (c=8 and bursts)."""
     from django.conf import settings
@@ -304,7 +197,7 @@ async def run_paired(sides: dict[str, One], cpu: CpuMeter) -> dict[str, Results]
         results[name][shape].append(await work())
         cpu.add((name, shape), before, cpu.snapshot())
 
-    for round_ in range(ROUNDS):
+    for round_ in range(rounds):
         order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
         for prompt in PROMPTS:
             for name in order:
@@ -318,155 +211,6 @@ async def run_paired(sides: dict[str, One], cpu: CpuMeter) -> dict[str, Results]
                 # As many users as prompts: all sent at the same instant, the stretch ending with the slowest.
                 await timed("burst", name, lambda one=sides[name]: closed_loop(one, PROMPTS, len(PROMPTS)))
     return results
-
-
-# --- (b) the whole stack -------------------------------------------------------------------------
-
-
-def _send_frame(prompt: str) -> dict:
-    """A new conversation's first message, as the chat page sends it (with its own client_id)."""
-    return {"type": "message.send", "model": DEPLOYMENT, "content": prompt, "client_id": str(uuid.uuid4())}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(cmd: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        cmd, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True, env=os.environ.copy()
-    )
-
-
-@asynccontextmanager
-async def whole_stack(deployment) -> AsyncIterator[Stack]:
-    import websockets
-    from django.contrib.auth import get_user_model
-    from django.test import Client
-
-    from accounts.models import Tier
-    from accounts.services import user_set_tier
-    from inference.workers import worker_engine_state
-
-    logs = Path(os.environ.get("CHATSITE_DATA_DIR", ROOT / "var"))
-    port = free_port()
-    worker = start(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "chatsite",
-            "worker",
-            "-P",
-            "threads",
-            "-c",
-            "16",
-            "-Q",
-            f"gpu.{DEPLOYMENT}",
-            "-n",
-            f"bench@{socket.gethostname()}",
-            "--without-gossip",
-            "--without-mingle",
-            "-l",
-            "WARNING",
-        ],
-        logs / "bench-worker.log",
-    )
-    web = start(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "chatsite.asgi:application",
-            "--port",
-            str(port),
-            "--lifespan",
-            "on",
-            "--log-level",
-            "warning",
-            "--ws",
-            "websockets",
-        ],
-        logs / "bench-web.log",
-    )
-    connections = AsyncExitStack()
-    try:
-        while worker_engine_state(DEPLOYMENT) != "ready":
-            if worker.poll() is not None:
-                sys.exit(f"the worker exited; see {logs / 'bench-worker.log'}")
-            await asyncio.sleep(0.5)
-        user, _ = await asyncio.to_thread(get_user_model().objects.get_or_create, username="benchmark")
-        # The plan that includes every model (the benchmark's deployment too) and the highest limits.
-        enterprise = await Tier.objects.aget(name="enterprise")
-        await asyncio.to_thread(user_set_tier, user=user, tier=enterprise)
-        client = Client()
-        await asyncio.to_thread(client.force_login, user)
-        cookie = f"sessionid={client.cookies['sessionid'].value}"
-        url = f"ws://127.0.0.1:{port}/ws/chat/"
-        headers = {"Cookie": cookie, "Origin": f"http://127.0.0.1:{port}"}
-        for _ in range(100):
-            try:
-                async with websockets.connect(url, additional_headers=headers):
-                    break
-            except OSError:
-                await asyncio.sleep(0.2)
-        # One socket per user, opened before anything is timed and kept for all of that user's
-        # messages, as the chat page keeps one for as long as it is open: the handshake is a page
-        # load's cost, not a message's. Eight users, so that eight messages can be in flight.
-        sockets: asyncio.Queue = asyncio.Queue()
-        for _ in range(CONCURRENCY):
-            ws = await connections.enter_async_context(websockets.connect(url, additional_headers=headers))
-            await ws.recv()  # engine.status greeting
-            sockets.put_nowait(ws)
-
-        async def one(prompt: str) -> Sample:
-            ws = await sockets.get()
-            try:
-                started = time.perf_counter()
-                await ws.send(json.dumps(_send_frame(prompt)))
-                first = None
-                while True:
-                    event = json.loads(await ws.recv())
-                    if event["type"] == "generation.delta" and first is None:
-                        first = time.perf_counter() - started
-                    elif event["type"] == "generation.done":
-                        return Sample(first or 0.0, time.perf_counter() - started, event["usage"]["completion_tokens"])
-                    elif event["type"] in ("generation.error", "error"):
-                        raise RuntimeError(event)
-            finally:
-                sockets.put_nowait(ws)
-
-        async def stopped(prompt: str) -> Stopped:
-            ws = await sockets.get()
-            try:
-                await ws.send(json.dumps(_send_frame(prompt)))
-                stop_sent = None
-                while True:
-                    event = json.loads(await ws.recv())
-                    if event["type"] == "generation.delta" and stop_sent is None:
-                        stop_sent = time.perf_counter()
-                        await ws.send(json.dumps({"type": "generation.stop", "generation": event["generation"]}))
-                    elif event["type"] == "generation.done":
-                        seconds = time.perf_counter() - (stop_sent or time.perf_counter())
-                        return Stopped(seconds, event["status"], event["usage"]["completion_tokens"])
-                    elif event["type"] in ("generation.error", "error"):
-                        raise RuntimeError(event)
-            finally:
-                sockets.put_nowait(ws)
-
-        yield Stack(one, stopped, web.pid, worker.pid)
-    finally:
-        await connections.aclose()
-        for process in (web, worker):
-            os.killpg(process.pid, signal.SIGTERM)
-        for process in (web, worker):
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -515,7 +259,7 @@ def rates(stretches: list[tuple[list[Sample], float]]) -> str:
     return " ".join(f"{sum(s.tokens for s in stretch) / wall:.0f}" for stretch, wall in stretches)
 
 
-async def measure(deployment) -> tuple[dict[str, Results], CpuMeter, list[Stopped]]:
+async def measure(deployment, rounds: int) -> tuple[dict[str, Results], CpuMeter, list[Stopped]]:
     from chatsite.heap import heap_freeze
 
     print("starting the stack (web process, Celery worker) and the engine alone ...", flush=True)
@@ -525,22 +269,22 @@ async def measure(deployment) -> tuple[dict[str, Results], CpuMeter, list[Stoppe
             await one("Hello!")  # warm-up
         print("measuring, the two sides taking turns ...", flush=True)
         cpu = CpuMeter(web_pid=stack.web_pid, worker_pid=stack.worker_pid)
-        results = await run_paired({"engine": direct, "stack": stack.one}, cpu)
+        results = await run_paired({"engine": direct, "stack": stack.one}, cpu, rounds)
         print("stopping answers after their first text ...", flush=True)
         stops = [await stack.stopped(prompt) for prompt in PROMPTS]
         return results, cpu, stops
 
 
-def main() -> None:
+def run(args: argparse.Namespace) -> None:
     deployment = setup_django()
     print(
-        f"model {deployment.model_path}, greedy, max_tokens={MAX_TOKENS}, {len(PROMPTS)} prompts x {ROUNDS} rounds",
+        f"model {deployment.model_path}, greedy, max_tokens={MAX_TOKENS}, {len(PROMPTS)} prompts x {args.rounds} rounds",
         flush=True,
     )
     if niceness := os.nice(0):
         # Everything this run starts inherits it, PostgreSQL and Redis do not: not the usual arrangement.
         print(f"warning: running at nice {niceness}, and so will both engines, the web process and the worker")
-    results, cpu, stops = asyncio.run(measure(deployment))
+    results, cpu, stops = asyncio.run(measure(deployment, args.rounds))
     direct, stack = summarize(results["engine"]), summarize(results["stack"])
     print(f"\n{'':18}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL':>9}{'tokens':>8}{'tok/s':>8}")
     for shape in ("c=1", "c=8", "burst"):
@@ -619,8 +363,8 @@ def main() -> None:
     added_p50 = stack["c=1"]["ttft_p50_ms"] - direct["c=1"]["ttft_p50_ms"]
     added_p99 = stack["c=1"]["ttft_p99_ms"] - direct["c=1"]["ttft_p99_ms"]
     ratio = stack["c=8"]["tok_s"] / direct["c=8"]["tok_s"]
-    print(f"RESULT ttft_added_p50_ms={added_p50:.1f} ttft_added_p99_ms={added_p99:.1f} throughput_ratio_c8={ratio:.3f}")
-
-
-if __name__ == "__main__":
-    main()
+    result(
+        ttft_added_p50_ms=round(added_p50, 1),
+        ttft_added_p99_ms=round(added_p99, 1),
+        throughput_ratio_c8=round(ratio, 3),
+    )

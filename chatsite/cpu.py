@@ -6,8 +6,8 @@ from __future__ import annotations
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes in bfloat16 itself (AVX-512 BF16, which every CPU with AMX has too).
 
-    Without it, bfloat16 matrix products are emulated: on an AVX2-only AMD EPYC, the default model's
-    engine was 2.7-3.4 times slower at batch 8 in bfloat16 than in float32 (docs/performance.md).
+    Without it, bfloat16 matrix products are emulated, and the default model's engine is several
+    times slower in bfloat16 than in float32 (figures in docs/performance.md).
     """
     import torch
 

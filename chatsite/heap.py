@@ -2,8 +2,8 @@
 
 A web or worker process holds hundreds of thousands of objects (about 800,000 in a worker) once it
 has loaded Django, the moderation classifiers and, in a worker, vLLM's front end. CPython's full
-(oldest-generation) collection walks every one of them while holding the GIL: 0.3–0.7 s measured,
-during which the process's event loop and every stream on it stand still. Those objects live as long as the process, so once
+(oldest-generation) collection walks every one of them while holding the GIL, for a large part of
+a second (docs/performance.md), during which the process's event loop and every stream on it stand still. Those objects live as long as the process, so once
 the process is warm they are moved out of the collector's sight (`gc.freeze`, as vLLM does in its
 own engine process); a full collection then walks only what was allocated since. Reference
 counting still frees everything as before; only cycles among the frozen objects are never
@@ -29,8 +29,8 @@ def heap_freeze() -> float:
     started = time.perf_counter()
     gc.collect()
     gc.freeze()
-    # Counted once, here: `gc.get_freeze_count()` walks the whole frozen list with the GIL held
-    # (75 ms for a worker's 770,000 objects), so it is no figure to ask for on a live process.
+    # Counted once, here: `gc.get_freeze_count()` walks the whole frozen list with the GIL held,
+    # stalling every stream on the loop, so it is no figure to ask for on a live process.
     _frozen_count = gc.get_freeze_count()
     return time.perf_counter() - started
 

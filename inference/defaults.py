@@ -10,7 +10,7 @@ DEFAULT_DEPLOYMENT_FIELDS = {
     # bfloat16 where the CPU (or GPU) computes in it natively, float32 elsewhere (inference/engine.py).
     "dtype": "auto",
     "default_max_tokens": 512,
-    # Measured on the default model (see docs/performance.md): greedy decoding loops over several
+    # Chosen on the default model (docs/performance.md): greedy decoding loops over several
     # turns, and at temperature 0.7 answers drift off topic; 0.3 with a mild penalty stays coherent.
     "temperature": 0.3,
     "top_p": 0.9,

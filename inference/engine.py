@@ -249,8 +249,8 @@ def engine_dtype(requested: str, *, on_cpu: bool, native_bf16: bool) -> str:
 
     "auto" on a CPU is bfloat16 where the CPU computes in it natively, float32 elsewhere: vLLM's own
     "auto" takes the checkpoint's bfloat16, and on a CPU without native bf16 (AVX2 only) every matrix
-    product is then emulated, measured 2.7-3.4 times slower at batch 8 and 4-7 times slower to the first
-    token than float32 (docs/performance.md). On a GPU "auto" stays vLLM's. Anything else is kept.
+    product is then emulated, several times slower than float32 (figures in docs/performance.md). On
+    a GPU "auto" stays vLLM's. Anything else is kept.
     """
     if requested != "auto" or not on_cpu:
         return requested
@@ -265,8 +265,8 @@ async def _shorten_worker_spin(engine: Any, spin_ms: int) -> None:
     on nothing for a second, which is exactly when the web process, the worker and PostgreSQL take
     the user's next message. Told to stop after `spin_ms`, it sleeps instead and is woken by the
     scheduler's notification when the next step comes. While it generates, a step comes sooner than
-    that and nothing changes; set below a step's length, every step waits for a wake-up (measured in
-    docs/performance.md: at 5 ms, 2.4 % fewer tokens/s at concurrency 8). GPU hosts are not touched.
+    that and nothing changes; set below a step's length, every step waits for a wake-up and
+    generation slows (docs/performance.md). GPU hosts are not touched.
     """
     if spin_ms >= 1000:
         return

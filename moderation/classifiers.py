@@ -111,14 +111,14 @@ class Embedder:
     traced once into a frozen TorchScript graph (oneDNN fuses its layers), so a pass is one
     call that releases the GIL for its whole length. Called op by op from Python, a pass needs the
     GIL back about a hundred times, and each time another thread is running Python (the send
-    transaction, a stream's publishing) it waits up to the interpreter's switch interval: measured
-    here beside a busy Python thread, 493 ms a pass op by op against 21 ms traced, and 3.1 against
-    5.2 ms on an idle core. The traced graph gives the same embeddings (cosine similarity 1.0 to the
-    eager model, padding included), so the trained regressions apply unchanged.
+    transaction, a stream's publishing) it waits up to the interpreter's switch interval, tens of
+    times slower than traced (docs/moderation.md, "Latency"). The traced graph gives the same
+    embeddings (cosine similarity 1.0 to the eager model, padding included), so the trained
+    regressions apply unchanged.
 
     On a CPU with native bf16, a bfloat16 graph is traced too and the faster of the two is kept
-    (MODERATION_EMBEDDER_DTYPE pins one): on an AMD EPYC (Zen 4) bfloat16 took 6.8 ms a short text
-    against 10.1, on an Intel Xeon (Emerald Rapids) it was the slower. Its embeddings are within a
+    (MODERATION_EMBEDDER_DTYPE pins one): which is faster differs from one CPU to another
+    (docs/moderation.md). Its embeddings are within a
     cosine of 0.9999 of the float32 ones, pooled in float32.
     """
 

@@ -1,0 +1,1 @@
+"""On-demand measurements: `python -m benchmarks <name>`, or the Makefile's `benchmark-*` targets."""
