@@ -46,7 +46,7 @@ class EngineSpec:
     dtype: str = "auto"
     enforce_eager: bool = True
     # How long, on a CPU host, vLLM's scheduler process busy-waits for a step's output before it
-    # sleeps until it comes (see `inference/engine_scheduler.py`); 1000 is vLLM's own and leaves it.
+    # sleeps until it comes (see `inference/vllm_internals.py`); 1000 is vLLM's own and leaves it.
     cpu_scheduler_spin_ms: int = 1000
     # How long, on a CPU host, vLLM's model processes busy-wait for the next step before they sleep
     # until it comes (see `_shorten_worker_spin`); 1000 is vLLM's own and leaves them alone.
@@ -67,8 +67,8 @@ class EngineSpec:
             "enforce_eager": self.enforce_eager,
             "enable_prefix_caching": True,
             "disable_log_stats": True,
-            # Adds the methods the host calls on the model processes (inference/engine_worker.py).
-            "worker_extension_cls": "inference.engine_worker.WorkerTuning",
+            # Adds the methods the host calls on the model processes (inference/vllm_internals.py).
+            "worker_extension_cls": "inference.vllm_internals.WorkerTuning",
         }
         args.update(self.extra_args)
         return args
@@ -200,7 +200,9 @@ class EngineHost:
 
     def unfinished_requests(self) -> int:
         """Requests the engine is still working on (an aborted one no longer counts)."""
-        return self._engine.output_processor.get_num_unfinished_requests() if self._engine is not None else 0
+        from inference.vllm_internals import unfinished_requests
+
+        return unfinished_requests(self._engine) if self._engine is not None else 0
 
     async def aclose(self) -> None:
         """Shut down, first letting a load in progress finish (its thread cannot be interrupted)."""
@@ -231,15 +233,15 @@ def _build_engine(spec: EngineSpec) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from chatsite.cpu import cpu_has_native_bf16
-        from inference.engine_scheduler import SPIN_KEY
+        from inference.vllm_internals import CPU_HOST_SCHEDULER, SPIN_KEY, internals_supported
 
     args = spec.engine_args()
     on_cpu = current_platform.is_cpu()
     args["dtype"] = engine_dtype(args["dtype"], on_cpu=on_cpu, native_bf16=on_cpu and cpu_has_native_bf16())
-    if on_cpu and spec.cpu_scheduler_spin_ms < 1000:
+    if on_cpu and spec.cpu_scheduler_spin_ms < 1000 and internals_supported():
         # vLLM's own scheduler, asleep while a step is computed. Only on a CPU host: elsewhere vLLM
         # picks its scheduler itself (an asynchronous one, where it can).
-        args["scheduler_cls"] = "inference.engine_scheduler.CpuHostScheduler"
+        args["scheduler_cls"] = CPU_HOST_SCHEDULER
         args["additional_config"] = {**args.get("additional_config", {}), SPIN_KEY: spec.cpu_scheduler_spin_ms / 1000}
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
 
@@ -272,12 +274,17 @@ async def _shorten_worker_spin(engine: Any, spin_ms: int) -> None:
         return
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
+    from inference.vllm_internals import internals_supported
+
+    if not current_platform.is_cpu() or not internals_supported():
         return
     try:
-        await engine.collective_rpc("idle_after", args=(spin_ms / 1000,))
+        tuned = await engine.collective_rpc("idle_after", args=(spin_ms / 1000,))
     except Exception:
         logger.warning("could not shorten the engine's busy-waiting", exc_info=True)
+        return
+    if not all(tuned):
+        logger.warning("a model process found no queue to shorten the busy-wait of: %s", tuned)
 
 
 _hosts: dict[str, EngineHost] = {}
