@@ -6,15 +6,9 @@ from django.dispatch import receiver
 
 from accounts.models import User
 from accounts.selectors import user_access_fields
-from accounts.services import usage_record, user_access_after_save, user_access_changed
-from inference.signals import generation_finished
+from accounts.services import user_access_after_save, user_access_changed
 
 ACCESS_FIELDS = {"is_active", "password"}
-
-
-@receiver(generation_finished)
-def on_generation_finished(sender, generation, **kwargs) -> None:
-    usage_record(generation=generation)
 
 
 @receiver(pre_save, sender=User)

@@ -322,12 +322,12 @@ def _quota_left(*, user: Any, tier: Tier, needed: int) -> int | None:
     """The tokens the day's and month's quotas leave the user (None: no quota), counted from the
     ledger plus what their unfinished generations may still use; 429 quota_exceeded when that is
     fewer than `needed`."""
-    from inference.selectors import generation_tokens_reserved_for_user
+    from accounts.signals import quota_tokens_reserved
 
     if not (tier.tokens_per_day or tier.tokens_per_month):
         return None
     now = timezone.now()
-    reserved = generation_tokens_reserved_for_user(user=user)
+    reserved = sum(tokens for _, tokens in quota_tokens_reserved.send(sender=Tier, user=user))
     least = None
     for quota, since, resets_at, period in _quota_periods(tier, now):
         left = quota - usage_tokens_since(user=user, since=since) - reserved

@@ -44,15 +44,7 @@ def heap_frozen_count() -> int:
     return _frozen_count
 
 
-def process_warm() -> bool:
-    """The classifiers are loaded and no engine this process hosts is still loading."""
-    from inference.engine import EngineState, engine_hosts
-    from moderation.services import classifiers_loaded
-
-    return classifiers_loaded() and all(host.state is not EngineState.LOADING for host in engine_hosts().values())
-
-
-async def heap_freeze_when_warm(warm: Callable[[], bool] = process_warm, *, poll_s: float = 0.5) -> None:
+async def heap_freeze_when_warm(warm: Callable[[], bool], *, poll_s: float = 0.5) -> None:
     """Freeze the heap once `warm()` says start-up is over (once per process)."""
     while True:
         if warm():

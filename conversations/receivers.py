@@ -2,8 +2,8 @@
 
 from django.dispatch import receiver
 
-from conversations.services import message_finish_from_generation, message_mark_streaming
-from inference.signals import generation_finished, generation_started
+from conversations.services import message_finish_from_generation, message_mark_streaming, message_verdict_take
+from inference.signals import generation_finished, generation_started, held_answer_unjudged
 
 
 @receiver(generation_started)
@@ -14,3 +14,8 @@ def on_generation_started(sender, generation, **kwargs) -> None:
 @receiver(generation_finished)
 def on_generation_finished(sender, generation, **kwargs) -> None:
     message_finish_from_generation(generation=generation)
+
+
+@receiver(held_answer_unjudged)
+def on_held_answer_unjudged(sender, generation_id, **kwargs) -> None:
+    message_verdict_take(generation_id=generation_id)

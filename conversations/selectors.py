@@ -62,7 +62,3 @@ def held_back_flags(*, messages: list[Message]) -> dict[int, Flag]:
 
 def conversation_has_message_in_progress(*, conversation: Conversation) -> bool:
     return conversation.messages.filter(status__in=Message.IN_PROGRESS).exists()
-
-
-def message_for_generation(*, generation_id: Any) -> Message | None:
-    return Message.objects.filter(generation_id=generation_id).first()

@@ -24,7 +24,7 @@ from chatsite.heap import heap_freeze_when_warm
 from inference.dispatch import local_backend
 from inference.engine import engine_hosts
 from inference.streaming import streams_end_for_restart
-from inference.workers import reap_forever
+from inference.workers import process_warm, reap_forever
 from moderation.services import classifiers_prepare
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 return
             _streams_end_on_stop_signals()
             # Out of the garbage collector's sight once loaded (chatsite/heap.py).
-            freezing = asyncio.get_running_loop().create_task(heap_freeze_when_warm())
+            freezing = asyncio.get_running_loop().create_task(heap_freeze_when_warm(process_warm))
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             for task in (reaper, freezing):

@@ -306,8 +306,8 @@ class Runner:
         gone (AnswerWithdrawn). If no verdict comes within INFERENCE_VERDICT_WAIT_S, the web process
         died between saving the message and judging it, and the runner judges the message itself.
         """
-        from conversations.services import message_verdict_take
         from inference.selectors import generation_awaiting_verdict
+        from inference.services import held_answer_judge
 
         deadline = self.loop.time() + settings.INFERENCE_VERDICT_WAIT_S
         while not gate.is_set():
@@ -323,7 +323,7 @@ class Runner:
                 return
             if self.loop.time() >= deadline:
                 logger.warning("generation %s: no verdict on its message came; judging it here", generation.id)
-                await db_async(message_verdict_take)(generation_id=generation.id)
+                await db_async(held_answer_judge)(generation_id=generation.id)
                 deadline = float("inf")  # judged: the next look finds it released or withdrawn
 
     async def _finish(

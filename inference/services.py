@@ -15,7 +15,7 @@ from django.utils import timezone
 from chatsite.errors import ClientError
 from chatsite.queries import update_returning
 from inference.models import Generation, ModelDeployment, ProcessHeartbeat
-from inference.signals import generation_finished, generation_started
+from inference.signals import generation_finished, generation_started, held_answer_unjudged
 from moderation.services import HeldForVerdict
 
 logger = logging.getLogger(__name__)
@@ -208,6 +208,13 @@ def generation_release(*, generation_id: Any) -> bool:
     if released:
         generation_gate_open(generation_id=generation_id)
     return bool(released)
+
+
+def held_answer_judge(*, generation_id: Any) -> None:
+    """Have a held answer's message judged where the message lives, when the web process that saved
+    it never gave its verdict; withdrawn when no app owns such a message (`held_answer_unjudged`)."""
+    if not held_answer_unjudged.send(sender=Generation, generation_id=generation_id):
+        generation_withdraw(generation_id=generation_id)
 
 
 def generation_withdraw(*, generation_id: Any) -> bool:

@@ -42,6 +42,15 @@ WORKER_KEY = "chatsite:worker:{name}"
 ENGINE_STATE_KEY = "chatsite:engine:{deployment}:{state}"  # sorted set: worker -> last seen
 
 
+def process_warm() -> bool:
+    """The classifiers are loaded and no engine this process hosts is still loading: start-up is
+    over, and the heap can be frozen (chatsite.heap)."""
+    from inference.engine import EngineState, engine_hosts
+    from moderation.services import classifiers_loaded
+
+    return classifiers_loaded() and all(host.state is not EngineState.LOADING for host in engine_hosts().values())
+
+
 def _deployments_from_queues(queues: list[str]) -> list[str]:
     names = [q.split(".", 1)[1].split(".")[0] for q in queues if q.startswith("gpu.")]
     return names or list(settings.INFERENCE_LOCAL_DEPLOYMENTS)
@@ -94,7 +103,7 @@ class WorkerRuntime:
             host.add_listener(engine_status_broadcast)
             host.start()
         self._tasks = [
-            self.loop.create_task(heap_freeze_when_warm()),
+            self.loop.create_task(heap_freeze_when_warm(process_warm)),
             self.loop.create_task(self._heartbeat()),
             self.loop.create_task(self._listen_for_aborts()),
             self.loop.create_task(reap_forever()),

@@ -106,10 +106,15 @@ def flag_list_for_review() -> QuerySet[Flag]:
 
 
 def flag_context(*, flag: Flag, before: int = 6) -> list[Any]:
-    """The flagged message and the turns just before it in its conversation, oldest first."""
-    if flag.message is None:
-        return []
-    from conversations.selectors import message_list
-
-    messages = [m for m in message_list(conversation=flag.message.conversation) if m.id <= flag.message.id]
-    return messages[-(before + 1) :]
+    """The flagged message and the turns that led to it, oldest first: its parents, and where a message
+    has none (a conversation's first message, or a user message saved before messages had parents)
+    the one before it in the conversation."""
+    turns: list[Any] = []
+    message = flag.message
+    while message is not None and len(turns) <= before:
+        turns.append(message)
+        if message.parent_id is not None:
+            message = message.parent
+        else:
+            message = message.conversation.messages.filter(id__lt=message.id).order_by("-id").first()
+    return turns[::-1]

@@ -486,11 +486,13 @@ def output_monitor_for(*, generation: Any, tier_id: int | None = None) -> Output
 @transaction.atomic
 def output_flag_create(*, generation_id: Any, user_id: Any, filtered: ContentFiltered) -> Flag:
     """Flag an answer that was cut: the whole text the model wrote is kept on the flag for review."""
-    from conversations.selectors import message_for_generation
-
+    # The message model through the flag's own foreign key: moderation imports nothing of the apps above it.
+    message_model = Flag._meta.get_field("message").related_model
     return Flag.objects.create(
         user_id=user_id,
-        message=message_for_generation(generation_id=generation_id),
+        message_id=message_model._default_manager.filter(generation_id=generation_id)
+        .values_list("id", flat=True)
+        .first(),
         source=Flag.Source.OUTPUT,
         text=filtered.full_text,
         categories=list(filtered.verdict.categories),

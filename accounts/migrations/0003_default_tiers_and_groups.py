@@ -7,7 +7,9 @@ from django.contrib.auth.management import create_permissions
 from django.db import migrations
 
 from accounts.defaults import DEFAULT_TIER_NAME, create_default_tiers, create_staff_groups
-from inference.defaults import DEFAULT_DEPLOYMENT_NAME
+
+# A frozen copy of inference.defaults.DEFAULT_DEPLOYMENT_NAME as it was when this migration was written.
+DEFAULT_DEPLOYMENT_NAME = "smollm2-135m"
 
 
 def create_tiers(apps, schema_editor):

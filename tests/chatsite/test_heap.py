@@ -8,6 +8,7 @@ import pytest
 from chatsite import heap
 from inference.engine import EngineHost, EngineState
 from inference.selectors import deployment_get, engine_spec_for
+from inference.workers import process_warm
 from moderation.classifiers import warm_up
 
 
@@ -80,4 +81,4 @@ def test_a_process_is_warm_when_its_classifiers_and_engines_have_loaded(monkeypa
         (EngineState.FAILED, True),
     ]:
         host.state = state
-        assert heap.process_warm() is warm, state
+        assert process_warm() is warm, state
