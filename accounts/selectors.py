@@ -14,7 +14,7 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from accounts.models import ApiKey, Tier, UsageRecord, User
+from accounts.models import ApiKey, Tier, UsageRecord, User, UserSettings
 from chatsite.errors import ClientError
 
 ZERO = Decimal("0")
@@ -279,3 +279,23 @@ def session_key_digest(session_key: str) -> str:
 def user_access_fields(*, user_id: Any) -> tuple[bool, str] | None:
     """The stored `is_active` and password hash of a user, to compare a save against; None if no row."""
     return User.objects.filter(id=user_id).values_list("is_active", "password").first()
+
+
+def user_settings_get(*, user: Any) -> UserSettings:
+    """The person's settings; every default (unsaved) when they have never changed one."""
+    found = UserSettings.objects.filter(user_id=user.id).first()
+    return found if found is not None else UserSettings(user_id=user.id)
+
+
+def user_instructions(*, user_id: Any) -> str:
+    """The custom instructions a prompt carries for this person ("" when none): one small read."""
+    row = UserSettings.objects.filter(user_id=user_id).values("about_me", "answer_style").first()
+    return UserSettings(**row).instructions if row else ""
+
+
+def user_theme(*, user: Any) -> str:
+    """The page theme for a request's user: `light`, `dark` or `system`."""
+    if not getattr(user, "is_authenticated", False):
+        return UserSettings.Theme.SYSTEM
+    theme = UserSettings.objects.filter(user_id=user.id).values_list("theme", flat=True).first()
+    return theme or UserSettings.Theme.SYSTEM
