@@ -15,7 +15,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 # A Redis database of the tests' own: the suite empties it when it starts.
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: run test fault-test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-trace benchmark-scale benchmark-embedded benchmark-moderation benchmark-cuts benchmark-dtype benchmark-interference clean
+.PHONY: run test screenshots fault-test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-trace benchmark-scale benchmark-embedded benchmark-moderation benchmark-cuts benchmark-dtype benchmark-interference clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,9 @@ test: install-dev model
 # (first in its production-topology run). They start a redis-server of their own to restart.
 fault-test: install-dev model
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m fault
+
+screenshots: install-dev
+	CHATSITE_SCREENSHOTS=1 $(PY) -m pytest tests/browser/test_screenshots.py -q
 
 # Aliases of `python -m benchmarks <name>` (benchmarks/harness.py). BENCH_ARGS passes options to it,
 # e.g. `make benchmark BENCH_ARGS="--rounds 1 --json"`; `python -m benchmarks <name> --help` lists them.

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
 from django.http import HttpRequest
 
-from accounts.models import ApiKey, User
+from accounts.models import ApiKey, User, UserSettings
 from accounts.services import login_attempt_admit, login_attempt_succeeded
 from chatsite.errors import ClientError
 
@@ -54,7 +54,7 @@ class ThrottledAuthenticationForm(AuthenticationForm):
 class ApiKeyCreateForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="Something to recognise it by, e.g. “laptop script”.")
     scopes = forms.MultipleChoiceField(
-        choices=ApiKey.Scope.choices, widget=forms.CheckboxSelectMultiple, initial=[ApiKey.Scope.CHAT]
+        choices=ApiKey.Scope.choices, widget=forms.CheckboxSelectMultiple, initial=list(ApiKey.DEFAULT_SCOPES)
     )
     expires_on = forms.DateField(
         required=False,
@@ -73,6 +73,46 @@ class ApiKeyCreateForm(forms.Form):
         if day is None:
             return None
         return dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC) + dt.timedelta(days=1)
+
+
+class UserSettingsForm(forms.Form):
+    about_me = forms.CharField(
+        required=False,
+        max_length=UserSettings.ABOUT_MAX_CHARS,
+        strip=True,
+        widget=forms.Textarea(attrs={"rows": 4}),
+        label="What should the model know about you?",
+        help_text=f"Up to {UserSettings.ABOUT_MAX_CHARS} characters. Goes into every chat's instructions.",
+    )
+    answer_style = forms.CharField(
+        required=False,
+        max_length=UserSettings.STYLE_MAX_CHARS,
+        strip=True,
+        widget=forms.Textarea(attrs={"rows": 4}),
+        label="How should it answer?",
+        help_text=f"Up to {UserSettings.STYLE_MAX_CHARS} characters, e.g. “briefly, in British English”.",
+    )
+    default_model = forms.ChoiceField(label="Default model for new chats")
+    theme = forms.ChoiceField(choices=UserSettings.Theme.choices, widget=forms.RadioSelect, label="Theme")
+
+    def __init__(self, *args, models: list[tuple[str, str]], **kwargs) -> None:
+        """`models`: (name, label) of the deployments the person's plan may use now."""
+        super().__init__(*args, **kwargs)
+        self.fields["default_model"].choices = [("", "The service's default"), *models]
+        self.fields["default_model"].required = False
+
+    def clean_about_me(self) -> str:
+        return _no_nul(self.cleaned_data["about_me"])
+
+    def clean_answer_style(self) -> str:
+        return _no_nul(self.cleaned_data["answer_style"])
+
+
+def _no_nul(text: str) -> str:
+    # PostgreSQL refuses NUL in text outright: a clear error here, not a 500 on save.
+    if "\x00" in text:
+        raise forms.ValidationError("Text cannot contain NUL characters.")
+    return text
 
 
 def parse_month(value: str | None, *, today: dt.date) -> dt.date:

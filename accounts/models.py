@@ -119,6 +119,9 @@ class ApiKey(models.Model):
         CONVERSATIONS_WRITE = "conversations:write", "Write conversations"
         MODELS_READ = "models:read", "List models"
 
+    # What the page ticks for a new key: enough for an OpenAI client to list the models and chat.
+    DEFAULT_SCOPES = (Scope.CHAT, Scope.MODELS_READ)
+
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16, unique=True, help_text="Shown to the user to tell keys apart.")
@@ -215,3 +218,46 @@ class UsageRecord(models.Model):
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+class UserSettings(models.Model):
+    """A person's own preferences for the chat page: what the model should know about them and how
+    it should answer (both go into the system prompt, `conversations.prompts`), the model new chats
+    start on, and the page's colour theme. No row means every default."""
+
+    class Theme(models.TextChoices):
+        SYSTEM = "system", "Follow the system"
+        LIGHT = "light", "Light"
+        DARK = "dark", "Dark"
+
+    ABOUT_MAX_CHARS = 1500
+    STYLE_MAX_CHARS = 1500
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_settings")
+    about_me = models.TextField(
+        max_length=ABOUT_MAX_CHARS, blank=True, help_text="What the model should know about you."
+    )
+    answer_style = models.TextField(max_length=STYLE_MAX_CHARS, blank=True, help_text="How the model should answer.")
+    # The deployment's name, not a key: a model that is renamed, disabled or leaves the plan falls
+    # back to the service's default rather than taking the person's settings with it.
+    default_model = models.CharField(max_length=100, blank=True)
+    theme = models.CharField(max_length=8, choices=Theme.choices, default=Theme.SYSTEM)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "user settings"
+        verbose_name_plural = "user settings"
+
+    def __str__(self) -> str:
+        return f"settings of {self.user_id}"
+
+    @property
+    def instructions(self) -> str:
+        """The custom instructions as the system prompt carries them: marked as the person's own
+        words, so the model takes them as preferences, not as the service's rules."""
+        parts = []
+        if self.about_me.strip():
+            parts.append(f"The user says this about themselves:\n{self.about_me.strip()}")
+        if self.answer_style.strip():
+            parts.append(f"The user asks you to answer like this:\n{self.answer_style.strip()}")
+        return "\n\n".join(parts)

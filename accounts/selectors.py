@@ -14,7 +14,7 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from accounts.models import ApiKey, Tier, UsageRecord, User
+from accounts.models import ApiKey, Tier, UsageRecord, User, UserSettings
 from chatsite.errors import ClientError
 
 ZERO = Decimal("0")
@@ -92,6 +92,14 @@ def deployments_allowed_for_user(*, user: Any, deployments: list[Any]) -> list[A
         return list(deployments)
     allowed = set(tier.deployments.values_list("id", flat=True))
     return [d for d in deployments if d.id in allowed]
+
+
+def deployments_enabled_for_user(*, user: Any) -> list[Any]:
+    """The enabled deployments the user's tier may use (the settings page's models). Read through the
+    tier's own relation, so accounts imports nothing of inference, the layer above it."""
+    deployment_model = Tier._meta.get_field("deployments").related_model
+    enabled = list(deployment_model._default_manager.filter(is_enabled=True))
+    return deployments_allowed_for_user(user=user, deployments=enabled)
 
 
 @dataclass(frozen=True)
@@ -279,3 +287,23 @@ def session_key_digest(session_key: str) -> str:
 def user_access_fields(*, user_id: Any) -> tuple[bool, str] | None:
     """The stored `is_active` and password hash of a user, to compare a save against; None if no row."""
     return User.objects.filter(id=user_id).values_list("is_active", "password").first()
+
+
+def user_settings_get(*, user: Any) -> UserSettings:
+    """The person's settings; every default (unsaved) when they have never changed one."""
+    found = UserSettings.objects.filter(user_id=user.id).first()
+    return found if found is not None else UserSettings(user_id=user.id)
+
+
+def user_instructions(*, user_id: Any) -> str:
+    """The custom instructions a prompt carries for this person ("" when none): one small read."""
+    row = UserSettings.objects.filter(user_id=user_id).values("about_me", "answer_style").first()
+    return UserSettings(**row).instructions if row else ""
+
+
+def user_theme(*, user: Any) -> str:
+    """The page theme for a request's user: `light`, `dark` or `system`."""
+    if not getattr(user, "is_authenticated", False):
+        return UserSettings.Theme.SYSTEM
+    theme = UserSettings.objects.filter(user_id=user.id).values_list("theme", flat=True).first()
+    return theme or UserSettings.Theme.SYSTEM

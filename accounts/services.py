@@ -4,6 +4,7 @@ import datetime as dt
 import hashlib
 import hmac
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
@@ -15,7 +16,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from accounts.models import ApiKey, Tier, UsageRecord, User
+from accounts.models import ApiKey, Tier, UsageRecord, User, UserSettings
 from accounts.ratelimit import Charge, buckets_consume, buckets_refund, buckets_reset
 from accounts.selectors import (
     api_key_get_by_prefix,
@@ -531,3 +532,34 @@ def usage_record(*, generation: Any) -> UsageRecord:
     if insert_unless_conflicting(record):
         return record
     return UsageRecord.objects.get(generation_id=generation.id)
+
+
+def user_settings_update(
+    *,
+    user: Any,
+    about_me: str,
+    answer_style: str,
+    default_model: str,
+    theme: str,
+    allowed_models: Collection[str],
+) -> UserSettings:
+    """Save the person's settings. `allowed_models`: the deployments their plan may use now (the
+    caller reads them from the inference layer); a default model outside them is refused."""
+    if default_model and default_model not in allowed_models:
+        raise ClientError(
+            f"Your plan does not include the model '{default_model}'.", code="model_not_allowed", param="default_model"
+        )
+    if theme not in UserSettings.Theme.values:
+        raise ClientError("Choose light, dark or the system's theme.", code="invalid_theme", param="theme")
+    if len(about_me) > UserSettings.ABOUT_MAX_CHARS or len(answer_style) > UserSettings.STYLE_MAX_CHARS:
+        raise ClientError("Custom instructions are too long.", code="invalid_instructions")
+    found, _ = UserSettings.objects.update_or_create(
+        user_id=user.id,
+        defaults={
+            "about_me": about_me.strip(),
+            "answer_style": answer_style.strip(),
+            "default_model": default_model,
+            "theme": theme,
+        },
+    )
+    return found

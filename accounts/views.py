@@ -14,9 +14,16 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from accounts.forms import ApiKeyCreateForm, SignupForm, ThrottledAuthenticationForm, parse_month
-from accounts.selectors import api_key_list_for_user, tier_for_user, usage_statement_rows, usage_summary
-from accounts.services import action_admit, api_key_create, api_key_revoke, user_create
+from accounts.forms import ApiKeyCreateForm, SignupForm, ThrottledAuthenticationForm, UserSettingsForm, parse_month
+from accounts.selectors import (
+    api_key_list_for_user,
+    deployments_enabled_for_user,
+    tier_for_user,
+    usage_statement_rows,
+    usage_summary,
+    user_settings_get,
+)
+from accounts.services import action_admit, api_key_create, api_key_revoke, user_create, user_settings_update
 from chatsite.errors import ClientError
 
 CHART_HEIGHT = 120
@@ -53,18 +60,22 @@ class LoginView(auth_views.LoginView):
         return response
 
 
+CREATED_KEY_SESSION = "accounts.created_api_key"
+
+
 @never_cache
 @login_required
 @require_http_methods(["GET", "POST"])
 def api_keys(request: HttpRequest) -> HttpResponse:
-    """List the user's keys and create one. A new key's full value is on this one response only.
+    """List the user's keys and create one. A created key redirects back here (a reload does not
+    create a second one); its full value waits in the session for that one page, then is gone.
 
     Creating one counts against the plan's keys a day (a valid form only: a typo costs nothing)."""
     form = ApiKeyCreateForm(request.POST or None)
-    created = None
     status = 200
     retry_after = None
     if request.method == "POST":
+        status = 400
         if form.is_valid():
             try:
                 action_admit(user=request.user, action="api_key")
@@ -80,9 +91,10 @@ def api_keys(request: HttpRequest) -> HttpResponse:
                 form.add_error(None, exc.message)
                 status, retry_after = exc.status, exc.retry_after
             else:
-                form = ApiKeyCreateForm()
-        if not created and status == 200:
-            status = 400
+                request.session[CREATED_KEY_SESSION] = {"name": created.api_key.name, "key": created.key}
+                return redirect("accounts:api_keys")
+    # Shown once: taken out of the session by the page that shows it.
+    created = request.session.pop(CREATED_KEY_SESSION, None) if request.method == "GET" else None
     response = render(
         request,
         "accounts/api_keys.html",
@@ -192,3 +204,30 @@ def usage_statement(request: HttpRequest) -> HttpResponse:
         tokens[1] += row.completion_tokens
     writer.writerow(["total", "", "", "", "", tokens[0], tokens[1], "", "", total])
     return response
+
+
+@never_cache
+@login_required
+@require_http_methods(["GET", "POST"])
+def settings_view(request: HttpRequest) -> HttpResponse:
+    """The person's custom instructions, default model and theme. Saved, it redirects (a reload
+    does not post again) and says so once."""
+    allowed = deployments_enabled_for_user(user=request.user)
+    current = user_settings_get(user=request.user)
+    initial = {
+        "about_me": current.about_me,
+        "answer_style": current.answer_style,
+        "default_model": current.default_model,
+        "theme": current.theme,
+    }
+    form = UserSettingsForm(request.POST or None, initial=initial, models=[(d.name, d.label) for d in allowed])
+    if request.method == "POST" and form.is_valid():
+        try:
+            user_settings_update(user=request.user, allowed_models={d.name for d in allowed}, **form.cleaned_data)
+        except ClientError as exc:
+            form.add_error(None, exc.message)
+        else:
+            messages.success(request, "Settings saved.")
+            return redirect("accounts:settings")
+    status = 400 if request.method == "POST" else 200
+    return render(request, "accounts/settings.html", {"form": form}, status=status)

@@ -312,7 +312,15 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.following[key] = max(after_seq, self.following.get(key, 0))
         self._heard[key] = time.monotonic()
         await self.channel_layer.group_add(generation_group(key), self.channel_name)
-        if await self._forward_buffered(key) or key not in self.following or fresh:
+        buffered = await self._forward_buffered(key)
+        if key not in self.following or fresh:
+            return  # ended by what the buffer held, or all of it will come live
+        if buffered:
+            # The buffer had some of it but not its end. A page asks again when a stream has been
+            # quiet for a few seconds: an answer that ended without its end reaching the buffer
+            # ends now, from its row, instead of at this socket's next quiet-stream round.
+            for event in await ends_from_rows({key: self.following[key]}):
+                await self._forward(event)
             return
         generation = await self._own_generation(key)
         if not generation.is_finished:

@@ -3,10 +3,15 @@
 The policy, for a model with a window of W tokens:
 - the system prompt is always kept, and always as its own `system` turn, never mixed with user text;
 - the newest user message is always kept;
+- the person's custom instructions (`instructions`: what the model should know about them, how it
+  should answer; marked as theirs) follow the system prompt in the same `system` turn, kept while
+  they, the system prompt and the newest message leave room for a full answer;
 - older turns are added newest first while the prompt leaves room for a full answer
   (`reserve` = the deployment's max output, capped at a quarter of W);
-- if even the system prompt and the newest message leave less than that room, the answer gets what
-  is left, down to `min_output` tokens; below that the message is refused as too long;
+- so what gives way first is the oldest history, then the custom instructions (whole: a cut
+  instruction could say the opposite of what was meant), then the answer's room: if even the system
+  prompt and the newest message leave less than a full answer, the answer gets what is left, down to
+  `min_output` tokens; below that the message is refused as too long;
 - the answer's max_tokens is cut so that prompt + answer never exceed W.
 Counting uses the model's own tokenizer on the rendered chat template, not an estimate.
 """
@@ -32,6 +37,12 @@ class AssembledPrompt:
     max_tokens: int
     turns_kept: int
     turns_dropped: int
+    instructions_kept: bool = False
+
+
+def system_text(system_prompt: str, instructions: str) -> str:
+    """The one `system` turn: the deployment's prompt, then the person's own instructions."""
+    return "\n\n".join(part for part in (system_prompt.strip(), instructions.strip()) if part)
 
 
 def assemble_prompt(
@@ -42,11 +53,18 @@ def assemble_prompt(
     max_context: int,
     max_output: int,
     min_output: int,
+    instructions: str = "",
 ) -> AssembledPrompt:
     if not turns:
         raise ValueError("a prompt needs at least one turn")
-    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
     reserve = max(min(max_output, max_context // 4), min_output)
+    newest = [{"role": turns[-1].role, "content": turns[-1].content}]
+    instructions_kept = False
+    if instructions.strip():
+        full = system_text(system_prompt, instructions)
+        if len(render([{"role": "system", "content": full}, *newest])) + reserve <= max_context:
+            system_prompt, instructions_kept = full, True
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
 
     def ids_from(start: int) -> list[int]:
         return render(system + [{"role": t.role, "content": t.content} for t in turns[start:]])
@@ -78,4 +96,10 @@ def assemble_prompt(
                 start += 1
             ids = ids_from(start)
     max_tokens = min(max_output, max_context - len(ids))
-    return AssembledPrompt(token_ids=ids, max_tokens=max_tokens, turns_kept=len(turns) - start, turns_dropped=start)
+    return AssembledPrompt(
+        token_ids=ids,
+        max_tokens=max_tokens,
+        turns_kept=len(turns) - start,
+        turns_dropped=start,
+        instructions_kept=instructions_kept,
+    )

@@ -62,3 +62,21 @@ def held_back_flags(*, messages: list[Message]) -> dict[int, Flag]:
 
 def conversation_has_message_in_progress(*, conversation: Conversation) -> bool:
     return conversation.messages.filter(status__in=Message.IN_PROGRESS).exists()
+
+
+def default_model_for_user(*, user: Any, allowed: list[Any] | None = None) -> str:
+    """The model a new chat of this person starts on: their chosen default while it is enabled and
+    their plan includes it, else the service's. `allowed`: the deployments the plan may use, when the
+    caller has read them already."""
+    from django.conf import settings
+
+    from accounts.selectors import deployments_allowed_for_user, user_settings_get
+    from inference.selectors import deployment_list_enabled
+
+    chosen = user_settings_get(user=user).default_model
+    if chosen:
+        if allowed is None:
+            allowed = deployments_allowed_for_user(user=user, deployments=deployment_list_enabled())
+        if chosen in {deployment.name for deployment in allowed}:
+            return chosen
+    return settings.INFERENCE_DEFAULT_DEPLOYMENT

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from accounts.selectors import user_instructions
 from accounts.services import (
     Admission,
     action_admit,
@@ -20,7 +21,11 @@ from accounts.services import (
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
 from conversations.prompts import AssembledPrompt, Turn, assemble_prompt
-from conversations.selectors import conversation_get_for_send, conversation_has_message_in_progress
+from conversations.selectors import (
+    conversation_get_for_send,
+    conversation_has_message_in_progress,
+    default_model_for_user,
+)
 from inference.models import Generation, ModelDeployment
 from inference.selectors import deployment_get, generation_awaiting_verdict
 from inference.services import (
@@ -77,7 +82,7 @@ def conversation_create(*, user: Any, deployment: ModelDeployment | None = None,
 def conversation_start(*, user: Any, title: str = "", model: str | None = None) -> Conversation:
     """An empty conversation on `model` (or the default), refused if the user's plan excludes the
     model or if the user has started the plan's conversations for the hour (429 rate_limited)."""
-    deployment = deployment_get(name=model)
+    deployment = deployment_get(name=model or default_model_for_user(user=user))
     request_limits(user=user, deployment=deployment)  # the plan's gate: refuses a model it excludes
     action_admit(user=user, action="conversation")
     return conversation_create(user=user, deployment=deployment, title=title.strip())
@@ -343,7 +348,7 @@ def _message_save_allowed(
     created = conversation_id is None
     if created:
         # With its queue's length, read in the same statement for generation_admit.
-        deployment = deployment_get(name=model, with_queue_length=True)
+        deployment = deployment_get(name=model or default_model_for_user(user=user), with_queue_length=True)
         conversation = conversation_create(user=user, deployment=deployment, title=_title_from(content))
     else:
         # Locked: sends into one conversation are serialised.
@@ -357,6 +362,8 @@ def _message_save_allowed(
                 code="generation_in_progress",
                 status=409,
             )
+        if model and model != deployment.name:
+            deployment = _conversation_switch_model(conversation=conversation, model=model)
 
     # The plan first: a model it does not include is refused before anything is loaded for it.
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)
@@ -400,6 +407,16 @@ def _message_save_allowed(
         flag_create(user=user, message=queued.user_message, source="input", text=content, verdict=verdict)
         warning = verdict.warning()
     return SentMessage(conversation, created, queued.user_message, queued.answer, queued.generation, warning=warning)
+
+
+def _conversation_switch_model(*, conversation: Conversation, model: str) -> ModelDeployment:
+    """Move a conversation to another model from this message on: its earlier turns go into the
+    new model's prompt as they are. Inside the send's transaction, whose gate comes next
+    (`request_limits` refuses a model the plan excludes): a refused send rolls the switch back."""
+    deployment = deployment_get(name=model, with_queue_length=True)
+    conversation.deployment = deployment
+    Conversation.objects.filter(id=conversation.id).update(deployment=deployment)
+    return deployment
 
 
 @transaction.atomic
@@ -691,6 +708,7 @@ def _prompt_for(
         turns.append(new_turn)
     return assemble_prompt(
         system_prompt=deployment.system_prompt,
+        instructions=user_instructions(user_id=conversation.user_id),
         turns=turns,
         render=lambda messages: render_chat(tokenizer, messages),
         max_context=limits.max_context,

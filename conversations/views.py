@@ -11,6 +11,7 @@ from conversations.models import Message
 from conversations.selectors import (
     conversation_get_for_user,
     conversation_list_for_user,
+    default_model_for_user,
     held_back_flags,
     message_list,
 )
@@ -30,6 +31,15 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
             raise Http404("No such conversation.")
         messages = message_list(conversation=conversation)
         _notes_attach(messages)
+    deployments = deployments_allowed_for_user(user=request.user, deployments=deployment_list_enabled())
+    if conversation is not None:
+        # The picker shows the model the conversation is on now; switching it applies from the
+        # next message (`message_send`), and only to a model the plan includes.
+        selected = conversation.deployment.name
+        if all(d.name != selected for d in deployments):
+            deployments = [conversation.deployment, *deployments]
+    else:
+        selected = default_model_for_user(user=request.user, allowed=deployments)
     return render(
         request,
         "conversations/chat.html",
@@ -37,8 +47,8 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
             "conversation": conversation,
             "chat_messages": messages,
             "conversations": conversation_list_for_user(user=request.user)[:100],
-            "deployments": deployments_allowed_for_user(user=request.user, deployments=deployment_list_enabled()),
-            "default_deployment": settings.INFERENCE_DEFAULT_DEPLOYMENT,
+            "deployments": deployments,
+            "default_deployment": selected,
             "engine_state": engine_state(settings.INFERENCE_DEFAULT_DEPLOYMENT),
             "answer_cut_note": ANSWER_CUT,
         },

@@ -53,7 +53,6 @@
     content.textContent = text;
     el.appendChild(content);
     messages.appendChild(el);
-    el.scrollIntoView({block: "end"});
     return el;
   }
 
@@ -89,6 +88,7 @@
         replaces: last.dataset.generation || null,
       };
       button.remove();
+      showError("");
       if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify(regenerating));
     });
     last.appendChild(button);
@@ -126,7 +126,7 @@
   }
 
   function follow(generationId, el, afterSeq) {
-    streams.set(generationId, {el: el, seq: afterSeq || 0});
+    streams.set(generationId, {el: el, seq: afterSeq || 0, heard: Date.now()});
     el.dataset.generation = generationId;
     setBusy(true);
   }
@@ -177,11 +177,11 @@
         const link = document.createElement("a");
         link.href = url;
         link.className = "conversation-link active";
+        link.setAttribute("aria-current", "page");
         link.dataset.conversation = String(conversationId);
         link.textContent = msg.conversation.title;
         document.getElementById("conversation-list").prepend(link);
         document.getElementById("chat-title").textContent = msg.conversation.title;
-        if (modelSelect) modelSelect.disabled = true;
         break;
       }
       case "message.accepted":
@@ -218,9 +218,9 @@
         const stream = streams.get(msg.generation);
         if (!stream || msg.seq <= stream.seq) break;
         stream.seq = msg.seq;
+        stream.heard = Date.now();
         setStatus(stream.el, "streaming");
         stream.el.querySelector(".content").textContent += msg.text;
-        stream.el.scrollIntoView({block: "end"});
         break;
       }
       case "generation.done":
@@ -262,7 +262,7 @@
     if (!text || sending || regenerating || streams.size > 0) return;
     showError("");
     const payload = {type: "message.send", content: text, conversation: conversationId, client_id: newClientId()};
-    if (!conversationId && modelSelect) payload.model = modelSelect.value;
+    if (modelSelect) payload.model = modelSelect.value;  // another model: from this message on
     sending = {
       payload: payload,
       userEl: addMessage("user", text, "complete"),
@@ -270,6 +270,7 @@
     };
     input.value = "";
     setBusy(true);
+    refreshRegenerate();
     // Not connected (yet, or any more): the message waits, and goes as soon as a socket opens.
     if (socket && socket.readyState === WebSocket.OPEN) transmit();
   });
@@ -301,6 +302,20 @@
       follow(el.dataset.generation, el, 0);
     }
   });
+
+  // An answer whose end never reaches the page (an event lost on the way, an answer ended where no
+  // stream announced it) would wait for ever: one quiet for QUIET_MS is asked for again. The server
+  // answers with what the page missed, or with the answer's end from its row.
+  const QUIET_MS = 4000;
+  setInterval(function () {
+    if (!socket || socket.readyState !== WebSocket.OPEN) return;
+    const now = Date.now();
+    streams.forEach(function (stream, generationId) {
+      if (now - stream.heard < QUIET_MS) return;
+      stream.heard = now;
+      socket.send(JSON.stringify({type: "generation.resume", generation: generationId, after_seq: stream.seq}));
+    });
+  }, 1000);
 
   refreshRegenerate();
   connect();

@@ -135,10 +135,13 @@ def test_the_settings_page_creates_a_key_shows_it_once_and_revokes_it(client, al
     response = client.post(
         reverse("accounts:api_keys"), {"name": "laptop", "scopes": ["chat", "conversations:read"], "expires_on": ""}
     )
-    assert response.status_code == 200
-    key = response.context["created"].key
+    # POST/redirect/GET: a reload of the page that shows the key does not post the form again.
+    assert response.status_code == 302 and response["Location"] == reverse("accounts:api_keys")
+    response = client.get(response["Location"])
+    key = response.context["created"]["key"]
     assert key.encode() in response.content
     assert response["Cache-Control"].startswith("max-age=0")
+    assert api_key_authenticate(key=key).name == "laptop"
     page = client.get(reverse("accounts:api_keys"))
     assert key.encode() not in page.content
     assert b"laptop" in page.content
@@ -175,14 +178,14 @@ def test_creating_keys_is_limited_per_user_by_the_plan(client, alice, bob):
     Tier.objects.filter(name="free").update(api_keys_per_day=3)
     client.force_login(alice)
     for i in range(3):
-        assert client.post(reverse("accounts:api_keys"), {"name": f"k{i}", "scopes": ["chat"]}).status_code == 200
+        assert client.post(reverse("accounts:api_keys"), {"name": f"k{i}", "scopes": ["chat"]}).status_code == 302
     refused = client.post(reverse("accounts:api_keys"), {"name": "one too many", "scopes": ["chat"]})
     assert refused.status_code == 429
     assert 1 <= int(refused["Retry-After"]) <= 24 * 3600 // 3
     assert "limit of 3 new API keys a day" in refused.content.decode()
     assert ApiKey.objects.filter(user=alice).count() == 3
     client.force_login(bob)
-    assert client.post(reverse("accounts:api_keys"), {"name": "bob's", "scopes": ["chat"]}).status_code == 200
+    assert client.post(reverse("accounts:api_keys"), {"name": "bob's", "scopes": ["chat"]}).status_code == 302
 
 
 def test_a_key_made_on_the_page_can_carry_its_own_caps(client, alice):
@@ -191,8 +194,30 @@ def test_a_key_made_on_the_page_can_carry_its_own_caps(client, alice):
         reverse("accounts:api_keys"),
         {"name": "capped", "scopes": ["chat"], "requests_per_minute": "5", "tokens_per_minute": "1000"},
     )
-    assert response.status_code == 200
+    assert response.status_code == 302
     key = ApiKey.objects.get(user=alice)
     assert (key.requests_per_minute, key.tokens_per_minute) == (5, 1000)
     bad = client.post(reverse("accounts:api_keys"), {"name": "bad", "scopes": ["chat"], "requests_per_minute": "0"})
     assert bad.status_code == 400 and ApiKey.objects.count() == 1
+
+
+def test_a_new_keys_default_scopes_let_it_list_models_and_chat(client, alice):
+    client.force_login(alice)
+    page = client.get(reverse("accounts:api_keys"))
+    assert set(page.context["form"]["scopes"].initial) == {"chat", "models:read"}
+    # The form as the page ticks it by default: the key it makes lists models and may chat.
+    client.post(reverse("accounts:api_keys"), {"name": "client", "scopes": page.context["form"]["scopes"].initial})
+    key = client.get(reverse("accounts:api_keys")).context["created"]["key"]
+    assert call_models(key).status_code == 200
+    assert api_key_authenticate(key=key).has_scope("chat")
+
+
+def test_a_reload_after_creating_a_key_neither_creates_another_nor_shows_it_again(client, alice):
+    client.force_login(alice)
+    response = client.post(reverse("accounts:api_keys"), {"name": "once", "scopes": ["chat"]}, follow=True)
+    assert response.redirect_chain == [(reverse("accounts:api_keys"), 302)]
+    key = response.context["created"]["key"]
+    assert b'id="copy-key"' in response.content
+    reloaded = client.get(reverse("accounts:api_keys"))
+    assert reloaded.context["created"] is None and key.encode() not in reloaded.content
+    assert ApiKey.objects.filter(user=alice).count() == 1

@@ -435,6 +435,33 @@ async def test_a_streaming_answer_ended_in_the_database_ends_on_the_socket_with_
     await socket.disconnect()
 
 
+async def test_asking_again_for_an_answer_that_ended_without_its_end_in_the_buffer_ends_it_at_once(
+    alice, served_elsewhere, settings
+):
+    """The page asks again (`generation.resume`) for an answer that has been quiet a few seconds.
+    The buffer holds its text but not its end: the reply is the end from its row, at once, not at
+    the socket's next quiet-stream round."""
+    settings.INFERENCE_STREAM_RESYNC_S = 600  # that round never comes in this test
+    socket, _ = await _following_a_stream(alice, served_elsewhere)  # it has shown "Hello" (seq 1)
+    generation = await Generation.objects.aget(user=alice)
+    await Generation.objects.filter(id=generation.id).aupdate(
+        status=Generation.Status.COMPLETE, text="Hello there.", finish_reason="stop", completion_tokens=3
+    )
+    assert await socket.receive_nothing(timeout=0.3)
+
+    await socket.send_json_to({"type": "generation.resume", "generation": str(generation.id), "after_seq": 1})
+
+    event = await next_event(socket, timeout=3)
+    assert (event["type"], event["seq"], event["status"], event["text"]) == (
+        "generation.done",
+        2,
+        "complete",
+        "Hello there.",
+    )
+    assert await socket.receive_nothing(timeout=0.3)
+    await socket.disconnect()
+
+
 async def test_a_socket_whose_buffer_cannot_be_read_still_ends_an_answer_from_its_row(
     alice, served_elsewhere, settings, monkeypatch
 ):

@@ -101,3 +101,62 @@ def test_threads_asking_for_a_tokenizer_at_once_load_it_once_and_share_it():
         tokenizers = list(pool.map(tokenizer_for, [path] * 4))
     assert all(t is tokenizers[0] for t in tokenizers)
     assert _tokenizer_load.cache_info().misses == 1
+
+
+INSTRUCTIONS = "The user says this about themselves:\nI am a marine biologist called Zora."
+
+
+def test_custom_instructions_follow_the_system_prompt_in_its_own_turn(tokenizer):
+    turns = turns_of(tokenizer, 1, words=5)
+    prompt = assemble_prompt(
+        system_prompt="You are a helpful assistant.",
+        instructions=INSTRUCTIONS,
+        turns=turns,
+        render=lambda messages: render_chat(tokenizer, messages),
+        max_context=WINDOW,
+        max_output=512,
+        min_output=32,
+    )
+    assert prompt.instructions_kept
+    text = tokenizer.decode(prompt.token_ids)
+    system_turn = text.split("<|im_end|>")[0]
+    assert "You are a helpful assistant." in system_turn and "marine biologist called Zora" in system_turn
+    assert system_turn.index("helpful assistant") < system_turn.index("Zora")
+
+
+def test_a_long_conversation_gives_up_its_oldest_turns_before_the_instructions(tokenizer):
+    turns = turns_of(tokenizer, 40)
+    prompt = assemble_prompt(
+        system_prompt="You are a helpful assistant.",
+        instructions=INSTRUCTIONS,
+        turns=turns,
+        render=lambda messages: render_chat(tokenizer, messages),
+        max_context=WINDOW,
+        max_output=512,
+        min_output=32,
+    )
+    text = tokenizer.decode(prompt.token_ids)
+    assert prompt.turns_dropped > 0 and prompt.instructions_kept
+    assert "Zora" in text and "And the newest question?" in text
+    assert prompt.max_tokens == 512 and len(prompt.token_ids) + prompt.max_tokens <= WINDOW
+
+
+def test_instructions_that_leave_no_room_for_a_full_answer_give_way_whole(tokenizer):
+    """A newest message that, with the instructions, would leave less than a full answer: the
+    instructions go (whole, never cut), the message and the system prompt stay."""
+    long_message = " ".join(f"fact{i}" for i in range(300))
+    turns = [Turn(role="user", content=long_message, token_count=count_tokens(tokenizer, long_message))]
+    instructions = "The user asks you to answer like this:\n" + " ".join(f"rule{i}" for i in range(200))
+    prompt = assemble_prompt(
+        system_prompt="You are a helpful assistant.",
+        instructions=instructions,
+        turns=turns,
+        render=lambda messages: render_chat(tokenizer, messages),
+        max_context=WINDOW,
+        max_output=512,
+        min_output=32,
+    )
+    text = tokenizer.decode(prompt.token_ids)
+    assert not prompt.instructions_kept
+    assert "rule0" not in text and "You are a helpful assistant." in text and "fact299" in text
+    assert prompt.max_tokens == 512

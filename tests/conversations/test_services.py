@@ -1,14 +1,16 @@
 from __future__ import annotations
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from accounts.models import UserSettings
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
 from conversations.services import conversation_rename, message_send
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
-from inference.models import Generation
+from inference.models import Generation, ModelDeployment
 from inference.services import generation_claim, generation_finish, generation_mark_started, generation_request_stop
 from tests.conftest import at_the_same_instant
 
@@ -370,3 +372,59 @@ def test_a_regenerate_naming_its_answer_by_anything_but_its_id_finds_nothing(ali
             message_regenerate(user=alice, message_id=message_id)
         assert refused.value.code == "not_found"
     assert not Generation.objects.exists()
+
+
+# --- the person's settings in a send ---------------------------------------------------------------
+
+
+@pytest.fixture
+def second_model(db):
+    from accounts.models import Tier
+
+    deployment = ModelDeployment.objects.create(name="smollm2-second", **DEFAULT_DEPLOYMENT_FIELDS)
+    Tier.objects.get(name="free").deployments.add(deployment)
+    return deployment
+
+
+def _prompt_text(generation) -> str:
+    from inference.tokenizers import tokenizer_for
+
+    return tokenizer_for(generation.deployment.model_path).decode(generation.prompt_token_ids)
+
+
+def test_custom_instructions_go_into_the_prompt_of_the_persons_own_chats_only(alice, bob):
+    UserSettings.objects.create(user=alice, about_me="I keep bees.", answer_style="Answer in one sentence.")
+    alices = message_send(user=alice, content="What should I plant?")
+    system_turn = _prompt_text(alices.generation).split("<|im_end|>")[0]
+    assert "I keep bees." in system_turn and "Answer in one sentence." in system_turn
+    assert "bees" not in _prompt_text(message_send(user=bob, content="What should I plant?").generation)
+
+
+def test_a_new_chat_without_a_model_starts_on_the_persons_default(alice, second_model):
+    UserSettings.objects.create(user=alice, default_model="smollm2-second")
+    assert message_send(user=alice, content="Hi").conversation.deployment == second_model
+    assert message_send(
+        user=alice, content="Hi", model=settings.INFERENCE_DEFAULT_DEPLOYMENT
+    ).conversation.deployment.name == (settings.INFERENCE_DEFAULT_DEPLOYMENT)
+
+
+def test_a_send_with_another_model_moves_the_conversation_to_it_from_that_message_on(alice, second_model):
+    first = message_send(user=alice, content="Hello there")
+    _finish(first.conversation)
+    second = message_send(
+        user=alice, content="And again", conversation_id=first.conversation.id, model="smollm2-second"
+    )
+    assert second.generation.deployment == second_model
+    assert first.generation.deployment.name == settings.INFERENCE_DEFAULT_DEPLOYMENT  # the earlier answer stays its
+    assert Conversation.objects.get(id=first.conversation.id).deployment == second_model
+
+
+def test_a_switch_to_a_model_outside_the_plan_is_refused_and_changes_nothing(alice):
+    outside = ModelDeployment.objects.create(name="smollm2-pro-only", **DEFAULT_DEPLOYMENT_FIELDS)
+    first = message_send(user=alice, content="Hello there")
+    _finish(first.conversation)
+    with pytest.raises(ClientError) as refused:
+        message_send(user=alice, content="And again", conversation_id=first.conversation.id, model=outside.name)
+    assert refused.value.code == "model_not_allowed"
+    assert Conversation.objects.get(id=first.conversation.id).deployment.name == settings.INFERENCE_DEFAULT_DEPLOYMENT
+    assert first.conversation.messages.count() == 2
