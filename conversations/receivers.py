@@ -2,7 +2,11 @@
 
 from django.dispatch import receiver
 
-from conversations.services import message_finish_from_generation, message_mark_streaming
+from conversations.services import (
+    conversation_title_on_finish,
+    message_finish_from_generation,
+    message_mark_streaming,
+)
 from inference.signals import generation_finished, generation_started
 
 
@@ -14,3 +18,4 @@ def on_generation_started(sender, generation, **kwargs) -> None:
 @receiver(generation_finished)
 def on_generation_finished(sender, generation, **kwargs) -> None:
     message_finish_from_generation(generation=generation)
+    conversation_title_on_finish(generation=generation)

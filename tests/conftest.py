@@ -73,6 +73,14 @@ def staff_groups_restore() -> None:
 
 
 @pytest.fixture(autouse=True)
+def titles_from_first_words(settings):
+    """Titles from the first message's words, not from the model, except in the tests of titles
+    (tests/conversations/test_titles.py): a title is a generation of its own, which would change
+    what other tests count of generations and of the engine's work."""
+    settings.CHAT_TITLES_FROM_MODEL = False
+
+
+@pytest.fixture(autouse=True)
 def fresh_rate_limits():
     """One test's requests must not count against the next's."""
     rate_limits_clear()
