@@ -510,11 +510,16 @@ def at_the_same_instant(call: Callable[[], Any], *, times: int) -> list[Any]:
         return list(pool.map(run, range(times)))
 
 
-async def next_event(communicator, *, timeout: float = 60) -> dict[str, Any]:
-    """The next event for this socket, skipping engine status broadcasts (they come at any time)."""
+# Broadcasts a socket may hear at any time: the engine's state, a conversation's title (it comes as
+# a first answer ends), a message another socket of the same user sent.
+BROADCASTS = ("engine.status", "conversation.title", "conversation.message")
+
+
+async def next_event(communicator, *, timeout: float = 60, skipping: tuple[str, ...] = BROADCASTS) -> dict[str, Any]:
+    """The next event for this socket, skipping the broadcasts (they come at any time)."""
     while True:
         event = await communicator.receive_json_from(timeout=timeout)
-        if event["type"] != "engine.status":
+        if event["type"] not in skipping:
             return event
 
 
