@@ -492,8 +492,12 @@ def login_unlock(*, usernames: list[str] = (), addresses: list[str] = ()) -> Non
 # --- the ledger ----------------------------------------------------------------------------------
 
 
-def usage_record(*, generation: Any) -> UsageRecord:
+def usage_record(*, generation: Any) -> UsageRecord | None:
     """Charge a finished generation exactly once, at its user's tier's prices for its deployment.
+
+    A conversation's title (`purpose` "title") is the service's own request, which the user did not
+    make: it is neither charged nor recorded (None), so it never shows on a statement or counts
+    towards a quota.
 
     Tokens are the engine's counts. A generation that never reached an engine (stopped while queued)
     used none; a failed one is recorded for the books but not charged. A second call for the same
@@ -502,6 +506,8 @@ def usage_record(*, generation: Any) -> UsageRecord:
     """
     if not generation.is_finished:
         raise ValueError("only a finished generation can be charged")
+    if getattr(generation, "purpose", "answer") == "title":
+        return None
     # Never raise here: this runs inside generation_finish, and a missing tier must not undo a finish.
     prices = tier_prices_for_user_id(user_id=generation.user_id, deployment_id=generation.deployment_id)
     ran = generation.started_at is not None

@@ -263,6 +263,9 @@ INFERENCE_ENGINE_START_TIMEOUT_S = env_float("INFERENCE_ENGINE_START_TIMEOUT_S",
 INFERENCE_AT_CAPACITY_RETRY_S = env_int("INFERENCE_AT_CAPACITY_RETRY_S", 10, minimum=1)
 INFERENCE_PRIORITY_AGING_S = env_float("INFERENCE_PRIORITY_AGING_S", 15, minimum=0)
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 32_000, minimum=1)
+# Whether the model writes each conversation's title after its first answer (a short, uncharged,
+# low-priority generation); off, a conversation is named after the first words of its first message.
+CHAT_TITLES_FROM_MODEL = env_bool("CHAT_TITLES_FROM_MODEL", True)
 # A prompt longer than the window times this many characters is refused before it is tokenized or
 # moderated (accounts.services.request_size_check).
 PROMPT_MAX_CHARS_PER_TOKEN = env_int("PROMPT_MAX_CHARS_PER_TOKEN", 8, minimum=1, maximum=1000)

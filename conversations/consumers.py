@@ -4,7 +4,9 @@ Client → server: `message.send` {content, conversation?, model?, client_id?, r
 `generation.resume` {generation, after_seq}, `message.regenerate` {message, replaces?}.
 Server → client: `conversation.created`, `message.accepted`, `message.regenerating`, `generation.delta` {seq, text},
 `generation.done` {seq, status, finish_reason, usage}, `generation.error` {seq, code, message},
-`engine.status` {deployment, state}, `message.blocked` {conversation, user_message, message} when
+`engine.status` {deployment, state}, `conversation.title` {conversation, title} when a title is
+written or changed, `conversation.message` {conversation, created, user_message, assistant_message?,
+generation?, blocked?} for a message another of the user's sockets sent, `message.blocked` {conversation, user_message, message} when
 moderation holds a message back (it is saved, flagged, and never reaches the model), and `error`
 {code, message, client_id?} for a refused request.
 
@@ -250,6 +252,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                     "client_id": content.get("client_id"),
                 }
             )
+            if not sent.replayed:
+                await self._others_tell(sent, user_message)
             return
         accepted = {
             "type": "message.accepted",
@@ -265,6 +269,30 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json(accepted)
         # A replayed send's answer may have ended long ago, its events gone from the buffer.
         await self._follow(sent.generation, after_seq=0, fresh=not sent.replayed)
+        if not sent.replayed:
+            await self._others_tell(sent, user_message)
+
+    async def _others_tell(self, sent: Any, user_message: dict[str, Any]) -> None:
+        """Tell the user's other sockets (other tabs, other devices) of a message this one sent, after
+        this socket's own answer is under way: a page showing its conversation adds the message and
+        the answer's place and follows the stream (`generation.resume`), the others list it. Best
+        effort: the message is saved whatever becomes of this."""
+        event: dict[str, Any] = {
+            "type": "conversation.message",
+            "origin": self.channel_name,
+            "conversation": {"id": sent.conversation.id, "title": sent.conversation.display_title},
+            "created": sent.conversation_created,
+            "user_message": user_message,
+        }
+        if sent.blocked:
+            event["blocked"] = sent.blocked_reason
+        else:
+            event["assistant_message"] = {"id": sent.assistant_message.id}
+            event["generation"] = str(sent.generation.id)
+        try:
+            await self.channel_layer.group_send(user_group(self.user.id), event)
+        except Exception:
+            logger.exception("telling the other sockets of user %s of a message failed", self.user.id)
 
     async def _message_regenerate(self, content: dict[str, Any]) -> None:
         regenerated = await db_async(message_regenerate)(
@@ -414,6 +442,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self._forward(event)
 
     async def engine_status(self, event: dict[str, Any]) -> None:
+        if not self._closed_for_access:
+            await self.send_json(event)
+
+    async def conversation_message(self, event: dict[str, Any]) -> None:
+        """A message another of the user's sockets sent (`_others_tell`); the sender's own is not echoed."""
+        if self._closed_for_access or event.get("origin") == self.channel_name:
+            return
+        await self.send_json({key: value for key, value in event.items() if key != "origin"})
+
+    async def conversation_title(self, event: dict[str, Any]) -> None:
+        """A conversation of the user's has a title (written by the model, or renamed in another tab)."""
         if not self._closed_for_access:
             await self.send_json(event)
 

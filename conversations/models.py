@@ -6,7 +6,18 @@ from django.db import models
 
 class Conversation(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations")
+    # Empty until the model has written one after the first answer (or its owner names it): the
+    # page shows "New chat" meanwhile, and a message moderation held back never becomes a title.
     title = models.CharField(max_length=200, blank=True, default="")
+    pinned = models.BooleanField(default=False, help_text="Shown above the others in its owner's list.")
+    title_generation = models.OneToOneField(
+        "inference.Generation",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="titled_conversation",
+        help_text="The short generation asked to write the title, once one was asked for.",
+    )
     deployment = models.ForeignKey("inference.ModelDeployment", on_delete=models.PROTECT, related_name="conversations")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True, db_index=True)
@@ -82,3 +93,20 @@ class Message(models.Model):
     @property
     def is_in_progress(self) -> bool:
         return self.status in self.IN_PROGRESS
+
+
+class SharedConversation(models.Model):
+    """A read-only snapshot of a conversation, readable by anyone holding its link's token.
+
+    The messages are copied when it is shared, so what the link shows does not change as the
+    conversation goes on, and nothing of the owner's account goes with it. One per conversation:
+    revoking deletes it (the link then 404s), and so does deleting the conversation."""
+
+    conversation = models.OneToOneField(Conversation, on_delete=models.CASCADE, related_name="share")
+    token = models.CharField(max_length=64, unique=True, editable=False)
+    title = models.CharField(max_length=200)
+    messages = models.JSONField(default=list, help_text="[{role, content}] as they were when shared.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"Share of {self.conversation_id}"

@@ -2,7 +2,12 @@
 
 from django.dispatch import receiver
 
-from conversations.services import message_finish_from_generation, message_mark_streaming, message_verdict_take
+from conversations.services import (
+    conversation_title_on_finish,
+    message_finish_from_generation,
+    message_mark_streaming,
+    message_verdict_take,
+)
 from inference.signals import generation_finished, generation_started, held_answer_unjudged
 
 
@@ -14,6 +19,7 @@ def on_generation_started(sender, generation, **kwargs) -> None:
 @receiver(generation_finished)
 def on_generation_finished(sender, generation, **kwargs) -> None:
     message_finish_from_generation(generation=generation)
+    conversation_title_on_finish(generation=generation)
 
 
 @receiver(held_answer_unjudged)

@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+import datetime as dt
+import re
+from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db import connection
+from django.db.models import Q, QuerySet
+from django.utils import timezone
 
-from conversations.models import Conversation, Message
+from conversations.models import Conversation, Message, SharedConversation
 from moderation.models import Flag
 
 
@@ -80,3 +85,124 @@ def default_model_for_user(*, user: Any, allowed: list[Any] | None = None) -> st
         if chosen in {deployment.name for deployment in allowed}:
             return chosen
     return settings.INFERENCE_DEFAULT_DEPLOYMENT
+
+
+# --- the list in the sidebar, and search ---------------------------------------------------------
+
+SIDEBAR_LIMIT = 100
+SEARCH_MAX_TERMS = 8
+SEARCH_MAX_CHARS = 200
+_WORD = re.compile(r"\w+")
+
+
+@dataclass(frozen=True)
+class ConversationGroup:
+    label: str
+    conversations: list[Conversation]
+
+
+def conversation_groups_for_user(
+    *, user: Any, query: str = "", now: dt.datetime | None = None, limit: int = SIDEBAR_LIMIT
+) -> list[ConversationGroup]:
+    """The user's conversations as the sidebar lists them: pinned ones first, then the rest by when
+    they were last active (Today, Yesterday, Previous 7 days, Older, by the site's time zone), each
+    group newest first. With `query`, only those it matches (`conversation_search`)."""
+    conversations = (
+        conversation_search(user=user, query=query) if query.strip() else conversation_list_for_user(user=user)
+    )
+    rows = list(conversations.order_by("-pinned", "-updated_at", "-id")[:limit])
+    today = timezone.localdate(now or timezone.now())
+    groups: dict[str, list[Conversation]] = {}
+    for conversation in rows:
+        groups.setdefault(_group_label(conversation, today=today), []).append(conversation)
+    order = ["Pinned", "Today", "Yesterday", "Previous 7 days", "Older"]
+    return [ConversationGroup(label, groups[label]) for label in order if label in groups]
+
+
+def _group_label(conversation: Conversation, *, today: dt.date) -> str:
+    if conversation.pinned:
+        return "Pinned"
+    age = (today - timezone.localdate(conversation.updated_at)).days
+    if age <= 0:
+        return "Today"
+    if age == 1:
+        return "Yesterday"
+    if age <= 7:
+        return "Previous 7 days"
+    return "Older"
+
+
+def conversation_search(*, user: Any, query: str) -> QuerySet[Conversation]:
+    """The user's own conversations whose title, or one of whose messages, holds every word of
+    `query` (words as prefixes: "lig" finds "lighthouse").
+
+    PostgreSQL: full-text search (`to_tsvector('simple', …)`, the expression the migration's GIN
+    index on message text is built on; 'simple' stems nothing, so it reads every language alike).
+    SQLite: a case-insensitive substring match of each word."""
+    terms = search_terms(query)
+    conversations = conversation_list_for_user(user=user)
+    if not terms:
+        return conversations.none()
+    if connection.vendor == "postgresql":
+        from django.contrib.postgres.search import SearchQuery, SearchVector
+
+        tsquery = SearchQuery(" & ".join(f"'{term}':*" for term in terms), config="simple", search_type="raw")
+        in_messages = (
+            Message.objects.filter(conversation__user=user)
+            .annotate(document=SearchVector("content", config="simple"))
+            .filter(document=tsquery)
+            .values("conversation_id")
+        )
+        in_titles = conversations.annotate(document=SearchVector("title", config="simple")).filter(document=tsquery)
+        return conversations.filter(Q(id__in=in_titles.values("id")) | Q(id__in=in_messages))
+    title_matches, message_matches = Q(), Message.objects.filter(conversation__user=user)
+    for term in terms:
+        title_matches &= Q(title__icontains=term)
+        message_matches = message_matches.filter(content__icontains=term)
+    return conversations.filter(title_matches | Q(id__in=message_matches.values("conversation_id")))
+
+
+def search_terms(query: str) -> list[str]:
+    """The words of a search, lower-cased: letters, digits and underscores only, so nothing in them
+    is tsquery syntax, and at most SEARCH_MAX_TERMS of them."""
+    if not isinstance(query, str):
+        return []
+    return [word.lower() for word in _WORD.findall(query[:SEARCH_MAX_CHARS])][:SEARCH_MAX_TERMS]
+
+
+# --- export and sharing -------------------------------------------------------------------------
+
+
+def conversation_export(*, conversation: Conversation) -> dict[str, Any]:
+    """Everything its owner sees in the conversation, as plain data (the JSON download, and the
+    Markdown one's source): its messages in order with their roles, statuses and times."""
+    return {
+        "id": conversation.id,
+        "title": conversation.display_title,
+        "model": conversation.deployment.name,
+        "created_at": conversation.created_at.isoformat(),
+        "updated_at": conversation.updated_at.isoformat(),
+        "messages": [
+            {
+                "id": m.id,
+                "role": m.role,
+                "content": m.content,
+                "status": m.status,
+                "created_at": m.created_at.isoformat(),
+            }
+            for m in conversation.messages.filter(role__in=[Message.Role.USER, Message.Role.ASSISTANT]).order_by(
+                "created_at", "id"
+            )
+        ],
+    }
+
+
+def shared_conversation_get(*, token: Any) -> SharedConversation | None:
+    """The snapshot a shared link names; None for a token that names none (revoked, or never made)."""
+    if not isinstance(token, str) or not 20 <= len(token) <= 64:
+        return None
+    return SharedConversation.objects.filter(token=token).first()
+
+
+def shared_conversation_for(*, conversation: Conversation) -> SharedConversation | None:
+    return SharedConversation.objects.filter(conversation=conversation).first()

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import logging
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -17,14 +21,23 @@ from accounts.services import (
     request_admit,
     request_limits,
     request_size_check,
+    user_group,
 )
 from chatsite.errors import ClientError
-from conversations.models import Conversation, Message
+from conversations.models import Conversation, Message, SharedConversation
 from conversations.prompts import AssembledPrompt, Turn, assemble_prompt
 from conversations.selectors import (
     conversation_get_for_send,
     conversation_has_message_in_progress,
     default_model_for_user,
+)
+from conversations.titles import (
+    TITLE_MAX_TOKENS,
+    TITLE_PRIORITY,
+    TITLE_TEMPERATURE,
+    title_clean,
+    title_from_message,
+    title_prompt_messages,
 )
 from inference.models import Generation, ModelDeployment
 from inference.selectors import deployment_get, generation_awaiting_verdict
@@ -47,7 +60,7 @@ from moderation.services import (
     verdict_under_tier,
 )
 
-TITLE_LENGTH = 60
+logger = logging.getLogger(__name__)
 # How often a repeated send looks whether its first send's message has been judged yet.
 VERDICT_WAIT_POLL_S = 0.01
 # What a message held back by moderation says when the verdict that held it is gone.
@@ -89,11 +102,22 @@ def conversation_start(*, user: Any, title: str = "", model: str | None = None) 
 
 
 def conversation_rename(*, conversation: Conversation, title: str) -> Conversation:
-    title = title.strip()
+    """Name the conversation; its owner's open pages show the new name (`conversation.title`). A
+    title the model is still writing will not replace it: it is applied only to an untitled one."""
+    title = " ".join(title.split()) if isinstance(title, str) else ""
     if not title or len(title) > 200:
         raise ClientError("A title must be 1 to 200 characters long.", code="invalid_title", param="title")
     conversation.title = title
     conversation.save(update_fields=["title", "updated_at"])
+    _title_announce(user_id=conversation.user_id, conversation_id=conversation.id, title=title)
+    return conversation
+
+
+def conversation_pin(*, conversation: Conversation, pinned: bool) -> Conversation:
+    """Pin the conversation above the others in its owner's list (or unpin it). Its place among
+    the rest does not change: `updated_at` is left as it was."""
+    Conversation.objects.filter(id=conversation.id).update(pinned=pinned)
+    conversation.pinned = pinned
     return conversation
 
 
@@ -349,7 +373,9 @@ def _message_save_allowed(
     if created:
         # With its queue's length, read in the same statement for generation_admit.
         deployment = deployment_get(name=model or default_model_for_user(user=user), with_queue_length=True)
-        conversation = conversation_create(user=user, deployment=deployment, title=_title_from(content))
+        # Untitled: the title is written once an answer has ended (conversation_title_request), so
+        # a message moderation holds back never names the conversation.
+        conversation = conversation_create(user=user, deployment=deployment)
     else:
         # Locked: sends into one conversation are serialised.
         conversation = conversation_get_for_send(user=user, conversation_id=conversation_id)
@@ -428,7 +454,7 @@ def _message_save_blocked(
     conversation = blocked.conversation
     if created:
         # Its deployment as the rolled-back row had it (no read).
-        conversation = conversation_create(user=user, deployment=conversation.deployment, title=conversation.title)
+        conversation = conversation_create(user=user, deployment=conversation.deployment)
     else:
         # Serialised with the conversation's other sends, as the first transaction was.
         locked = Conversation.objects.select_for_update().filter(id=conversation.id).first()
@@ -717,11 +743,6 @@ def _prompt_for(
     )
 
 
-def _title_from(content: str) -> str:
-    line = " ".join(content.split())
-    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
-
-
 _STATUS_FROM_GENERATION = {
     Generation.Status.COMPLETE: Message.Status.COMPLETE,
     Generation.Status.STOPPED: Message.Status.STOPPED,
@@ -752,3 +773,171 @@ def message_finish_from_generation(*, generation: Generation) -> None:
         error_code=generation.error_code,
         updated_at=timezone.now(),
     )
+
+
+# --- titles -------------------------------------------------------------------------------------
+
+
+def conversation_title_on_finish(*, generation: Generation) -> None:
+    """What an ended generation means for its conversation's title (inference's `generation_finished`,
+    inside the finish's transaction).
+
+    A title's own generation: its text, cleaned, becomes the title (`_title_apply`). An answer that
+    ended with text in a conversation still untitled, and with no title asked for yet: the title is
+    asked for once this transaction commits (`conversation_title_request`). Only this answer's
+    conversation is read, in one statement that finds nothing for a titled one, on the way to the
+    answer's `done`; the request itself is made after the commit."""
+    if generation.purpose == Generation.Purpose.TITLE:
+        _title_apply(generation=generation)
+        return
+    if generation.status == Generation.Status.FAILED or not generation.text.strip():
+        return
+    answer = (
+        Message.objects.filter(
+            generation_id=generation.id,
+            role=Message.Role.ASSISTANT,
+            conversation__title="",
+            conversation__title_generation__isnull=True,
+        )
+        .values_list("id", "conversation_id")
+        .first()
+    )
+    if answer is not None:
+        answer_id, conversation_id = answer
+        transaction.on_commit(
+            lambda: conversation_title_request(conversation_id=conversation_id, answer_id=answer_id), robust=True
+        )
+
+
+def conversation_title_request(*, conversation_id: int, answer_id: int) -> None:
+    """Ask the conversation's model for a title from the exchange that `answer_id` ended, as a short
+    generation of the service's own (`Generation.Purpose.TITLE`: lowest priority, not charged,
+    dispatched like any answer: in this process in the embedded default, to a GPU worker through
+    Celery in the production topology). At most once per conversation: the claim is a conditional
+    update of the untitled conversation. With CHAT_TITLES_FROM_MODEL off, or when the request cannot
+    be queued (a full queue), the title is the message's first words at once."""
+    answer = (
+        Message.objects.select_related("parent", "conversation__deployment", "conversation__user")
+        .filter(id=answer_id, conversation_id=conversation_id)
+        .first()
+    )
+    if answer is None or answer.parent is None:
+        return
+    conversation = answer.conversation
+    if not settings.CHAT_TITLES_FROM_MODEL:
+        _title_fallback(conversation_id=conversation.id, user_id=conversation.user_id)
+        return
+    deployment = conversation.deployment
+    try:
+        with transaction.atomic():
+            generation_admit(deployment=deployment)
+            tokenizer = tokenizer_for(deployment.model_path)
+            prompt = render_chat(
+                tokenizer, title_prompt_messages(user_text=answer.parent.content, answer_text=answer.content)
+            )
+            generation = generation_create(
+                user=conversation.user,
+                deployment=deployment,
+                prompt_token_ids=prompt,
+                sampling={
+                    "temperature": TITLE_TEMPERATURE,
+                    "top_p": deployment.top_p,
+                    "repetition_penalty": deployment.repetition_penalty,
+                    "max_tokens": TITLE_MAX_TOKENS,
+                },
+                priority=TITLE_PRIORITY,
+                purpose=Generation.Purpose.TITLE,
+            )
+            claimed = Conversation.objects.filter(id=conversation.id, title="", title_generation__isnull=True).update(
+                title_generation=generation
+            )
+            if not claimed:  # titled meanwhile, or asked for by another answer's end
+                transaction.set_rollback(True)
+    except Exception:
+        logger.warning("conversation %s: the title could not be asked for", conversation.id, exc_info=True)
+        _title_fallback(conversation_id=conversation.id, user_id=conversation.user_id)
+
+
+def _title_apply(*, generation: Generation) -> None:
+    """Make a finished title generation's text the title of the conversation that asked for it,
+    unless its owner has named it meanwhile. Nothing usable (a failure, a stop, output moderation's
+    cut, only punctuation): the first message's first words instead."""
+    row = Conversation.objects.filter(title_generation_id=generation.id).values_list("id", "user_id").first()
+    if row is None:
+        return
+    conversation_id, user_id = row
+    usable = generation.status == Generation.Status.COMPLETE and generation.finish_reason != CONTENT_FILTER
+    title = title_clean(generation.text) if usable else ""
+    if not title:
+        _title_fallback(conversation_id=conversation_id, user_id=user_id)
+        return
+    _title_set_if_untitled(conversation_id=conversation_id, user_id=user_id, title=title)
+
+
+def _title_fallback(*, conversation_id: int, user_id: int) -> None:
+    """The title from the first words of the conversation's first message that moderation let through."""
+    first = (
+        Message.objects.filter(conversation_id=conversation_id, role=Message.Role.USER)
+        .exclude(status=Message.Status.FLAGGED)
+        .order_by("created_at", "id")
+        .values_list("content", flat=True)
+        .first()
+    )
+    if first:
+        _title_set_if_untitled(conversation_id=conversation_id, user_id=user_id, title=title_from_message(first))
+
+
+def _title_set_if_untitled(*, conversation_id: int, user_id: int, title: str) -> None:
+    # update(): a title arriving is no activity, and the conversation keeps its place in the list.
+    if Conversation.objects.filter(id=conversation_id, title="").update(title=title):
+        _title_announce(user_id=user_id, conversation_id=conversation_id, title=title)
+
+
+def _title_announce(*, user_id: int, conversation_id: int, title: str) -> None:
+    """Once the caller's transaction commits, tell the owner's open pages (every socket of theirs,
+    in whichever process) the conversation's title: the header, the list and the tab follow."""
+    event = {"type": "conversation.title", "conversation": conversation_id, "title": title}
+    transaction.on_commit(lambda: user_sockets_tell(user_id=user_id, event=event), robust=True)
+
+
+def user_sockets_tell(*, user_id: int, event: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is not None:
+        async_to_sync(layer.group_send)(user_group(user_id), event)
+
+
+# --- sharing ------------------------------------------------------------------------------------
+
+
+def conversation_share(*, conversation: Conversation) -> SharedConversation:
+    """A read-only link to a snapshot of the conversation as it is now; the one it has, if it has
+    one (revoke it to share a newer snapshot). Its token is 256 random bits. Only text that was
+    shown as the conversation's own goes in: messages moderation held back, and answers still
+    being written or without text, are left out."""
+    existing = SharedConversation.objects.filter(conversation=conversation).first()
+    if existing is not None:
+        return existing
+    shown = (
+        conversation.messages.filter(role__in=[Message.Role.USER, Message.Role.ASSISTANT])
+        .exclude(status__in=[Message.Status.PENDING, Message.Status.STREAMING])
+        .exclude(role=Message.Role.USER, status=Message.Status.FLAGGED)
+        .exclude(content="")
+        .order_by("created_at", "id")
+    )
+    snapshot = [{"role": m.role, "content": m.content} for m in shown]
+    try:
+        with transaction.atomic():
+            return SharedConversation.objects.create(
+                conversation=conversation,
+                token=secrets.token_urlsafe(32),
+                title=conversation.display_title,
+                messages=snapshot,
+            )
+    except IntegrityError:  # shared at the same moment from another tab: that share is the one
+        return SharedConversation.objects.get(conversation=conversation)
+
+
+def conversation_share_revoke(*, conversation: Conversation) -> bool:
+    """Take the conversation's shared link down: it answers 404 from now on. False if it had none."""
+    deleted, _ = SharedConversation.objects.filter(conversation=conversation).delete()
+    return bool(deleted)

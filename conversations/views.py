@@ -1,21 +1,42 @@
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.selectors import deployments_allowed_for_user
-from conversations.models import Message
+from chatsite.errors import ClientError, error_body
+from conversations.models import Conversation, Message
 from conversations.selectors import (
+    ConversationGroup,
+    conversation_export,
     conversation_get_for_user,
-    conversation_list_for_user,
+    conversation_groups_for_user,
     default_model_for_user,
     held_back_flags,
     message_list,
+    shared_conversation_for,
+    shared_conversation_get,
 )
-from conversations.services import ANSWER_CUT, conversation_delete, held_back_reason
+from conversations.services import (
+    ANSWER_CUT,
+    conversation_delete,
+    conversation_pin,
+    conversation_rename,
+    conversation_share,
+    conversation_share_revoke,
+    held_back_reason,
+)
 from inference.dispatch import engine_state
 from inference.selectors import deployment_list_enabled
 
@@ -25,12 +46,14 @@ from inference.selectors import deployment_list_enabled
 def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpResponse:
     conversation = None
     messages = []
+    share = None
     if conversation_id is not None:
         conversation = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
         if conversation is None:
             raise Http404("No such conversation.")
         messages = message_list(conversation=conversation)
         _notes_attach(messages)
+        share = shared_conversation_for(conversation=conversation)
     deployments = deployments_allowed_for_user(user=request.user, deployments=deployment_list_enabled())
     if conversation is not None:
         # The picker shows the model the conversation is on now; switching it applies from the
@@ -46,7 +69,8 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
         {
             "conversation": conversation,
             "chat_messages": messages,
-            "conversations": conversation_list_for_user(user=request.user)[:100],
+            "conversation_groups": conversation_groups_for_user(user=request.user),
+            "share_url": request.build_absolute_uri(_share_path(share.token)) if share else "",
             "deployments": deployments,
             "default_deployment": selected,
             "engine_state": engine_state(settings.INFERENCE_DEFAULT_DEPLOYMENT),
@@ -69,11 +93,168 @@ def _notes_attach(messages: list[Message]) -> None:
             message.note = ANSWER_CUT
 
 
-@login_required
-@require_POST
-def conversation_delete_view(request: HttpRequest, conversation_id: int) -> HttpResponse:
+def _own_conversation(request: HttpRequest, conversation_id: int) -> Conversation:
+    """The signed-in user's conversation; 404 for another user's, exactly as for a missing one."""
     conversation = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
     if conversation is None:
         raise Http404("No such conversation.")
-    conversation_delete(conversation=conversation)
+    return conversation
+
+
+def _json_endpoint(view: Callable[..., Any]) -> Callable[..., HttpResponse]:
+    """A page's script endpoint: the session's user only (401 in JSON, not the sign-in page's
+    redirect, for a script to read), the user's own conversations only (404), and a ClientError
+    answered in the site's error shape. CSRF is Django's middleware's, as for every POST."""
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_authenticated:
+            body = error_body(message="Sign in first.", status=401, code="not_authenticated")
+            return JsonResponse(body, status=401)
+        try:
+            return view(request, *args, **kwargs)
+        except Http404:
+            body = error_body(message="That conversation does not exist.", status=404, code="not_found")
+            return JsonResponse(body, status=404)
+        except ClientError as exc:
+            body = error_body(message=exc.message, status=exc.status, code=exc.code, param=exc.param)
+            return JsonResponse(body, status=exc.status)
+
+    return wrapped
+
+
+def _conversation_json(conversation: Conversation) -> dict[str, Any]:
+    return {
+        "id": conversation.id,
+        "title": conversation.display_title,
+        "pinned": conversation.pinned,
+        "url": reverse("conversations:conversation", args=[conversation.id]),
+    }
+
+
+@require_POST
+@_json_endpoint
+def conversation_rename_view(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    conversation = _own_conversation(request, conversation_id)
+    conversation_rename(conversation=conversation, title=request.POST.get("title", ""))
+    return JsonResponse(_conversation_json(conversation))
+
+
+@require_POST
+@_json_endpoint
+def conversation_pin_view(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    conversation = _own_conversation(request, conversation_id)
+    pinned = request.POST.get("pinned")
+    if pinned not in ("true", "false"):
+        raise ClientError("'pinned' must be true or false.", code="invalid_request", param="pinned")
+    conversation_pin(conversation=conversation, pinned=pinned == "true")
+    return JsonResponse(_conversation_json(conversation))
+
+
+@login_required
+@require_POST
+def conversation_delete_view(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    conversation_delete(conversation=_own_conversation(request, conversation_id))
     return redirect("conversations:chat")
+
+
+@require_GET
+@_json_endpoint
+def conversation_search_view(request: HttpRequest) -> HttpResponse:
+    """The sidebar's list, grouped as the page renders it; with `q`, only the conversations it finds."""
+    groups = conversation_groups_for_user(user=request.user, query=request.GET.get("q", ""))
+    return JsonResponse({"groups": [_group_json(group) for group in groups]})
+
+
+def _group_json(group: ConversationGroup) -> dict[str, Any]:
+    return {"label": group.label, "conversations": [_conversation_json(c) for c in group.conversations]}
+
+
+# --- export ---------------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def conversation_export_json(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    exported = conversation_export(conversation=_own_conversation(request, conversation_id))
+    body = json.dumps(exported, ensure_ascii=False, indent=2)
+    return _download(body, content_type="application/json", filename=_filename(exported, "json"))
+
+
+@login_required
+@require_GET
+def conversation_export_markdown(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    exported = conversation_export(conversation=_own_conversation(request, conversation_id))
+    return _download(export_markdown(exported), content_type="text/markdown", filename=_filename(exported, "md"))
+
+
+ROLE_HEADINGS = {"user": "You", "assistant": "Assistant"}
+STATUS_NOTES = {
+    "flagged": "held back by an automatic safety check",
+    "stopped": "stopped",
+    "failed": "failed",
+    "pending": "not written yet",
+    "streaming": "still being written",
+}
+
+
+def export_markdown(exported: dict[str, Any]) -> str:
+    """The conversation as Markdown: a heading per message, its text as it was written (Markdown
+    the model wrote stays Markdown), and a note where a message did not end normally."""
+    parts = [f"# {_one_line(exported['title'])}", "", f"Model: {exported['model']} · {exported['created_at']}", ""]
+    for message in exported["messages"]:
+        heading = f"## {ROLE_HEADINGS.get(message['role'], message['role'])}"
+        if message["status"] in STATUS_NOTES:
+            heading += f" ({STATUS_NOTES[message['status']]})"
+        parts += [heading, "", message["content"], ""]
+    return "\n".join(parts)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _filename(exported: dict[str, Any], extension: str) -> str:
+    """An ASCII file name from the title (nothing in it can break the header): `chat-12-trip-plans.md`."""
+    slug = re.sub(r"[^a-z0-9]+", "-", exported["title"].lower()).strip("-")[:40].strip("-")
+    return f"chat-{exported['id']}{'-' + slug if slug else ''}.{extension}"
+
+
+def _download(body: str, *, content_type: str, filename: str) -> HttpResponse:
+    response = HttpResponse(body.encode(), content_type=f"{content_type}; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+# --- sharing --------------------------------------------------------------------------------------
+
+
+def _share_path(token: str) -> str:
+    return reverse("conversations:shared", args=[token])
+
+
+@require_POST
+@_json_endpoint
+def conversation_share_view(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    share = conversation_share(conversation=_own_conversation(request, conversation_id))
+    return JsonResponse({"url": request.build_absolute_uri(_share_path(share.token))})
+
+
+@require_POST
+@_json_endpoint
+def conversation_share_revoke_view(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    revoked = conversation_share_revoke(conversation=_own_conversation(request, conversation_id))
+    return JsonResponse({"revoked": revoked})
+
+
+@never_cache  # revoking must take the page down everywhere: no cache along the way may keep a copy
+@require_GET
+def shared_conversation(request: HttpRequest, token: str) -> HttpResponse:
+    """A shared snapshot, readable by anyone with its link, signed in or not: its title and messages
+    as text, nothing of the account it came from, and kept out of search engines."""
+    share = shared_conversation_get(token=token)
+    if share is None:
+        raise Http404("No such shared conversation.")
+    response = render(request, "conversations/shared.html", {"share": share})
+    response["X-Robots-Tag"] = "noindex, nofollow"
+    return response

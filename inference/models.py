@@ -80,6 +80,11 @@ class Generation(models.Model):
         STOPPED = "stopped"
         FAILED = "failed"
 
+    class Purpose(models.TextChoices):
+        ANSWER = "answer"
+        # A conversation's title, which the service asks for itself: not charged to the user.
+        TITLE = "title"
+
     FINISHED = (Status.COMPLETE, Status.STOPPED, Status.FAILED)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -104,6 +109,7 @@ class Generation(models.Model):
         help_text="Input moderation's verdict on its message is still coming: the answer is computed, not shown.",
     )
     worker = models.CharField(max_length=200, blank=True, default="")
+    purpose = models.CharField(max_length=16, choices=Purpose.choices, default=Purpose.ANSWER)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -108,10 +108,13 @@ def generation_queue_ordered(*, deployment: ModelDeployment, limit: int = 100) -
 
 
 def generation_tokens_reserved_for_user(*, user) -> int:
-    """Tokens the user's unfinished generations may still use: prompt plus the answer's max_tokens."""
-    rows = Generation.objects.filter(
-        user_id=user.id, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING]
-    ).values_list("prompt_tokens", "sampling")
+    """Tokens the user's unfinished generations may still use: prompt plus the answer's max_tokens.
+    Titles are not charged (accounts.services.usage_record), so they reserve nothing."""
+    rows = (
+        Generation.objects.filter(user_id=user.id, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING])
+        .exclude(purpose=Generation.Purpose.TITLE)
+        .values_list("prompt_tokens", "sampling")
+    )
     return sum(prompt + int((sampling or {}).get("max_tokens") or 0) for prompt, sampling in rows)
 
 

@@ -52,6 +52,7 @@ def generation_create(
     priority: int = 0,
     awaiting_verdict: bool = False,
     tier_id: int | None = None,
+    purpose: str = Generation.Purpose.ANSWER,
 ) -> Generation:
     """A queued generation; dispatched to an engine once the caller's transaction commits.
 
@@ -74,6 +75,7 @@ def generation_create(
         queue_priority=priority,
         prompt_tokens=len(prompt_token_ids),
         awaiting_verdict=awaiting_verdict,
+        purpose=purpose,
     )
     order = generation_order(generation, tier_id=tier_id)
     transaction.on_commit(

@@ -162,6 +162,8 @@
   }
 
   function handle(msg) {
+    // The sidebar (static/chat/sidebar.js) keeps its list and the header's actions in step from here.
+    document.dispatchEvent(new CustomEvent("chat:event", {detail: msg}));
     switch (msg.type) {
       case "engine.status":
         engineBanner.dataset.state = msg.state;
@@ -174,13 +176,6 @@
         chat.dataset.conversation = String(conversationId);
         const url = chat.dataset.conversationUrl.replace("/0/", "/" + conversationId + "/");
         history.replaceState(null, "", url);
-        const link = document.createElement("a");
-        link.href = url;
-        link.className = "conversation-link active";
-        link.setAttribute("aria-current", "page");
-        link.dataset.conversation = String(conversationId);
-        link.textContent = msg.conversation.title;
-        document.getElementById("conversation-list").prepend(link);
         document.getElementById("chat-title").textContent = msg.conversation.title;
         break;
       }
@@ -193,6 +188,26 @@
           sending = null;
         }
         break;
+      case "conversation.message": {
+        // Sent from another of this user's tabs: shown here too when this page shows its conversation,
+        // and its answer followed from the start of its stream.
+        if (msg.conversation.id !== conversationId) break;
+        if (messages.querySelector('article[data-message="' + msg.user_message.id + '"]')) break;
+        const userEl = addMessage("user", msg.user_message.content, msg.blocked ? "flagged" : "complete");
+        userEl.dataset.message = msg.user_message.id;
+        if (msg.blocked) {
+          addNote(userEl, msg.blocked, false);
+          break;
+        }
+        const answerEl = addMessage("assistant", "", "pending");
+        answerEl.dataset.message = msg.assistant_message.id;
+        follow(msg.generation, answerEl, 0);
+        refreshRegenerate();
+        if (socket && socket.readyState === WebSocket.OPEN) {
+          socket.send(JSON.stringify({type: "generation.resume", generation: msg.generation, after_seq: 0}));
+        }
+        break;
+      }
       case "message.regenerating": {
         if (regenerating && regenerating.message === msg.assistant_message.id) regenerating = null;
         const el = messages.querySelector('article[data-message="' + msg.assistant_message.id + '"]');

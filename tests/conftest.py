@@ -73,6 +73,14 @@ def staff_groups_restore() -> None:
 
 
 @pytest.fixture(autouse=True)
+def titles_from_first_words(settings):
+    """Titles from the first message's words, not from the model, except in the tests of titles
+    (tests/conversations/test_titles.py): a title is a generation of its own, which would change
+    what other tests count of generations and of the engine's work."""
+    settings.CHAT_TITLES_FROM_MODEL = False
+
+
+@pytest.fixture(autouse=True)
 def fresh_rate_limits():
     """One test's requests must not count against the next's."""
     rate_limits_clear()
@@ -502,11 +510,16 @@ def at_the_same_instant(call: Callable[[], Any], *, times: int) -> list[Any]:
         return list(pool.map(run, range(times)))
 
 
-async def next_event(communicator, *, timeout: float = 60) -> dict[str, Any]:
-    """The next event for this socket, skipping engine status broadcasts (they come at any time)."""
+# Broadcasts a socket may hear at any time: the engine's state, a conversation's title (it comes as
+# a first answer ends), a message another socket of the same user sent.
+BROADCASTS = ("engine.status", "conversation.title", "conversation.message")
+
+
+async def next_event(communicator, *, timeout: float = 60, skipping: tuple[str, ...] = BROADCASTS) -> dict[str, Any]:
+    """The next event for this socket, skipping the broadcasts (they come at any time)."""
     while True:
         event = await communicator.receive_json_from(timeout=timeout)
-        if event["type"] != "engine.status":
+        if event["type"] not in skipping:
             return event
 
 

@@ -19,7 +19,7 @@ def test_sending_a_first_message_creates_the_conversation_and_a_pending_answer(a
     sent = message_send(user=alice, content="  Hello there  ")
     assert sent.conversation_created
     assert sent.conversation.user == alice
-    assert sent.conversation.title == "Hello there"
+    assert sent.conversation.title == ""  # written once an answer has ended (test_titles.py)
     assert sent.user_message.content == "Hello there"
     assert sent.user_message.token_count > 0
     assert sent.assistant_message.status == Message.Status.PENDING

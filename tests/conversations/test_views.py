@@ -15,9 +15,11 @@ def test_the_chat_page_requires_a_login(client, db):
     assert response.url.startswith(reverse("accounts:login"))
 
 
-def test_the_chat_page_lists_only_my_conversations(client, alice, bob):
-    message_send(user=alice, content="Alice asks about tea")
-    message_send(user=bob, content="Bob asks about coffee")
+def test_the_chat_page_lists_only_my_conversations(client, alice, bob, django_capture_on_commit_callbacks):
+    for user, content in ((alice, "Alice asks about tea"), (bob, "Bob asks about coffee")):
+        sent = message_send(user=user, content=content)
+        with django_capture_on_commit_callbacks(execute=True):  # the title comes once the answer ends
+            generation_finish(generation_id=sent.generation.id, status="complete", text="Yes.", finish_reason="stop")
     client.force_login(alice)
     page = client.get(reverse("conversations:chat")).content.decode()
     assert "Alice asks about tea" in page

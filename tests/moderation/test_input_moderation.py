@@ -203,7 +203,9 @@ def test_a_blocked_first_message_starts_one_conversation(alice):
     assert blocked.conversation_created
     conversation = Conversation.objects.get()
     assert blocked.conversation == conversation and conversation.user == alice
-    assert conversation.title and conversation.messages.get().status == Message.Status.FLAGGED
+    assert conversation.messages.get().status == Message.Status.FLAGGED
+    # A blocked message never names the conversation.
+    assert conversation.title == "" and conversation.display_title == "New chat"
 
 
 def test_a_blocked_message_is_left_out_of_later_prompts(alice):
