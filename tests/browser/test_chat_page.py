@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import re
 
-import pytest
-
 from conversations.models import Message
 from inference.models import Generation
 from tests.browser.conftest import ARTIFACTS, BROWSER_MARKS, sign_up
