@@ -7,12 +7,14 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.selectors import deployments_allowed_for_user
+from conversations.branches import Tree
 from conversations.models import Message
 from conversations.selectors import (
     conversation_get_for_user,
     conversation_list_for_user,
+    feedback_for_user,
     held_back_flags,
-    message_list,
+    message_branch,
 )
 from conversations.services import ANSWER_CUT, conversation_delete, held_back_reason
 from inference.dispatch import engine_state
@@ -28,8 +30,12 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
         conversation = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
         if conversation is None:
             raise Http404("No such conversation.")
-        messages = message_list(conversation=conversation)
+        # The branch shown last (conversations.branches); the page switches branches by choosing one
+        # (POST .../branch/) and loading again.
+        branch = message_branch(conversation=conversation)
+        messages = branch.messages
         _notes_attach(messages)
+        _details_attach(messages, tree=branch.tree, user=request.user)
     return render(
         request,
         "conversations/chat.html",
@@ -57,6 +63,27 @@ def _notes_attach(messages: list[Message]) -> None:
             message.note = held_back_reason(flag=flags.get(message.id))
         else:
             message.note = ANSWER_CUT
+
+
+def _details_attach(messages: list[Message], *, tree: Tree, user) -> None:
+    """What the page's branch navigation, Regenerate, feedback and hover need of each message: its
+    siblings, the newest answer's generation beside an answer (a regenerate's `replaces`), the
+    user's rating, and its size and time."""
+    feedback = feedback_for_user(user=user, messages=messages)
+    for message in messages:
+        message.siblings_list = ",".join(map(str, message.siblings))
+        newest = tree.by_id[message.siblings[-1]]
+        message.newest_generation = newest.generation_id or ""
+        message.rating = feedback[message.id].rating if message.id in feedback else ""
+        message.stats = _stats(message)
+
+
+def _stats(message: Message) -> str:
+    stats = f"{message.token_count} tokens"
+    generation = message.generation
+    if generation is not None and generation.started_at and generation.finished_at:
+        stats += f" · {(generation.finished_at - generation.started_at).total_seconds():.1f} s"
+    return stats
 
 
 @login_required
