@@ -267,6 +267,9 @@ class ConversationBranchApi(ScopedApi):
     class InputSerializer(serializers.Serializer):
         message = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
 
+        class Meta:
+            ref_name = "BranchChoice"
+
     @extend_schema(
         operation_id="conversations_branch_select",
         summary="Show the newest branch through a message",
@@ -295,11 +298,17 @@ class MessageFeedbackApi(ScopedApi):
         rating = serializers.ChoiceField(choices=["up", "down"])
         comment = StrictCharField(required=False, allow_blank=True, default="", max_length=2000)
 
+        class Meta:
+            ref_name = "MessageFeedbackInput"
+
     class OutputSerializer(serializers.Serializer):
         message = serializers.IntegerField(source="message_id")
         rating = serializers.CharField()
         comment = serializers.CharField()
         updated_at = serializers.DateTimeField()
+
+        class Meta:
+            ref_name = "MessageFeedback"
 
     @extend_schema(
         operation_id="conversations_message_feedback",
