@@ -3,8 +3,10 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from conversations.apis import (
+    ConversationBranchApi,
     ConversationDetailApi,
     ConversationListCreateApi,
+    MessageFeedbackApi,
     conversation_start_stream,
     message_send_stream,
 )
@@ -22,6 +24,16 @@ urlpatterns = [
     path("api/conversations/messages/", conversation_start_stream, name="api-conversations-send-new"),
     path("api/conversations/<int:conversation_id>/", ConversationDetailApi.as_view(), name="api-conversation"),
     path("api/conversations/<int:conversation_id>/messages/", message_send_stream, name="api-conversation-send"),
+    path(
+        "api/conversations/<int:conversation_id>/branch/",
+        ConversationBranchApi.as_view(),
+        name="api-conversation-branch",
+    ),
+    path(
+        "api/conversations/<int:conversation_id>/messages/<int:message_id>/feedback/",
+        MessageFeedbackApi.as_view(),
+        name="api-message-feedback",
+    ),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's start-up script as a file of its own: the CSP refuses inline scripts.
     path(

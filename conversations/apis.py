@@ -4,6 +4,11 @@ Owners only: another user's conversation answers 404 exactly like a missing one,
 need `conversations:read` to read, `conversations:write` to create, rename and delete, and `chat` to
 send a message; session users pass every scope check.
 
+A conversation is a tree of messages (conversations.branches): reading one returns a branch, root
+first, each message with its `parent` and `siblings` (the ids of the edits or regenerations beside
+it, oldest first, its own among them); `?branch=<message id>` reads the newest branch through that
+message, and POST .../branch/ makes it the one shown (and continued by a send without `parent`).
+
 Sending a message streams its answer as Server-Sent Events, so that view is a plain async view (the
 wait for the engine belongs on the event loop, as for /v1/chat/completions). It authenticates by API
 key or by session; a session request must carry a CSRF token, which DRF's SessionAuthentication checks.
@@ -34,12 +39,15 @@ from accounts.models import ApiKey
 from chatsite.errors import ClientError, error_body, validated_json_body
 from chatsite.parsers import request_body
 from conversations.models import Conversation
-from conversations.selectors import conversation_get_for_user, conversation_list_for_user, message_list
+from conversations.selectors import conversation_get_for_user, conversation_list_for_user, message_branch
 from conversations.services import (
+    ACTIVE_BRANCH,
     clean_message_content,
+    conversation_branch_select,
     conversation_delete,
     conversation_rename,
     conversation_start,
+    message_feedback_set,
     message_send,
 )
 from inference.models import Generation
@@ -113,7 +121,28 @@ class MessageOutputSerializer(serializers.Serializer):
     content = serializers.CharField()
     status = serializers.CharField()
     finish_reason = serializers.CharField()
+    token_count = serializers.IntegerField()
+    parent = serializers.IntegerField(source="parent_id", allow_null=True)
+    siblings = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="The ids of this message and the edits or regenerations beside it, oldest first.",
+    )
     created_at = serializers.DateTimeField()
+
+
+class ConversationWithMessagesSerializer(ConversationOutputSerializer):
+    messages = MessageOutputSerializer(many=True, help_text="A branch of the conversation, root first.")
+
+    class Meta:
+        ref_name = "ConversationWithMessages"
+
+
+def _with_branch(conversation: Conversation, through: Any = None) -> dict[str, Any]:
+    branch = message_branch(conversation=conversation, through=through)
+    if branch is None:
+        raise ClientError("That message is not in this conversation.", code="invalid_message", param="branch")
+    messages = MessageOutputSerializer(branch.messages, many=True).data
+    return {**ConversationOutputSerializer(conversation).data, "messages": messages}
 
 
 class ScopedApi(APIView):
@@ -181,21 +210,30 @@ class ConversationDetailApi(ScopedApi):
     class InputSerializer(serializers.Serializer):
         title = StrictCharField(max_length=200)
 
-    class OutputSerializer(ConversationOutputSerializer):
-        messages = MessageOutputSerializer(many=True)
-
-        class Meta:
-            ref_name = "ConversationWithMessages"
+    OutputSerializer = ConversationWithMessagesSerializer
 
     @extend_schema(
         operation_id="conversations_retrieve",
-        summary="A conversation with its messages",
-        responses={200: OutputSerializer, 404: OpenApiResponse(description="No such conversation of yours.")},
+        summary="A conversation with the messages of one branch",
+        parameters=[
+            OpenApiParameter(
+                "branch",
+                OpenApiTypes.INT,
+                description="A message id: the newest branch through it. Left out, the branch shown last.",
+            )
+        ],
+        responses={
+            200: OutputSerializer,
+            400: OpenApiResponse(description="`branch` names no message of this conversation."),
+            404: OpenApiResponse(description="No such conversation of yours."),
+        },
     )
     def get(self, request: Request, conversation_id: int) -> Response:
         conversation = _get_or_404(request, conversation_id)
-        messages = MessageOutputSerializer(message_list(conversation=conversation), many=True).data
-        return Response({**ConversationOutputSerializer(conversation).data, "messages": messages})
+        through = request.query_params.get("branch")
+        if through is not None:
+            through = int(through) if through.isascii() and through.isdigit() and len(through) < 19 else -1
+        return Response(_with_branch(conversation, through))
 
     @extend_schema(
         operation_id="conversations_rename",
@@ -220,6 +258,77 @@ class ConversationDetailApi(ScopedApi):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+class ConversationBranchApi(ScopedApi):
+    """POST makes the branch through a message the one shown: the page's and this API's, and the
+    one a send without `parent` continues."""
+
+    method_scopes = {"POST": WRITE}
+
+    class InputSerializer(serializers.Serializer):
+        message = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
+
+        class Meta:
+            ref_name = "BranchChoice"
+
+    @extend_schema(
+        operation_id="conversations_branch_select",
+        summary="Show the newest branch through a message",
+        request=InputSerializer,
+        responses={
+            200: ConversationWithMessagesSerializer,
+            400: OpenApiResponse(description="No such message in this conversation."),
+            404: OpenApiResponse(description="No such conversation."),
+        },
+    )
+    def post(self, request: Request, conversation_id: int) -> Response:
+        conversation = _get_or_404(request, conversation_id)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        conversation_branch_select(conversation=conversation, message_id=serializer.validated_data["message"])
+        return Response(_with_branch(conversation))
+
+
+class MessageFeedbackApi(ScopedApi):
+    """PUT rates an answer of one of your conversations, up or down, with an optional comment; one
+    rating per answer, replaced when sent again."""
+
+    method_scopes = {"PUT": WRITE}
+
+    class InputSerializer(serializers.Serializer):
+        rating = serializers.ChoiceField(choices=["up", "down"])
+        comment = StrictCharField(required=False, allow_blank=True, default="", max_length=2000)
+
+        class Meta:
+            ref_name = "MessageFeedbackInput"
+
+    class OutputSerializer(serializers.Serializer):
+        message = serializers.IntegerField(source="message_id")
+        rating = serializers.CharField()
+        comment = serializers.CharField()
+        updated_at = serializers.DateTimeField()
+
+        class Meta:
+            ref_name = "MessageFeedback"
+
+    @extend_schema(
+        operation_id="conversations_message_feedback",
+        summary="Rate an answer",
+        request=InputSerializer,
+        responses={
+            200: OutputSerializer,
+            400: OpenApiResponse(description="Invalid body."),
+            404: OpenApiResponse(description="No such answer in a conversation of yours."),
+        },
+    )
+    def put(self, request: Request, conversation_id: int, message_id: int) -> Response:
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        feedback = message_feedback_set(
+            user=request.user, conversation_id=conversation_id, message_id=message_id, **serializer.validated_data
+        )
+        return Response(self.OutputSerializer(feedback).data)
+
+
 # --- Sending a message: streamed over SSE ---------------------------------------------------------
 
 
@@ -231,6 +340,14 @@ class MessageSendInputSerializer(serializers.Serializer):
         allow_null=True,
         default=None,
         help_text="Your own id for the message, a UUID: a send repeated with it is saved and answered once.",
+    )
+    parent = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=2**63 - 1,
+        help_text="The answer the message follows, in this conversation; null starts a new branch from the "
+        "beginning. Left out: the branch shown last. A message beside an earlier one (the same parent) is an edit.",
     )
 
 
@@ -305,6 +422,7 @@ async def message_send_stream(request: HttpRequest, conversation_id: int | None 
             model=data["model"] if conversation_id is None else None,
             api_key=api_key,
             client_id=data["client_id"],
+            parent=data.get("parent", ACTIVE_BRANCH),
             # A client cannot say whether a request whose answer it never heard arrived: any send
             # with an id looks for an earlier one (a query more, for clients that ask for it).
             retry=data["client_id"] is not None,

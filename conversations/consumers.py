@@ -1,8 +1,11 @@
 """The chat socket.
 
-Client → server: `message.send` {content, conversation?, model?, client_id?, retry?}, `generation.stop` {generation},
-`generation.resume` {generation, after_seq}, `message.regenerate` {message, replaces?}.
-Server → client: `conversation.created`, `message.accepted`, `message.regenerating`, `generation.delta` {seq, text},
+Client → server: `message.send` {content, conversation?, model?, client_id?, retry?, parent?}, `generation.stop`
+{generation}, `generation.resume` {generation, after_seq}, `message.regenerate` {message, replaces?},
+`message.continue` {message, replaces?}.
+Server → client: `conversation.created`, `message.accepted` (its `user_message` with its `parent` and `siblings`),
+`message.regenerating` {regenerated, assistant_message {id, parent, siblings}, generation, replayed?},
+`message.continuing` {assistant_message, generation, replayed?}, `generation.delta` {seq, text},
 `generation.done` {seq, status, finish_reason, usage}, `generation.error` {seq, code, message},
 `engine.status` {deployment, state}, `conversation.title` {conversation, title} when a title is
 written or changed, `conversation.message` {conversation, created, user_message, assistant_message?,
@@ -25,10 +28,15 @@ the change. Each frame is also checked against the account and session as they s
 (accounts.selectors.session_access, at most every ACCESS_RECHECK_S), so a lost event still lets
 no frame through; nothing is read from a socket once it is closed.
 
-A regenerate's `replaces` (the generation the client shows in the answer) makes it safe to repeat
-the same way: once the answer has moved on from that generation, the request is answered with the
-generation that moved it (`message.regenerating` with `replayed: true`) and queues nothing
-(`message_regenerate`). Two tabs that ask at once get one new answer between them.
+Messages form a tree (conversations.branches): a send's `parent` is the message it follows (an
+answer; null starts a branch from the beginning; left out, the branch on screen), so an edited
+message is a send beside the one it edits. A regenerate adds an answer beside the one it names.
+
+A regenerate's `replaces` (the generation of the newest answer to that question the client knows
+of) makes it safe to repeat the same way: once a newer answer exists, the request is answered with
+it (`message.regenerating` with `replayed: true`) and queues nothing (`message_regenerate`). Two
+tabs that ask at once get one new answer between them. A continue's `replaces` (the generation the
+client shows in the answer it continues) does the same for `message.continuing`.
 """
 
 from __future__ import annotations
@@ -50,7 +58,13 @@ from accounts.services import user_group
 from chatsite.database import db_async, reconnecting
 from chatsite.errors import ClientError
 from chatsite.parsers import json_parse
-from conversations.services import clean_message_content, message_regenerate, message_send
+from conversations.services import (
+    ACTIVE_BRANCH,
+    clean_message_content,
+    message_continue,
+    message_regenerate,
+    message_send,
+)
 from inference import openai_format as wire
 from inference.dispatch import engine_state, local_backend
 from inference.models import Generation
@@ -177,6 +191,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             "generation.stop": self._generation_stop,
             "generation.resume": self._generation_resume,
             "message.regenerate": self._message_regenerate,
+            "message.continue": self._message_continue,
         }.get(kind if isinstance(kind, str) else None)
         if handler is None:
             named = f" {kind[:100]!r}" if isinstance(kind, str) else ""
@@ -217,6 +232,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         retry = content.get("retry", False)
         if not isinstance(retry, bool):
             raise ClientError("'retry' must be true or false.", code="invalid_request")
+        parent = content.get("parent", ACTIVE_BRANCH)
+        if parent not in (ACTIVE_BRANCH, None) and not _is_integer(parent):
+            raise ClientError("'parent' must be a message id or null.", code="invalid_request")
         text = clean_message_content(content.get("content"))
         # A send with a client_id is safe to repeat (message_send): one whose connection fails is
         # repeated on a fresh one, and so is the verdict's call after the commit (a conditional
@@ -233,6 +251,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             model=model,
             client_id=content.get("client_id"),
             retry=retry,
+            parent=parent,
         )
         if sent.conversation_created:
             await self.send_json(
@@ -241,7 +260,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                     "conversation": {"id": sent.conversation.id, "title": sent.conversation.display_title},
                 }
             )
-        user_message = {"id": sent.user_message.id, "content": sent.user_message.content}
+        user_message = {
+            "id": sent.user_message.id,
+            "content": sent.user_message.content,
+            "parent": sent.user_message.parent_id,
+            # A replayed send's are not looked up: the page shows them on its next load.
+            "siblings": getattr(sent.user_message, "siblings", [sent.user_message.id]),
+        }
         if sent.blocked:
             await self.send_json(
                 {
@@ -298,17 +323,32 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         regenerated = await db_async(message_regenerate)(
             user=self.user, message_id=content.get("message"), replaces=content.get("replaces")
         )
-        regenerating = {
-            "type": "message.regenerating",
-            "assistant_message": {"id": regenerated.answer.id},
-            "generation": str(regenerated.generation.id),
-        }
-        if regenerated.replayed:
-            regenerating["replayed"] = True
-        self._started.add(str(regenerated.generation.id))
-        await self.send_json(regenerating)
+        answer = regenerated.answer
+        await self._answer_requeued(
+            {
+                "type": "message.regenerating",
+                "regenerated": content.get("message"),
+                "assistant_message": {"id": answer.id, "parent": answer.parent_id, "siblings": regenerated.siblings},
+            },
+            regenerated,
+        )
+
+    async def _message_continue(self, content: dict[str, Any]) -> None:
+        continued = await db_async(message_continue)(
+            user=self.user, message_id=content.get("message"), replaces=content.get("replaces")
+        )
+        await self._answer_requeued(
+            {"type": "message.continuing", "assistant_message": {"id": continued.answer.id}}, continued
+        )
+
+    async def _answer_requeued(self, frame: dict[str, Any], requeued: Any) -> None:
+        frame["generation"] = str(requeued.generation.id)
+        if requeued.replayed:
+            frame["replayed"] = True
+        self._started.add(str(requeued.generation.id))
+        await self.send_json(frame)
         # A replayed request's answer may have ended long ago, its events gone from the buffer.
-        await self._follow(regenerated.generation, after_seq=0, fresh=not regenerated.replayed)
+        await self._follow(requeued.generation, after_seq=0, fresh=not requeued.replayed)
 
     async def _generation_stop(self, content: dict[str, Any]) -> None:
         await self._stop(await self._own_generation(content.get("generation")))

@@ -19,6 +19,11 @@ class Conversation(models.Model):
         help_text="The short generation asked to write the title, once one was asked for.",
     )
     deployment = models.ForeignKey("inference.ModelDeployment", on_delete=models.PROTECT, related_name="conversations")
+    # The leaf of the branch last shown or answered: what the page shows on a reload and what a send
+    # without a `parent` continues. None (never set, or its message gone): the newest leaf.
+    active_leaf = models.ForeignKey(
+        "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", editable=False
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True, db_index=True)
 
@@ -64,7 +69,16 @@ class Message(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="children",
-        help_text="The message this one answers or replaces (edits and regenerations).",
+        help_text="The message before this one in its branch: a user message's parent is the answer it "
+        "follows (None for the first), an answer's the user message it answers. Siblings (the same parent) "
+        "are edits and regenerations.",
+    )
+    text_before = models.TextField(
+        blank=True,
+        default="",
+        editable=False,
+        help_text="An answer continued after its length limit: the text it had before its current generation, "
+        "which its content starts with.",
     )
     generation = models.OneToOneField(
         "inference.Generation", null=True, blank=True, on_delete=models.SET_NULL, related_name="message"
@@ -110,3 +124,26 @@ class SharedConversation(models.Model):
 
     def __str__(self) -> str:
         return f"Share of {self.conversation_id}"
+
+
+class MessageFeedback(models.Model):
+    """A user's rating of an answer, with an optional comment: one per user and message, replaced
+    when given again. A dataset for the operator, read in the admin."""
+
+    class Rating(models.TextChoices):
+        UP = "up"
+        DOWN = "down"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="message_feedback")
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="feedback")
+    rating = models.CharField(max_length=8, choices=Rating.choices)
+    comment = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(fields=["user", "message"], name="message_feedback_one_per_user")]
+
+    def __str__(self) -> str:
+        return f"{self.rating} on message {self.message_id}"

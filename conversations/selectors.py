@@ -9,7 +9,8 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from conversations.models import Conversation, Message, SharedConversation
+from conversations.branches import Tree
+from conversations.models import Conversation, Message, MessageFeedback, SharedConversation
 from moderation.models import Flag
 
 
@@ -54,6 +55,48 @@ def _conversation_get(conversations: QuerySet[Conversation], *, conversation_id:
 
 def message_list(*, conversation: Conversation) -> list[Message]:
     return list(conversation.messages.select_related("generation").all())
+
+
+def message_tree(*, conversation: Conversation) -> Tree:
+    """Every message of the conversation, every branch, with its generation: one query."""
+    return Tree.of(message_list(conversation=conversation))
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A branch of a conversation as a reader sees it: its messages, root first, each with
+    `siblings` (its own id and its siblings', oldest first) set on it."""
+
+    messages: list[Message]
+    tree: Tree
+
+
+def message_branch(*, conversation: Conversation, through: Any = None) -> Branch | None:
+    """The branch on screen (the stored active leaf's, `Tree.active_path`), or with `through` (a
+    message id) the newest branch through that message; None when `through` names no message of
+    this conversation."""
+    tree = message_tree(conversation=conversation)
+    if through is None:
+        path = tree.active_path(conversation.active_leaf_id)
+    elif _is_row_id(through) and through in tree.by_id:
+        path = tree.path_to(tree.newest_leaf_under(through))
+    else:
+        return None
+    for message in path:
+        message.siblings = tree.siblings(message.id)
+    return Branch(path, tree)
+
+
+def _is_row_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**63
+
+
+def feedback_for_user(*, user: Any, messages: list[Message]) -> dict[int, MessageFeedback]:
+    """The user's feedback on any of `messages`, by message id, in one query."""
+    ids = [m.id for m in messages if m.role == Message.Role.ASSISTANT]
+    if not ids:
+        return {}
+    return {f.message_id: f for f in MessageFeedback.objects.filter(user=user, message_id__in=ids)}
 
 
 def held_back_flags(*, messages: list[Message]) -> dict[int, Flag]:

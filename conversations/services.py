@@ -11,6 +11,8 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import F, TextField, Value
+from django.db.models.functions import Concat
 from django.utils import timezone
 
 from accounts.selectors import user_instructions
@@ -24,12 +26,15 @@ from accounts.services import (
     user_group,
 )
 from chatsite.errors import ClientError
-from conversations.models import Conversation, Message, SharedConversation
+from conversations.branches import Tree
+from conversations.models import Conversation, Message, MessageFeedback, SharedConversation
 from conversations.prompts import AssembledPrompt, Turn, assemble_prompt
 from conversations.selectors import (
     conversation_get_for_send,
+    conversation_get_for_user,
     conversation_has_message_in_progress,
     default_model_for_user,
+    message_tree,
 )
 from conversations.titles import (
     TITLE_MAX_TOKENS,
@@ -47,7 +52,7 @@ from inference.services import (
     generation_release,
     generation_withdraw,
 )
-from inference.tokenizers import count_tokens, render_chat, tokenizer_for
+from inference.tokenizers import continuation_ids, count_tokens, render_chat, tokenizer_for
 from moderation.models import Flag
 from moderation.services import (
     CONTENT_FILTER,
@@ -67,6 +72,9 @@ VERDICT_WAIT_POLL_S = 0.01
 HELD_BACK = "This message wasn't sent to the assistant: an automatic safety check held it back."
 # What an answer output moderation cut says under what it had written (the chat page and its script).
 ANSWER_CUT = "This answer was stopped by an automatic safety check; what it had written before that is kept."
+# A send's `parent` when the request names none: the leaf of the branch last shown or answered.
+ACTIVE_BRANCH: Any = type("ActiveBranch", (), {"__repr__": lambda self: "ACTIVE_BRANCH"})()
+FEEDBACK_COMMENT_CHARS = 2000
 
 
 @dataclass(frozen=True)
@@ -158,6 +166,7 @@ def message_send(
     client_id: Any = None,
     retry: bool = False,
     settle: bool = True,
+    parent: Any = ACTIVE_BRANCH,
 ) -> SentMessage | HeldForVerdict:
     """Save the user's message and a pending answer, and queue the answer's generation.
 
@@ -188,9 +197,17 @@ def message_send(
     can send it again. `retry` says it may have been sent before, and the id is looked up first; a
     first send skips that look-up (one round trip fewer before the first token), and the unique
     constraint on the id still catches one that arrives twice.
+
+    `parent`: the message the new one follows, in the conversation's tree (conversations.branches):
+    an answer, or a message moderation held back; None to start a new branch from the beginning (an
+    edit of the first message); left out, the leaf of the branch on screen. A new message beside one
+    sent before is an edit: the old branch stays. Its prompt is that branch alone, root to `parent`.
     """
     content = clean_message_content(content)
     client_id = _uuid_param(client_id, param="client_id")
+    parent = _parent_param(parent)
+    if conversation_id is None and parent not in (ACTIVE_BRANCH, None):
+        raise ClientError("A 'parent' needs the 'conversation' it is in.", code="invalid_parent", param="parent")
     if retry and client_id is not None:
         earlier = _message_sent_earlier(user=user, client_id=client_id, conversation_id=conversation_id)
         if earlier is not None:
@@ -207,6 +224,7 @@ def message_send(
             verdict=verdict,
             api_key=api_key,
             client_id=client_id,
+            parent=parent,
         )
     except IntegrityError:
         # The same id in a send that committed first (PostgreSQL made this one wait for it).
@@ -233,6 +251,33 @@ def _uuid_param(value: Any, *, param: str) -> uuid.UUID | None:
         except ValueError:
             pass
     raise ClientError(f"'{param}' must be a UUID.", code="invalid_request", param=param)
+
+
+def _parent_param(value: Any) -> Any:
+    if value is ACTIVE_BRANCH or value is None or _is_row_id(value):
+        return value
+    raise ClientError("'parent' must be a message id or null.", code="invalid_request", param="parent")
+
+
+def _parent_resolve(*, tree: Tree, conversation: Conversation, parent: Any) -> int | None:
+    """The id of the message a new user message follows, checked to be one it can follow: an answer
+    of this conversation (of any state: a failed one's question is answered again by the new message's
+    prompt), or a message moderation held back, which has none."""
+    if parent is ACTIVE_BRANCH:
+        path = tree.active_path(conversation.active_leaf_id)
+        return path[-1].id if path else None
+    if parent is None:
+        return None
+    message = tree.by_id.get(parent)
+    if message is None:
+        raise ClientError(
+            "That message is not in this conversation.", code="invalid_parent", status=400, param="parent"
+        )
+    if message.role == Message.Role.USER and message.status != Message.Status.FLAGGED:
+        raise ClientError(
+            "A message follows an answer: 'parent' must be an answer's id.", code="invalid_parent", param="parent"
+        )
+    return message.id
 
 
 def _is_row_id(value: Any) -> bool:
@@ -312,10 +357,11 @@ class _Blocked(Exception):
     """Input moderation blocked the message: what its transaction did is rolled back, the message
     is saved flagged in a transaction of its own (`_message_save_blocked`)."""
 
-    def __init__(self, *, verdict: Verdict, conversation: Conversation) -> None:
+    def __init__(self, *, verdict: Verdict, conversation: Conversation, parent_id: int | None) -> None:
         super().__init__(verdict.explanation())
         self.verdict = verdict
         self.conversation = conversation
+        self.parent_id = parent_id
 
 
 def _message_save(
@@ -327,6 +373,7 @@ def _message_save(
     verdict: Verdict | InputCheck,
     api_key: Any,
     client_id: uuid.UUID | None,
+    parent: Any,
 ) -> SentMessage | _HeldAnswer:
     # What an allowed message needs (its prompt, its rows, its generation and its charge on the rate
     # limits) does not depend on the verdict, so it is done while the scores may still be coming. A
@@ -342,6 +389,7 @@ def _message_save(
             verdict=verdict,
             api_key=api_key,
             client_id=client_id,
+            parent=parent,
         )
     except _Blocked as blocked:
         return _message_save_blocked(
@@ -363,6 +411,7 @@ def _message_save_allowed(
     verdict: Verdict | InputCheck,
     api_key: Any,
     client_id: uuid.UUID | None,
+    parent: Any,
 ) -> SentMessage | _HeldAnswer:
     """The message saved and its answer queued; raises `_Blocked` (after giving its charge back) when
     the verdict blocks it. A refusal (too long for the window, a limit reached) waits for the verdict
@@ -390,6 +439,9 @@ def _message_save_allowed(
             )
         if model and model != deployment.name:
             deployment = _conversation_switch_model(conversation=conversation, model=model)
+    # Every branch, to find the one the message goes on: an empty tree for a conversation just created.
+    tree = message_tree(conversation=conversation) if not created else Tree.of([])
+    parent_id = _parent_resolve(tree=tree, conversation=conversation, parent=parent)
 
     # The plan first: a model it does not include is refused before anything is loaded for it.
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)
@@ -412,6 +464,8 @@ def _message_save_allowed(
                 history=not created,
                 client_id=client_id,
                 held=isinstance(verdict, InputCheck),
+                tree=tree,
+                parent_id=parent_id,
             )
         except ClientError as exc:
             refused = exc
@@ -421,7 +475,7 @@ def _message_save_allowed(
             return _HeldAnswer(user=user, sent=sent, admission=queued.admission, tier_id=limits.tier.id)
         verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
         if verdict.blocks:
-            raise _Blocked(verdict=verdict, conversation=conversation)
+            raise _Blocked(verdict=verdict, conversation=conversation, parent_id=parent_id)
         if refused is not None:
             raise refused
         kept = True
@@ -466,10 +520,11 @@ def _message_save_blocked(
         content=content,
         status=Message.Status.FLAGGED,
         client_id=client_id,
+        parent_id=None if created else blocked.parent_id,
     )
     flag_create(user=user, message=user_message, source="input", text=content, verdict=blocked.verdict)
     if not created:
-        Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now())
+        Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now(), active_leaf=user_message)
     return SentMessage(conversation, created, user_message, None, None, blocked_reason=blocked.verdict.explanation())
 
 
@@ -568,13 +623,19 @@ def _message_queue(
     history: bool,
     client_id: uuid.UUID | None,
     held: bool,
+    tree: Tree,
+    parent_id: int | None,
 ) -> _QueuedAnswer:
-    """The user's message saved, and its answer queued, as if moderation lets it through (`held`:
-    shown only once the verdict lets it through, `_held_verdict_apply`)."""
+    """The user's message saved after `parent_id`, and its answer queued, as if moderation lets it
+    through (`held`: shown only once the verdict lets it through, `_held_verdict_apply`)."""
     tokenizer = tokenizer_for(deployment.model_path)
     new_turn = Turn(role=Message.Role.USER, content=content, token_count=count_tokens(tokenizer, content))
     prompt = _prompt_for(
-        conversation=conversation, deployment=deployment, limits=limits, new_turn=new_turn, history=history
+        user_id=conversation.user_id,
+        deployment=deployment,
+        limits=limits,
+        path=tree.path_to(parent_id) if history else [],
+        new_turn=new_turn,
     )
     user_message = Message.objects.create(
         conversation=conversation,
@@ -582,7 +643,9 @@ def _message_queue(
         content=content,
         token_count=new_turn.token_count,
         client_id=client_id,
+        parent_id=parent_id,
     )
+    user_message.siblings = [*tree.children.get(parent_id, []), user_message.id]
     answer = Message(conversation=conversation, role=Message.Role.ASSISTANT, parent=user_message)
     generation, admission = _answer_queue(
         user=user,
@@ -600,26 +663,19 @@ def _message_queue(
 
 @dataclass
 class Regenerated:
+    """A regenerated (or continued) answer: a new answer beside the one asked about, or the same
+    answer continued, with the generation writing it."""
+
     answer: Message
     generation: Generation
-    # True when the answer had been regenerated already (`replaces` named an older generation): this
-    # is the generation that did it, and nothing was queued now.
+    # True when this request had been carried out already (`replaces` named a generation that is no
+    # longer the newest): this is what it did, and nothing was queued now.
     replayed: bool = False
+    siblings: list[int] | None = None
 
 
-@transaction.atomic
-def message_regenerate(*, user: Any, message_id: Any, replaces: Any = None) -> Regenerated:
-    """Answer the newest user message again, into the same assistant message, with a new generation.
-
-    For an answer that failed (a worker died), was stopped, or that the user did not like. The old
-    generation stays on record (and in the ledger); the message shows the new one.
-
-    `replaces`: the id of the generation the client shows in the answer. When the answer has moved
-    on from it, it was regenerated already (this request, sent again after its socket dropped, or
-    another tab): that generation is returned, and nothing is queued, so a repeated request never
-    generates twice.
-    """
-    replaces = _uuid_param(replaces, param="replaces")
+def _answer_get(*, user: Any, message_id: Any) -> Message:
+    """The user's own answer `message_id`, its conversation locked; 404 for anything else."""
     answer = (
         Message.objects.select_related("conversation__deployment")
         .filter(id=message_id if _is_row_id(message_id) else None, role=Message.Role.ASSISTANT, conversation__user=user)
@@ -627,24 +683,145 @@ def message_regenerate(*, user: Any, message_id: Any, replaces: Any = None) -> R
     )
     if answer is None:
         raise ClientError("That answer does not exist.", code="not_found", status=404, param="message")
-    conversation = answer.conversation
-    Conversation.objects.select_for_update().filter(id=conversation.id).first()
-    if replaces is not None:
-        # Read again under the lock: a regenerate that raced this one has moved it on by now.
-        current = Message.objects.filter(id=answer.id).values_list("generation_id", flat=True).first()
-        if current is not None and current != replaces:
-            answer.generation = Generation.objects.get(id=current)
-            return Regenerated(answer=answer, generation=answer.generation, replayed=True)
+    Conversation.objects.select_for_update().filter(id=answer.conversation_id).first()
+    return answer
+
+
+def _no_answer_in_progress(conversation: Conversation) -> None:
     if conversation_has_message_in_progress(conversation=conversation):
         raise ClientError(
             "An answer is still being written in this conversation.", code="generation_in_progress", status=409
         )
-    if conversation.messages.filter(id__gt=answer.id).exists():
-        raise ClientError("Only the newest answer can be regenerated.", code="not_latest", status=409)
-    generation, _ = _answer_queue(
-        user=user, conversation=conversation, deployment=conversation.deployment, answer=answer
+
+
+@transaction.atomic
+def message_regenerate(*, user: Any, message_id: Any, replaces: Any = None) -> Regenerated:
+    """Answer the question of answer `message_id` again: a new answer beside it (a sibling in the
+    tree, with its own generation), from the same branch. The old answer stays, one branch of two.
+
+    For an answer that failed (a worker died), was stopped, or that the user did not like.
+
+    `replaces`: the generation of the newest answer to that question the client knows of. When a
+    newer one exists, this request was carried out already (sent again after its socket dropped, or
+    by another tab at the same moment): that answer is returned, and nothing is queued, so a repeated
+    request never generates twice.
+    """
+    replaces = _uuid_param(replaces, param="replaces")
+    answer = _answer_get(user=user, message_id=message_id)
+    conversation = answer.conversation
+    # Read under the lock: a regenerate that raced this one has added its answer by now.
+    answers = Message.objects.filter(
+        conversation=conversation, parent_id=answer.parent_id, role=Message.Role.ASSISTANT
+    ).order_by("id")
+    siblings = list(answers.values_list("id", "generation_id"))
+    newest_id, newest_generation = siblings[-1]
+    if replaces is not None and newest_generation is not None and newest_generation != replaces:
+        newest = Message.objects.select_related("generation").get(id=newest_id)
+        return Regenerated(newest, newest.generation, replayed=True, siblings=[i for i, _ in siblings])
+    _no_answer_in_progress(conversation)
+    tree = message_tree(conversation=conversation)
+    limits = request_limits(user=user, deployment=conversation.deployment)
+    prompt = _prompt_for(
+        user_id=conversation.user_id,
+        deployment=conversation.deployment,
+        limits=limits,
+        path=tree.path_to(answer.parent_id),
     )
-    return Regenerated(answer=answer, generation=generation)
+    new = Message(conversation=conversation, role=Message.Role.ASSISTANT, parent_id=answer.parent_id)
+    generation, _ = _answer_queue(
+        user=user,
+        conversation=conversation,
+        deployment=conversation.deployment,
+        answer=new,
+        limits=limits,
+        prompt=prompt,
+    )
+    return Regenerated(new, generation, siblings=[*(i for i, _ in siblings), new.id])
+
+
+@transaction.atomic
+def message_continue(*, user: Any, message_id: Any, replaces: Any = None) -> Regenerated:
+    """Continue answer `message_id`, which stopped at its length limit, in the same message: a new
+    generation whose prompt is the branch up to the question followed by the answer so far (no end
+    of turn, so the model writes on), whose text is appended to it. Charged as any generation.
+
+    `replaces`: the generation the client shows in the answer. When the answer has moved on from
+    it, this request was carried out already, and that is returned; nothing is queued.
+    """
+    replaces = _uuid_param(replaces, param="replaces")
+    answer = _answer_get(user=user, message_id=message_id)
+    conversation = answer.conversation
+    current = Message.objects.filter(id=answer.id).values_list("generation_id", flat=True).first()
+    if replaces is not None and current is not None and current != replaces:
+        answer.generation = Generation.objects.get(id=current)
+        return Regenerated(answer, answer.generation, replayed=True)
+    _no_answer_in_progress(conversation)
+    answer.refresh_from_db()
+    tree = message_tree(conversation=conversation)
+    if answer.finish_reason != "length" or answer.status != Message.Status.COMPLETE or tree.children.get(answer.id):
+        raise ClientError(
+            "Only the last answer of a branch that stopped at its length limit can be continued.",
+            code="not_continuable",
+            status=409,
+            param="message",
+        )
+    limits = request_limits(user=user, deployment=conversation.deployment)
+    prompt = _prompt_for(
+        user_id=conversation.user_id,
+        deployment=conversation.deployment,
+        limits=limits,
+        path=tree.path_to(answer.parent_id),
+        continuing=answer.content,
+    )
+    generation, _ = _answer_queue(
+        user=user,
+        conversation=conversation,
+        deployment=conversation.deployment,
+        answer=answer,
+        limits=limits,
+        prompt=prompt,
+        text_before=answer.content,
+    )
+    return Regenerated(answer, generation)
+
+
+def conversation_branch_select(*, conversation: Conversation, message_id: Any) -> int:
+    """Show the branch through `message_id` (its newest leaf) from now on, on every page and for a
+    send that names no parent. Returns the leaf's id; a message not in the conversation is a 400."""
+    tree = message_tree(conversation=conversation)
+    if not _is_row_id(message_id) or message_id not in tree.by_id:
+        raise ClientError("That message is not in this conversation.", code="invalid_message", param="message")
+    leaf = tree.newest_leaf_under(message_id)
+    Conversation.objects.filter(id=conversation.id).update(active_leaf_id=leaf)
+    conversation.active_leaf_id = leaf
+    return leaf
+
+
+def message_feedback_set(
+    *, user: Any, conversation_id: Any, message_id: Any, rating: Any, comment: Any = ""
+) -> MessageFeedback:
+    """The user's thumbs up or down, with an optional comment, on an answer of their own
+    conversation: one per user and answer, replaced when given again. Anything else is a 404."""
+    if rating not in MessageFeedback.Rating.values:
+        raise ClientError("'rating' must be 'up' or 'down'.", code="invalid_request", param="rating")
+    if comment is None:
+        comment = ""
+    if not isinstance(comment, str) or "\x00" in comment or len(comment) > FEEDBACK_COMMENT_CHARS:
+        raise ClientError(
+            f"'comment' must be text of at most {FEEDBACK_COMMENT_CHARS} characters.",
+            code="invalid_request",
+            param="comment",
+        )
+    conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
+    message = None
+    if conversation is not None and _is_row_id(message_id):
+        message = conversation.messages.filter(id=message_id, role=Message.Role.ASSISTANT).first()
+    if message is None:
+        raise ClientError("That answer does not exist.", code="not_found", status=404, param="message")
+    feedback, _ = MessageFeedback.objects.update_or_create(
+        user=user, message=message, defaults={"rating": rating, "comment": comment.strip()}
+    )
+    return feedback
 
 
 def _answer_queue(
@@ -653,22 +830,20 @@ def _answer_queue(
     conversation: Conversation,
     deployment: ModelDeployment,
     answer: Message,
+    prompt: AssembledPrompt,
     api_key: Any = None,
     limits: Any = None,
-    prompt: AssembledPrompt | None = None,
     touch_conversation: bool = True,
     held: bool = False,
+    text_before: str = "",
 ) -> tuple[Generation, Admission]:
     """Pass the plan's gate, queue the answer's generation, and save `answer` pending. `prompt` is
-    the one assembled for it; without it, the prompt is assembled from the history before `answer`.
-    `touch_conversation`: move the conversation to the top of its owner's list; a conversation
-    this transaction created is there already, and the update would be one more round trip on the
-    way to the first token. `held`: its text is held until its message's verdict is in."""
+    the one assembled for it. `touch_conversation`: move the conversation to the top of its owner's
+    list and make the answer's branch the one shown; a conversation this transaction created has
+    only this branch, and the update would be one more round trip on the way to the first token.
+    `held`: its text is held until its message's verdict is in. `text_before`: the answer is
+    continued, and keeps what it has; its new text goes after it."""
     limits = limits or request_limits(user=user, deployment=deployment, api_key=api_key)
-    if prompt is None:
-        prompt = _prompt_for(
-            conversation=conversation, deployment=deployment, limits=limits, before=answer if answer.pk else None
-        )
     # Refuse before anything is queued: a full queue first (so it costs no rate-limit budget), then
     # the plan's quotas and rate limits.
     generation_admit(deployment=deployment)
@@ -696,47 +871,48 @@ def _answer_queue(
     )
     answer.generation = generation
     answer.status = Message.Status.PENDING
-    answer.content = ""
-    answer.token_count = 0
+    answer.content = text_before
+    answer.text_before = text_before
+    if not text_before:
+        answer.token_count = 0  # a continued answer adds its new tokens to those it has
     answer.finish_reason = ""
     answer.error_code = ""
     answer.save()
     if touch_conversation:
-        Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now())
+        Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now(), active_leaf=answer)
     return generation, admission
 
 
 def _prompt_for(
     *,
-    conversation: Conversation,
+    user_id: Any,
     deployment: ModelDeployment,
     limits: Any,
-    before: Message | None = None,
+    path: list[Message],
     new_turn: Turn | None = None,
-    history: bool = True,
+    continuing: str = "",
 ) -> AssembledPrompt:
-    """The prompt for the conversation's next answer: its history (before `before`, if given; none
-    for a conversation this transaction created) and `new_turn`, not yet saved. The window and the
-    answer's budget are the plan's; flagged messages never go into a prompt."""
+    """The prompt for an answer on a branch: `path` (the branch's messages, root first, up to the
+    question or to the answer the new message follows; never another branch's) and `new_turn`, not
+    yet saved. `continuing`: an answer's text so far, after the assistant's cue, for the model to
+    write on from. The window and the answer's budget are the plan's; flagged messages never go into
+    a prompt."""
     tokenizer = tokenizer_for(deployment.model_path)
-    turns: list[Turn] = []
-    if history:
-        earlier = conversation.messages.filter(role__in=[Message.Role.USER, Message.Role.ASSISTANT])
-        if before is not None:
-            earlier = earlier.filter(id__lt=before.id)
-        turns = [
-            Turn(role=m.role, content=m.content, token_count=m.token_count)
-            for m in earlier.exclude(role=Message.Role.ASSISTANT, content="")
-            .exclude(status=Message.Status.FLAGGED)
-            .order_by("created_at", "id")
-        ]
+    turns = [
+        Turn(role=m.role, content=m.content, token_count=m.token_count)
+        for m in path
+        if m.role in (Message.Role.USER, Message.Role.ASSISTANT)
+        and m.status != Message.Status.FLAGGED
+        and not (m.role == Message.Role.ASSISTANT and not m.content)
+    ]
     if new_turn is not None:
         turns.append(new_turn)
+    tail = continuation_ids(tokenizer, continuing) if continuing else []
     return assemble_prompt(
         system_prompt=deployment.system_prompt,
-        instructions=user_instructions(user_id=conversation.user_id),
+        instructions=user_instructions(user_id=user_id),
         turns=turns,
-        render=lambda messages: render_chat(tokenizer, messages),
+        render=lambda messages: render_chat(tokenizer, messages) + tail,
         max_context=limits.max_context,
         max_output=limits.max_output,
         min_output=settings.INFERENCE_MIN_OUTPUT_TOKENS,
@@ -765,10 +941,11 @@ def message_finish_from_generation(*, generation: Generation) -> None:
     status = _STATUS_FROM_GENERATION[generation.status]
     if generation.finish_reason == CONTENT_FILTER:
         status = Message.Status.FLAGGED
+    # A continued answer's text goes after what it had (`text_before`, empty for any other answer).
     Message.objects.filter(generation=generation).update(
-        content=generation.text,
+        content=Concat(F("text_before"), Value(generation.text), output_field=TextField()),
         status=status,
-        token_count=generation.completion_tokens,
+        token_count=F("token_count") + generation.completion_tokens,
         finish_reason=generation.finish_reason,
         error_code=generation.error_code,
         updated_at=timezone.now(),

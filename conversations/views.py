@@ -16,6 +16,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from accounts.selectors import deployments_allowed_for_user
 from chatsite.errors import ClientError, error_body
+from conversations.branches import Tree
 from conversations.models import Conversation, Message
 from conversations.selectors import (
     ConversationGroup,
@@ -23,8 +24,9 @@ from conversations.selectors import (
     conversation_get_for_user,
     conversation_groups_for_user,
     default_model_for_user,
+    feedback_for_user,
     held_back_flags,
-    message_list,
+    message_branch,
     shared_conversation_for,
     shared_conversation_get,
 )
@@ -51,8 +53,12 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
         conversation = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
         if conversation is None:
             raise Http404("No such conversation.")
-        messages = message_list(conversation=conversation)
+        # The branch shown last (conversations.branches); the page switches branches by choosing one
+        # (POST .../branch/) and loading again.
+        branch = message_branch(conversation=conversation)
+        messages = branch.messages
         _notes_attach(messages)
+        _details_attach(messages, tree=branch.tree, user=request.user)
         share = shared_conversation_for(conversation=conversation)
     deployments = deployments_allowed_for_user(user=request.user, deployments=deployment_list_enabled())
     if conversation is not None:
@@ -91,6 +97,27 @@ def _notes_attach(messages: list[Message]) -> None:
             message.note = held_back_reason(flag=flags.get(message.id))
         else:
             message.note = ANSWER_CUT
+
+
+def _details_attach(messages: list[Message], *, tree: Tree, user) -> None:
+    """What the page's branch navigation, Regenerate, feedback and hover need of each message: its
+    siblings, the newest answer's generation beside an answer (a regenerate's `replaces`), the
+    user's rating, and its size and time."""
+    feedback = feedback_for_user(user=user, messages=messages)
+    for message in messages:
+        message.siblings_list = ",".join(map(str, message.siblings))
+        newest = tree.by_id[message.siblings[-1]]
+        message.newest_generation = newest.generation_id or ""
+        message.rating = feedback[message.id].rating if message.id in feedback else ""
+        message.stats = _stats(message)
+
+
+def _stats(message: Message) -> str:
+    stats = f"{message.token_count} tokens"
+    generation = message.generation
+    if generation is not None and generation.started_at and generation.finished_at:
+        stats += f" · {(generation.finished_at - generation.started_at).total_seconds():.1f} s"
+    return stats
 
 
 def _own_conversation(request: HttpRequest, conversation_id: int) -> Conversation:

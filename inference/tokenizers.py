@@ -44,6 +44,12 @@ def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def continuation_ids(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of an answer's text so far, to follow `render_chat`'s assistant cue so that the
+    model writes on from it (an answer continued after its length limit). Defused as in `render_chat`."""
+    return tokenizer(_defuse(text, _special_spellings(tokenizer)), add_special_tokens=False)["input_ids"]
+
+
 WORD_JOINER = "\u2060"
 
 

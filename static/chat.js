@@ -23,7 +23,7 @@
   let socket = null;
   let retryDelay = 500;
   let sending = null;             // {payload, userEl, assistantEl} while a send waits for its answer
-  let regenerating = null;        // the message.regenerate frame while it waits for its answer
+  let regenerating = null;        // the message.regenerate (or .continue) frame while it waits for its answer
   const streams = new Map();      // generation id -> {el, seq}
 
   function wsUrl() {
@@ -78,20 +78,29 @@
     const button = document.createElement("button");
     button.type = "button";
     button.className = "regenerate link";
-    button.textContent = "Regenerate";
+    button.textContent = last.dataset.status === "failed" ? "Retry" : "Regenerate";
     button.addEventListener("click", function () {
-      // `replaces`: the answer shown now. Sent again on the next socket if this one drops before
-      // the server answers, it regenerates once: a repeat is answered with the answer it began.
-      regenerating = {
-        type: "message.regenerate",
-        message: parseInt(last.dataset.message, 10),
-        replaces: last.dataset.generation || null,
-      };
+      // `replaces`: the newest answer to this question the page knows of. Sent again on the next
+      // socket if this one drops before the server answers, it regenerates once: a repeat is
+      // answered with the answer it began (a new one beside this, shown in its place).
       button.remove();
       showError("");
-      if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify(regenerating));
+      requestAnswer({
+        type: "message.regenerate",
+        message: parseInt(last.dataset.message, 10),
+        replaces: last.dataset.newestGeneration || last.dataset.generation || null,
+      });
     });
     last.appendChild(button);
+  }
+
+  // A regenerate or continue: kept until the server answers it, and sent again on the next socket.
+  function requestAnswer(frame) {
+    if (sending || regenerating || streams.size > 0) return false;
+    regenerating = frame;
+    showError("");
+    if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify(regenerating));
+    return true;
   }
 
   function newClientId() {
@@ -116,6 +125,8 @@
   function takeBack() {
     sending.userEl.remove();
     sending.assistantEl.remove();
+    // An edit puts back the branch it was to replace on the page.
+    (sending.removed || []).forEach(function (el) { messages.appendChild(el); });
     input.value = sending.payload.content;
     sending = null;
     setBusy(streams.size > 0);
@@ -126,7 +137,7 @@
   }
 
   function follow(generationId, el, afterSeq) {
-    streams.set(generationId, {el: el, seq: afterSeq || 0, heard: Date.now()});
+    streams.set(generationId, {el: el, seq: afterSeq || 0, heard: Date.now(), since: performance.now()});
     el.dataset.generation = generationId;
     setBusy(true);
   }
@@ -145,7 +156,10 @@
       if (regenerating) socket.send(JSON.stringify(regenerating));  // likewise
     });
     socket.addEventListener("message", function (event) {
-      handle(JSON.parse(event.data));
+      const msg = JSON.parse(event.data);
+      handle(msg);
+      // For the page's other scripts (static/chat/tree.js), after this one has handled it.
+      chat.dispatchEvent(new CustomEvent("chat:frame", {detail: msg}));
     });
     socket.addEventListener("close", function (event) {
       chat.dataset.socket = "closed";
@@ -181,7 +195,12 @@
       }
       case "message.accepted":
         if (isOurs(msg)) {
+          sending.userEl.dataset.parent = msg.user_message.parent === null ? "" : msg.user_message.parent;
+          sending.userEl.dataset.siblings = (msg.user_message.siblings || [msg.user_message.id]).join(",");
           sending.userEl.dataset.message = msg.user_message.id;
+          sending.assistantEl.dataset.parent = msg.user_message.id;
+          sending.assistantEl.dataset.siblings = String(msg.assistant_message.id);
+          sending.assistantEl.dataset.newestGeneration = msg.generation;
           sending.assistantEl.dataset.message = msg.assistant_message.id;
           if (msg.warning) addNote(sending.userEl, msg.warning, false);
           follow(msg.generation, sending.assistantEl, 0);
@@ -209,11 +228,33 @@
         break;
       }
       case "message.regenerating": {
-        if (regenerating && regenerating.message === msg.assistant_message.id) regenerating = null;
-        const el = messages.querySelector('article[data-message="' + msg.assistant_message.id + '"]');
+        // The new answer goes beside the one asked about, and takes its place on the page.
+        if (regenerating && regenerating.message === msg.regenerated) regenerating = null;
+        const el = messages.querySelector('article[data-message="' + msg.regenerated + '"]') ||
+          messages.querySelector('article[data-message="' + msg.assistant_message.id + '"]');
         if (!el) break;
         el.querySelectorAll(".note, button.regenerate").forEach(function (n) { n.remove(); });
         el.querySelector(".content").textContent = "";
+        el.dataset.siblings = (msg.assistant_message.siblings || [msg.assistant_message.id]).join(",");
+        el.dataset.newestGeneration = msg.generation;
+        el.dataset.finishReason = "";
+        el.dataset.rating = "";
+        el.removeAttribute("title");
+        el.dataset.message = msg.assistant_message.id;
+        setStatus(el, "pending");
+        follow(msg.generation, el, 0);
+        break;
+      }
+      case "message.continuing": {
+        // The answer writes on after what it has: its new text is appended.
+        if (regenerating && regenerating.message === msg.assistant_message.id) regenerating = null;
+        const el = messages.querySelector('article[data-message="' + msg.assistant_message.id + '"]');
+        if (!el || streams.has(msg.generation)) break;
+        el.querySelectorAll(".note, button.regenerate").forEach(function (n) { n.remove(); });
+        const content = el.querySelector(".content");
+        if (el.dataset.textBefore === undefined) el.dataset.textBefore = content.textContent;
+        content.textContent = el.dataset.textBefore;
+        el.dataset.finishReason = "";
         setStatus(el, "pending");
         follow(msg.generation, el, 0);
         break;
@@ -244,7 +285,14 @@
         if (!stream) break;
         streams.delete(msg.generation);
         const content = stream.el.querySelector(".content");
-        if (typeof msg.text === "string") content.textContent = msg.text;
+        // A continued answer's text so far comes before its generation's.
+        if (typeof msg.text === "string") content.textContent = (stream.el.dataset.textBefore || "") + msg.text;
+        delete stream.el.dataset.textBefore;
+        stream.el.dataset.finishReason = msg.finish_reason || "";
+        if (msg.usage && msg.usage.completion_tokens !== undefined) {
+          const seconds = (performance.now() - stream.since) / 1000;
+          stream.el.title = msg.usage.completion_tokens + " tokens · " + seconds.toFixed(1) + " s";
+        }
         if (msg.type === "generation.error") {
           setStatus(stream.el, "failed");
           addNote(stream.el, "This answer failed: " + msg.message, true);
@@ -256,7 +304,10 @@
             setStatus(stream.el, msg.status);
           }
           if (msg.status === "stopped" && msg.finish_reason !== "content_filter") addNote(stream.el, "Stopped", false);
-          else if (msg.finish_reason === "length") addNote(stream.el, "The answer reached its length limit.", false);
+          else if (msg.finish_reason === "length" && msg.status === "complete") {
+            addNote(stream.el, "The answer reached its length limit.", false);
+            stream.el.lastChild.classList.add("length");
+          }
         }
         if (streams.size === 0) setBusy(false);
         refreshRegenerate();
@@ -274,21 +325,40 @@
   form.addEventListener("submit", function (event) {
     event.preventDefault();
     const text = input.value.trim();
-    if (!text || sending || regenerating || streams.size > 0) return;
+    if (!text) return;
+    // After the last message on the page: the branch shown.
+    const last = messages.querySelector("article.message:last-of-type");
+    if (sendFrom(last && last.dataset.message ? parseInt(last.dataset.message, 10) : undefined, text, null)) {
+      input.value = "";
+    }
+  });
+
+  // Send `text` after message `parent` (null: a new branch from the start; undefined: the branch
+  // shown). `replacing`: the message an edit goes beside; it and what follows it leave the page.
+  function sendFrom(parent, text, replacing) {
+    if (sending || regenerating || streams.size > 0) return false;
     showError("");
     const payload = {type: "message.send", content: text, conversation: conversationId, client_id: newClientId()};
     if (modelSelect) payload.model = modelSelect.value;  // another model: from this message on
+    if (conversationId && parent !== undefined) payload.parent = parent;
+    const removed = [];
+    for (let el = replacing; el; el = el.nextElementSibling) removed.push(el);
+    removed.forEach(function (el) { el.remove(); });
     sending = {
       payload: payload,
+      removed: removed,
       userEl: addMessage("user", text, "complete"),
       assistantEl: addMessage("assistant", "", "pending"),
     };
-    input.value = "";
     setBusy(true);
     refreshRegenerate();
     // Not connected (yet, or any more): the message waits, and goes as soon as a socket opens.
     if (socket && socket.readyState === WebSocket.OPEN) transmit();
-  });
+    return true;
+  }
+
+  // What static/chat/tree.js (edits, Continue) asks of this script.
+  window.chatPage = {sendFrom: sendFrom, requestAnswer: requestAnswer};
 
   input.addEventListener("keydown", function (event) {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
@@ -313,7 +383,7 @@
   // Answers that were still being written when this page was rendered: resume them on connect.
   messages.querySelectorAll("article.message.assistant").forEach(function (el) {
     if ((el.dataset.status === "pending" || el.dataset.status === "streaming") && el.dataset.generation) {
-      el.querySelector(".content").textContent = "";
+      el.querySelector(".content").textContent = el.dataset.textBefore || "";
       follow(el.dataset.generation, el, 0);
     }
   });

@@ -196,7 +196,9 @@ async def test_a_regenerate_whose_answer_was_lost_is_sent_again_and_answered_onc
     )
     assert dropped.is_set(), "the first socket should have dropped before the page heard the regenerate"
     assert await Generation.objects.acount() == 2
-    answer = await Message.objects.aget(role="assistant")
+    # One new answer beside the first (kept), shown in its place.
+    assert await Message.objects.filter(role="assistant").acount() == 2
+    answer = await Message.objects.filter(role="assistant").alatest("id")
     assert answer.generation_id != first.id
     assert await page.locator("article.message.assistant").get_attribute("data-generation") == str(answer.generation_id)
     assert await page.locator("article.message.assistant .content").text_content() == answer.content

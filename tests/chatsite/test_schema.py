@@ -38,6 +38,15 @@ def test_the_schema_documents_the_conversations_api():
     send = paths["/api/conversations/{conversation_id}/messages/"]["post"]
     assert "text/event-stream" in send["responses"]["200"]["content"]
     assert "post" in paths["/api/conversations/messages/"]
+    assert set(paths["/api/conversations/{conversation_id}/branch/"]) == {"post"}
+    assert set(paths["/api/conversations/{conversation_id}/messages/{message_id}/feedback/"]) == {"put"}
+    send_fields = send["requestBody"]["content"]["application/json"]["schema"]
+    assert (
+        "parent"
+        in SchemaGenerator().get_schema(request=None, public=True)["components"]["schemas"][
+            send_fields["$ref"].rsplit("/", 1)[-1]
+        ]["properties"]
+    )
 
 
 @pytest.fixture

@@ -577,8 +577,12 @@ async def test_a_failed_answer_is_regenerated_over_the_socket(engine, alice):
     events = await drain_until_finished(socket)
     assert events[0]["type"] == "message.regenerating"
     assert events[-1]["type"] == "generation.done"
-    answer = await Message.objects.aget(id=sent.assistant_message.id)
+    # A new answer beside the failed one, which stays as it ended.
+    answer = await Message.objects.aget(id=events[0]["assistant_message"]["id"])
     assert answer.status == Message.Status.COMPLETE and answer.content
+    assert answer.parent_id == sent.user_message.id
+    assert events[0]["assistant_message"]["siblings"] == [sent.assistant_message.id, answer.id]
+    assert (await Message.objects.aget(id=sent.assistant_message.id)).status == Message.Status.FAILED
     await socket.disconnect()
 
 
@@ -606,7 +610,12 @@ async def test_a_regenerate_sent_again_is_answered_with_the_answer_it_began(alic
     events = await drain_until_finished(socket)
     assert events[0] == {
         "type": "message.regenerating",
-        "assistant_message": {"id": sent.assistant_message.id},
+        "regenerated": sent.assistant_message.id,
+        "assistant_message": {
+            "id": first.answer.id,
+            "parent": sent.user_message.id,
+            "siblings": [sent.assistant_message.id, first.answer.id],
+        },
         "generation": str(first.generation.id),
         "replayed": True,
     }

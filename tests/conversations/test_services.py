@@ -166,19 +166,25 @@ def _finish(conversation, text="ok"):
         generation_finish(generation_id=message.generation_id, status="complete", text=text, finish_reason="stop")
 
 
-def test_a_failed_answer_can_be_regenerated_into_the_same_message(alice):
+def test_a_failed_answer_is_regenerated_as_a_new_answer_beside_it(alice):
     from conversations.services import message_regenerate
 
     sent = message_send(user=alice, content="Hi")
     generation_finish(generation_id=sent.generation.id, status="failed", text="Hel", error_code="worker_lost")
     regenerated = message_regenerate(user=alice, message_id=sent.assistant_message.id)
     answer, generation = regenerated.answer, regenerated.generation
-    assert answer.id == sent.assistant_message.id and not regenerated.replayed
+    assert answer.id != sent.assistant_message.id and not regenerated.replayed
     assert generation.id != sent.generation.id
     assert generation.prompt_token_ids == sent.generation.prompt_token_ids
     answer.refresh_from_db()
     assert (answer.status, answer.content, answer.generation_id) == ("pending", "", generation.id)
-    assert sent.conversation.messages.count() == 2
+    assert answer.parent_id == sent.user_message.id
+    assert regenerated.siblings == [sent.assistant_message.id, answer.id]
+    # The old answer is kept as it ended, one branch of two; the new one is the branch shown.
+    old = Message.objects.get(id=sent.assistant_message.id)
+    assert (old.status, old.content, old.generation_id) == ("failed", "Hel", sent.generation.id)
+    assert sent.conversation.messages.count() == 3
+    assert Conversation.objects.get(id=sent.conversation.id).active_leaf_id == answer.id
 
 
 def test_regenerating_is_refused_for_others_answers_and_answers_in_progress(alice, mallory):
