@@ -1,5 +1,6 @@
 // The chat page: one WebSocket, streamed answers, Stop, and resume after a reconnect or reload.
-// Model output is untrusted: it only ever goes into the page as text (textContent), never as HTML.
+// Model output is untrusted: answers are drawn by ChatRender (chat/render.js), which renders their
+// markdown inert and sanitized; everything else goes into the page as text (textContent).
 (function () {
   "use strict";
   const chat = document.getElementById("chat");
@@ -198,7 +199,7 @@
         const el = messages.querySelector('article[data-message="' + msg.assistant_message.id + '"]');
         if (!el) break;
         el.querySelectorAll(".note, button.regenerate").forEach(function (n) { n.remove(); });
-        el.querySelector(".content").textContent = "";
+        ChatRender.render(el.querySelector(".content"), "");
         setStatus(el, "pending");
         follow(msg.generation, el, 0);
         break;
@@ -219,7 +220,7 @@
         if (!stream || msg.seq <= stream.seq) break;
         stream.seq = msg.seq;
         setStatus(stream.el, "streaming");
-        stream.el.querySelector(".content").textContent += msg.text;
+        ChatRender.append(stream.el.querySelector(".content"), msg.text);
         stream.el.scrollIntoView({block: "end"});
         break;
       }
@@ -229,7 +230,7 @@
         if (!stream) break;
         streams.delete(msg.generation);
         const content = stream.el.querySelector(".content");
-        if (typeof msg.text === "string") content.textContent = msg.text;
+        ChatRender.render(content, msg.text);  // complete now: the streamed text, or msg.text where given
         if (msg.type === "generation.error") {
           setStatus(stream.el, "failed");
           addNote(stream.el, "This answer failed: " + msg.message, true);
@@ -294,11 +295,15 @@
     });
   });
 
-  // Answers that were still being written when this page was rendered: resume them on connect.
+  // Answers that were still being written when this page was rendered: resume them on connect. The
+  // others are drawn from the text the server put in them.
   messages.querySelectorAll("article.message.assistant").forEach(function (el) {
+    const content = el.querySelector(".content");
     if ((el.dataset.status === "pending" || el.dataset.status === "streaming") && el.dataset.generation) {
-      el.querySelector(".content").textContent = "";
+      ChatRender.render(content, "");
       follow(el.dataset.generation, el, 0);
+    } else {
+      ChatRender.render(content, content.textContent);
     }
   });
 

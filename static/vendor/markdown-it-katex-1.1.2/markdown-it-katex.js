@@ -486,5 +486,6 @@ function default_1(md, options) {
 }
 exports.default = default_1;
 ;
-//# sourceMappingURL=index.js.mapwindow.markdownItKatex = exports.default;
+
+window.markdownItKatex = exports.default;
 })();
