@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from asgiref.sync import sync_to_async
 
 from conversations.models import Message
