@@ -36,7 +36,9 @@
     const token = tokens[idx];
     const src = token.attrGet("src") || "";
     const label = self.renderInlineAsText(token.children || [], options, env) || src;
-    if (!SAFE_URL.test(src)) return md.utils.escapeHtml(label);
+    let depth = 0;  // inside a link, an image is its alt text (a link cannot hold another)
+    for (let i = 0; i < idx; i++) depth += tokens[i].type === "link_open" ? 1 : tokens[i].type === "link_close" ? -1 : 0;
+    if (depth > 0 || !SAFE_URL.test(src)) return md.utils.escapeHtml(label);
     return '<a class="image-link" href="' + md.utils.escapeHtml(src) + '">' + md.utils.escapeHtml(label) + "</a>";
   };
 

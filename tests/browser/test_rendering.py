@@ -246,11 +246,18 @@ async def test_model_output_that_tries_to_inject_stays_inert(page, payload):
 async def test_an_external_image_is_not_loaded(page):
     requested = []
     page.on("request", lambda request: requested.append(request.url))
-    content = await _shown(page, "mallory", "Look: ![the secret](https://images.example.net/leak?q=secret)")
+    content = await _shown(
+        page,
+        "mallory",
+        "Look: ![the secret](https://images.example.net/leak?q=secret)"
+        " and [![a badge](https://images.example.net/badge.svg)](https://example.org/)",
+    )
     await page.wait_for_selector(".content.markdown")
     await asyncio.sleep(0.5)
     assert await content.locator("img").count() == 0
     link = content.locator("a.image-link")
     assert await link.text_content() == "the secret"
     assert await link.get_attribute("href") == "https://images.example.net/leak?q=secret"
+    badge = content.locator("a", has_text="a badge")  # a linked image: the link, with the image's text
+    assert await badge.get_attribute("href") == "https://example.org/"
     assert not [url for url in requested if "images.example.net" in url]
