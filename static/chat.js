@@ -1,5 +1,6 @@
 // The chat page: one WebSocket, streamed answers, Stop, and resume after a reconnect or reload.
-// Model output is untrusted: it only ever goes into the page as text (textContent), never as HTML.
+// Model output is untrusted: answers are drawn by ChatRender (chat/render.js), which renders their
+// markdown inert and sanitized; everything else goes into the page as text (textContent).
 (function () {
   "use strict";
   const chat = document.getElementById("chat");
@@ -234,7 +235,7 @@
           messages.querySelector('article[data-message="' + msg.assistant_message.id + '"]');
         if (!el) break;
         el.querySelectorAll(".note, button.regenerate").forEach(function (n) { n.remove(); });
-        el.querySelector(".content").textContent = "";
+        ChatRender.render(el.querySelector(".content"), "");
         el.dataset.siblings = (msg.assistant_message.siblings || [msg.assistant_message.id]).join(",");
         el.dataset.newestGeneration = msg.generation;
         el.dataset.finishReason = "";
@@ -252,8 +253,8 @@
         if (!el || streams.has(msg.generation)) break;
         el.querySelectorAll(".note, button.regenerate").forEach(function (n) { n.remove(); });
         const content = el.querySelector(".content");
-        if (el.dataset.textBefore === undefined) el.dataset.textBefore = content.textContent;
-        content.textContent = el.dataset.textBefore;
+        if (el.dataset.textBefore === undefined) el.dataset.textBefore = ChatRender.source(content);
+        ChatRender.render(content, el.dataset.textBefore);
         el.dataset.finishReason = "";
         setStatus(el, "pending");
         follow(msg.generation, el, 0);
@@ -276,7 +277,7 @@
         stream.seq = msg.seq;
         stream.heard = Date.now();
         setStatus(stream.el, "streaming");
-        stream.el.querySelector(".content").textContent += msg.text;
+        ChatRender.append(stream.el.querySelector(".content"), msg.text);
         break;
       }
       case "generation.done":
@@ -285,8 +286,9 @@
         if (!stream) break;
         streams.delete(msg.generation);
         const content = stream.el.querySelector(".content");
-        // A continued answer's text so far comes before its generation's.
-        if (typeof msg.text === "string") content.textContent = (stream.el.dataset.textBefore || "") + msg.text;
+        // Complete now: the streamed text, or msg.text where given (a continued answer's text so far
+        // comes before its generation's).
+        ChatRender.render(content, typeof msg.text === "string" ? (stream.el.dataset.textBefore || "") + msg.text : undefined);
         delete stream.el.dataset.textBefore;
         stream.el.dataset.finishReason = msg.finish_reason || "";
         if (msg.usage && msg.usage.completion_tokens !== undefined) {
@@ -380,11 +382,15 @@
     });
   });
 
-  // Answers that were still being written when this page was rendered: resume them on connect.
+  // Answers that were still being written when this page was rendered: resume them on connect. The
+  // others are drawn from the text the server put in them.
   messages.querySelectorAll("article.message.assistant").forEach(function (el) {
+    const content = el.querySelector(".content");
     if ((el.dataset.status === "pending" || el.dataset.status === "streaming") && el.dataset.generation) {
-      el.querySelector(".content").textContent = el.dataset.textBefore || "";
+      ChatRender.render(content, el.dataset.textBefore || "");
       follow(el.dataset.generation, el, 0);
+    } else {
+      ChatRender.render(content, content.textContent);
     }
   });
 

@@ -48,12 +48,12 @@
     });
   }
 
-  // The message's own text. A renderer that fills .content with something else keeps the text in
-  // its data-raw.
+  // The message's own text: an answer's markdown source (static/chat/render.js draws it), a user
+  // message's text.
   function rawText(el) {
     const content = el.querySelector(".content");
     if (!content) return "";
-    return content.dataset.raw !== undefined ? content.dataset.raw : content.textContent;
+    return window.ChatRender ? window.ChatRender.source(content) : content.textContent;
   }
 
   function button(className, label, title, onClick) {

@@ -15,6 +15,9 @@ from tests.browser.conftest import ARTIFACTS, BROWSER_MARKS, sign_up
 
 pytestmark = BROWSER_MARKS
 
+# The markdown an answer shows (its .content holds it rendered: tests/browser/test_rendering.py).
+SOURCE = "el => ChatRender.source(el)"
+
 
 async def test_a_new_user_gets_a_streamed_answer_that_is_still_there_after_a_reload(page):
     await sign_up(page, "erin")
@@ -54,7 +57,7 @@ async def test_stop_keeps_the_partial_answer(page):
     )
     await page.click("#stop")
     await page.wait_for_selector("article.message.assistant.status-stopped")
-    shown = await answer.locator(".content").text_content()
+    shown = await answer.locator(".content").evaluate(SOURCE)
     assert "Stopped" in await answer.text_content()
     saved = await Message.objects.filter(role="assistant").alatest("created_at")
     assert saved.status == Message.Status.STOPPED
@@ -174,7 +177,7 @@ async def test_a_message_whose_acceptance_was_lost_is_sent_again_and_answered_on
     assert await Message.objects.filter(role="user").acount() == 1
     assert await Generation.objects.acount() == 1
     answer = await Message.objects.aget(role="assistant")
-    assert await page.locator("article.message.assistant .content").text_content() == answer.content
+    assert await page.locator("article.message.assistant .content").evaluate(SOURCE) == answer.content
     await page.reload()
     assert await page.locator("article.message.user").count() == 1
 
@@ -201,5 +204,5 @@ async def test_a_regenerate_whose_answer_was_lost_is_sent_again_and_answered_onc
     answer = await Message.objects.filter(role="assistant").alatest("id")
     assert answer.generation_id != first.id
     assert await page.locator("article.message.assistant").get_attribute("data-generation") == str(answer.generation_id)
-    assert await page.locator("article.message.assistant .content").text_content() == answer.content
+    assert await page.locator("article.message.assistant .content").evaluate(SOURCE) == answer.content
     assert await page.is_visible("button.regenerate")  # offered again, for the answer now shown
