@@ -12,6 +12,8 @@ from tests.conftest import PASSWORD
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "test-artifacts"
+# The markdown an answer shows: rendered answers (static/chat/render.js) keep their source.
+SOURCE = "el => ChatRender.source(el)"
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from conversations.models import Conversation, Message, MessageFeedback
 from conversations.services import message_send
 from inference.models import Generation
 from inference.services import generation_finish
-from tests.browser.conftest import BROWSER_MARKS, sign_up
+from tests.browser.conftest import BROWSER_MARKS, SOURCE, sign_up
 
 pytestmark = BROWSER_MARKS
 
@@ -82,7 +82,7 @@ async def test_regenerate_adds_an_answer_beside_the_old_and_answers_take_copy_an
     await sign_up(page, "oscar")
     await page.context.grant_permissions(["clipboard-read", "clipboard-write"])
     await _ask(page, "Say hi.")
-    first_text = await page.locator("article.message.assistant .content").text_content()
+    first_text = await page.locator("article.message.assistant .content").evaluate(SOURCE)
     first_generation = await page.locator("article.message.assistant").get_attribute("data-generation")
     await page.click("button.regenerate")
     await _answered_anew(page, first_generation)
@@ -95,7 +95,7 @@ async def test_regenerate_adds_an_answer_beside_the_old_and_answers_take_copy_an
     # The old answer is one click away, as it was.
     await shown.locator("button.branch-prev").click()
     await page.wait_for_selector("article.message.assistant .branch-position >> text='1 / 2'")
-    assert await page.locator("article.message.assistant .content").text_content() == first_text
+    assert await page.locator("article.message.assistant .content").evaluate(SOURCE) == first_text
 
     shown = page.locator("article.message.assistant")
     await shown.locator("button.copy").click()
@@ -139,10 +139,10 @@ async def test_an_answer_cut_at_its_length_limit_says_so_after_a_reload_and_cont
     saved = await Message.objects.aget(role="assistant")
     assert str(saved.generation_id) != cut and saved.status in ENDED
     assert saved.content.startswith("2 + 2 equals") and saved.token_count >= 5
-    assert await answer.locator(".content").text_content() == saved.content
+    assert await answer.locator(".content").evaluate(SOURCE) == saved.content
     assert await Generation.objects.acount() == 2
     await page.reload()
-    assert await page.locator("article.message.assistant .content").text_content() == saved.content
+    assert await page.locator("article.message.assistant .content").evaluate(SOURCE) == saved.content
 
 
 async def test_a_failed_answer_says_why_and_retry_answers_again_beside_it(page, monkeypatch):

@@ -11,12 +11,11 @@ import re
 
 from conversations.models import Message
 from inference.models import Generation
-from tests.browser.conftest import ARTIFACTS, BROWSER_MARKS, sign_up
+from tests.browser.conftest import ARTIFACTS, BROWSER_MARKS, SOURCE, sign_up
 
 pytestmark = BROWSER_MARKS
 
 # The markdown an answer shows (its .content holds it rendered: tests/browser/test_rendering.py).
-SOURCE = "el => ChatRender.source(el)"
 
 
 async def test_a_new_user_gets_a_streamed_answer_that_is_still_there_after_a_reload(page):

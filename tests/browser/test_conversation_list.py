@@ -9,7 +9,7 @@ from channels.db import database_sync_to_async
 from accounts.models import User
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create
-from tests.browser.conftest import BROWSER_MARKS, sign_up
+from tests.browser.conftest import BROWSER_MARKS, SOURCE, sign_up
 
 pytestmark = BROWSER_MARKS
 
@@ -22,8 +22,9 @@ ANSWER_ENDED = (
 async def _chat(username: str, title: str, *exchange: str) -> Conversation:
     user = await User.objects.aget(username=username)
     conversation = await database_sync_to_async(conversation_create)(user=user, title=title)
+    parent = None  # one branch: each message follows the one before it
     for role, content in zip(("user", "assistant") * len(exchange), exchange, strict=False):
-        await Message.objects.acreate(conversation=conversation, role=role, content=content)
+        parent = await Message.objects.acreate(conversation=conversation, role=role, content=content, parent=parent)
     return conversation
 
 
@@ -141,5 +142,5 @@ async def test_a_message_sent_in_one_tab_appears_in_the_other(page):
         " return a.length === 2 && ['complete', 'stopped', 'failed', 'flagged'].includes(a[1].dataset.status); }"
     )
     answer = await Message.objects.filter(role="assistant").alatest("created_at")
-    assert await other.locator("article.message.assistant .content").last.text_content() == answer.content
+    assert await other.locator("article.message.assistant .content").last.evaluate(SOURCE) == answer.content
     assert await other.locator("article.message.user").count() == 2

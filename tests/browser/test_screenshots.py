@@ -52,9 +52,14 @@ def a_conversation(username: str) -> Conversation:
     conversation = Conversation.objects.create(
         user=user, deployment=deployment_get(), title="Houseplants for beginners"
     )
+    parent = None  # one branch: each question follows the answer before it
     for question, answer in TALK:
-        Message.objects.create(conversation=conversation, role="user", content=question, status="complete")
-        Message.objects.create(conversation=conversation, role="assistant", content=answer, status="complete")
+        parent = Message.objects.create(
+            conversation=conversation, role="user", content=question, status="complete", parent=parent
+        )
+        parent = Message.objects.create(
+            conversation=conversation, role="assistant", content=answer, status="complete", parent=parent
+        )
     return conversation
 
 

@@ -100,10 +100,17 @@ def long_conversation(username: str, pairs: int = 30) -> Conversation:
 
     user = User.objects.get(username=username)
     conversation = Conversation.objects.create(user=user, deployment=deployment_get(), title="A long talk")
+    answer = None  # one branch: each question follows the answer before it
     for i in range(pairs):
-        Message.objects.create(conversation=conversation, role="user", content=f"Question {i}?", status="complete")
-        Message.objects.create(
-            conversation=conversation, role="assistant", content=f"Answer {i}. " + "Words. " * 40, status="complete"
+        question = Message.objects.create(
+            conversation=conversation, role="user", content=f"Question {i}?", status="complete", parent=answer
+        )
+        answer = Message.objects.create(
+            conversation=conversation,
+            role="assistant",
+            content=f"Answer {i}. " + "Words. " * 40,
+            status="complete",
+            parent=question,
         )
     return conversation
 
@@ -273,10 +280,10 @@ async def test_regenerate_is_not_left_on_an_older_answer_and_its_error_goes_with
     await page.wait_for_selector("article.message.assistant:last-of-type button.regenerate")
     assert await page.locator("button.regenerate").count() == 1
 
-    # Another tab has moved the conversation on: the regenerate is refused, and says why.
+    # Another tab has an answer being written: the regenerate is refused, and says why.
     user = await User.objects.aget(username="uma")
     conversation = await Conversation.objects.aget(user=user)
-    extra = await Message.objects.acreate(conversation=conversation, role="user", content="From elsewhere")
+    extra = await Message.objects.acreate(conversation=conversation, role="assistant", status="streaming")
     await page.click("button.regenerate")
     await page.wait_for_selector("#request-error:not([hidden])")
     await extra.adelete()
