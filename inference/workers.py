@@ -357,7 +357,8 @@ async def reap_once() -> int:
         return lost
 
     reaped = 0
-    for generation_id, worker, model_path in await db_async(orphans)():
+    # Repeated on a new connection if the database dropped this one: it only reads.
+    for generation_id, worker, model_path in await db_async(reconnecting(orphans))():
         reaped += await generation_end_orphaned(generation_id=generation_id, worker=worker, model_path=model_path)
     return reaped
 
@@ -373,7 +374,7 @@ async def generation_end_orphaned(*, generation_id: Any, worker: str, model_path
     from inference.streaming import StreamPublisher
 
     try:
-        publisher = await StreamPublisher.continuing(generation_id)
+        publisher = await StreamPublisher.continuing(generation_id, ahead_if_lost=True)
     except Exception:
         logger.exception("generation %s: its stream cannot be read; ending it without telling it", generation_id)
         publisher = None

@@ -328,17 +328,26 @@ def _ledger_balances() -> None:
 
 async def answered_after_recovery(chats: list[Chat]) -> None:
     """Each page sends a new message on its socket (a new one where the server closed it), and one
-    more comes from a socket opened after the fault: each is answered within ANSWERED_WITHIN_S."""
+    more comes from a socket opened after the fault: each answer begins within ANSWERED_WITHIN_S.
+    The page then stops it (its length is the model's to choose), and hears it end."""
     fresh = Chat(url=chats[0].url, user=chats[0].user, cookie=chats[0].cookie)
     started = time.time()
     for chat in [*chats, fresh]:
         await chat.send("Say hello.")
     try:
         for chat in [*chats, fresh]:
-            await chat.heard_by(started + ANSWERED_WITHIN_S)
-            name = chat.user.username
-            assert chat.ended_at is not None, f"{name}'s new message was not answered: {chat.events[-3:]}"
-            assert chat.events[-1]["type"] == "generation.done", chat.events[-1]
+            while not (chat.first("generation.delta") or chat.ended_at):
+                assert time.time() < started + ANSWERED_WITHIN_S, f"{chat.user.username}'s new message was not answered"
+                await asyncio.sleep(0.05)
+            if not chat.ended_at:
+                await chat.stop()
+        for chat in [*chats, fresh]:
+            await chat.heard_by(time.time() + TOLD_WITHIN_S)
+            assert chat.ended_at is not None, f"{chat.user.username}'s stopped answer did not end"
+            assert (chat.events[-1]["type"], chat.events[-1]["status"]) in {
+                ("generation.done", "complete"),
+                ("generation.done", "stopped"),
+            }, chat.events[-1]
     finally:
         await fresh.close()
 
@@ -607,6 +616,32 @@ def _broker_closed_after_losing_redis(server: RedisServer, transport: str | None
 
 def test_a_broker_connection_that_lost_redis_mid_poll_closes_as_a_connection_error(restarting_redis):
     _broker_closed_after_losing_redis(restarting_redis, settings.CELERY_BROKER_TRANSPORT)
+
+
+def test_kombus_redis_connections_fail_rather_than_reconnect_inside_its_own_calls(restarting_redis):
+    """kombu's poller watches the socket each channel's connection had when it was registered. A
+    connection that redis-py reconnects by itself inside one of kombu's calls (a health check's
+    PING before a BRPOP, a LISTEN's read, retried once under `retry_on_timeout`) sends on a new
+    socket that nobody watches: the reply is never read, and the worker waits silently for ever. With
+    no retries the call fails instead, and Celery reconnects the whole connection."""
+    import kombu
+
+    connection = kombu.Connection(
+        restarting_redis.url,
+        transport=settings.CELERY_BROKER_TRANSPORT,
+        transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+    )
+    try:
+        channel = connection.default_channel
+        for pool in (channel.pool, channel.async_pool):  # its commands', and its BRPOP's and LISTEN's
+            pooled = pool.get_connection()
+            try:
+                assert pooled.retry.get_retries() == 0
+                assert pooled.health_check_interval == settings.CELERY_BROKER_TRANSPORT_OPTIONS["health_check_interval"]
+            finally:
+                pool.release(pooled)
+    finally:
+        connection.release()
 
 
 def test_kombu_still_needs_the_broker_transports_fix(restarting_redis):
