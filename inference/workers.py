@@ -438,8 +438,12 @@ def generations_resent_if_broker_emptied() -> list[Any]:
     client = _redis()
     if not client.set(BROKER_MARK_KEY, time.time(), nx=True):
         return []
-    started = time.time() - float(client.info("server").get("uptime_in_seconds", 0))
-    return generations_redispatch_queued(before=datetime.fromtimestamp(started + 2, tz=UTC))
+    try:
+        started = time.time() - float(client.info("server").get("uptime_in_seconds", 0))
+        return reconnecting(generations_redispatch_queued)(before=datetime.fromtimestamp(started + 2, tz=UTC))
+    except BaseException:
+        client.delete(BROKER_MARK_KEY)  # not sent: the next round, here or elsewhere, tries again
+        raise
 
 
 async def reap_forever(interval: float = 2.0) -> None:
@@ -454,7 +458,7 @@ async def reap_forever(interval: float = 2.0) -> None:
                 resent = await db_async(generations_resent_if_broker_emptied)()
                 if resent:
                     logger.warning("Redis had lost the tasks of %d queued generations; sent them again", len(resent))
-            await db_async(generation_promote_waiting)()
+            await db_async(reconnecting(generation_promote_waiting))()
         except Exception:
             logger.exception("reaper failed")
         await asyncio.sleep(interval)

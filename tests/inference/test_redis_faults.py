@@ -503,7 +503,11 @@ def test_the_tasks_a_restarted_redis_lost_are_sent_again_once(restarting_redis, 
     from inference.workers import generations_resent_if_broker_emptied
 
     sent = []
-    monkeypatch.setattr(dispatch, "generation_dispatch", lambda **task: sent.append(task["generation_id"]))
+
+    def dispatched(**task: Any) -> None:
+        sent.append(task["generation_id"])
+
+    monkeypatch.setattr(dispatch, "generation_dispatch", dispatched)
     settings.REDIS_URL = restarting_redis.url
     deployment = ModelDeployment.objects.get(name=DEFAULT_DEPLOYMENT_NAME)
 
@@ -518,7 +522,15 @@ def test_the_tasks_a_restarted_redis_lost_are_sent_again_once(restarting_redis, 
     assert generations_resent_if_broker_emptied() == []  # marked: nothing was lost
     restarting_redis.restart()
     since = queued(at=timezone.now() + timedelta(seconds=10))  # queued on the new Redis
-    assert generations_resent_if_broker_emptied() == [before.id]
+
+    def unreachable(**task: Any) -> None:
+        raise ConnectionError("the broker went away again")
+
+    monkeypatch.setattr(dispatch, "generation_dispatch", unreachable)
+    with pytest.raises(ConnectionError):
+        generations_resent_if_broker_emptied()
+    monkeypatch.setattr(dispatch, "generation_dispatch", dispatched)
+    assert generations_resent_if_broker_emptied() == [before.id]  # the failed round left no mark
     assert generations_resent_if_broker_emptied() == []
     assert sent == [before.id] and since.id not in sent
 
