@@ -140,16 +140,51 @@ def _celery_broker_switch(app: Any, url: str) -> None:
 
 
 @pytest.fixture(scope="module")
-async def fault_worker(on_own_redis, django_db_setup, django_db_blocker):
-    """One real Celery worker with the real engine, on the test's Redis, for the whole module."""
+async def fault_workers(on_own_redis, django_db_setup, django_db_blocker):
+    """Two real Celery workers with the real engine on the test's Redis, for the whole module: a
+    deployment with more than one, so that one killed leaves another to answer. They load at once."""
     with django_db_blocker.unblock():
         await ModelDeployment.objects.aget_or_create(name=DEFAULT_DEPLOYMENT_NAME, defaults=DEFAULT_DEPLOYMENT_FIELDS)
-        worker = CeleryWorker(deployments=[DEFAULT_DEPLOYMENT_NAME], name="fault-gpu", redis_url=on_own_redis.url)
+        workers = [
+            CeleryWorker(deployments=[DEFAULT_DEPLOYMENT_NAME], name=name, redis_url=on_own_redis.url)
+            for name in ("fault-gpu", "fault-gpu-2")
+        ]
         try:
-            await worker.wait_ready()
-            yield worker
+            await asyncio.gather(*(worker.wait_ready() for worker in workers))
+            yield workers
         finally:
-            worker.kill()
+            for worker in workers:
+                worker.kill()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_reaper_takes_a_missing_heartbeat_for_a_dead_worker_only_once_redis_has_been_up_a_ttl(
+    restarting_redis, settings, alice, default_deployment
+):
+    """A Redis restarted without persistence has lost every heartbeat; a live worker writes its own
+    again within a second or two. Until then its answers must not be ended as lost. (Before the
+    tests with workers: their reapers, on the same database, would end the row first.)"""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    settings.REDIS_URL = restarting_redis.url
+    settings.INFERENCE_WORKER_HEARTBEAT_TTL_S = 2
+    generation = await Generation.objects.acreate(
+        user=alice,
+        deployment=default_deployment,
+        prompt_token_ids=[1],
+        sampling={},
+        status=Generation.Status.RUNNING,
+        worker="gpu@elsewhere:1",
+        started_at=timezone.now() - timedelta(minutes=1),
+    )
+    restarting_redis.restart()
+    assert await reap_once() == 0
+    await asyncio.sleep(2.1)  # Redis has been up for a heartbeat TTL: a worker missing now is dead
+    assert await reap_once() == 1
+    await generation.arefresh_from_db()
+    assert (generation.status, generation.error_code) == ("failed", "worker_lost")
 
 
 @pytest.fixture
@@ -163,7 +198,7 @@ def connection_renewed_after(transactional_db):
 
 
 @pytest.fixture
-async def web_process(fault_worker, connection_renewed_after):
+async def web_process(fault_workers, connection_renewed_after):
     """This process as a web process: uvicorn serving the real ASGI app (real WebSockets) and the
     reaper its lifespan runs (inference/lifespan.py), stopped before the test's database is flushed."""
     reaper = asyncio.create_task(reap_forever())
@@ -427,28 +462,35 @@ async def test_answers_streaming_when_the_database_drops_every_connection_go_on_
 
 
 @pytest.mark.engine
-async def test_redis_restarting_the_database_dropping_and_the_worker_killed_at_once(
-    web_process, fault_worker, own_redis, alice, bob, mallory
+async def test_redis_restarting_the_database_dropping_and_a_worker_killed_at_once(
+    web_process, fault_workers, own_redis, alice, bob, mallory
 ):
-    """At once the worker is killed (-9), Redis restarts empty, and PostgreSQL drops every
-    connection; its supervisor starts the worker again. The answers it was writing end as lost, each
-    client is told, and the new worker answers new messages."""
+    """At once the worker answering most is killed (-9), Redis restarts empty, and PostgreSQL drops
+    every connection. The killed worker's answers end as lost; the other's go on, and stop when
+    asked; the other answers new messages."""
     await _on_the_pro_tier(bob)
     chats = await chats_streaming(web_process, [alice, bob, mallory])
-    fault_at = time.time()
-    fault_worker.kill()
+    running = [g.worker async for g in Generation.objects.filter(status=Generation.Status.RUNNING)]
+    answering = {worker: sum(name.startswith(f"{worker.node}:") for name in running) for worker in fault_workers}
+    victim, survivor = sorted(fault_workers, key=lambda worker: -answering[worker])
+    seqs, fault_at = [chat.last_seq() for chat in chats], time.time()
+    victim.kill()
     own_redis.restart()
     await database_connections_terminated()
-    restarted = CeleryWorker(deployments=[DEFAULT_DEPLOYMENT_NAME], name="fault-gpu-2", redis_url=own_redis.url)
-    try:
-        generations = await outcomes_hold(chats, fault_at=fault_at)
-        assert [(g.status, g.error_code) for g in generations] == [("failed", "worker_lost")] * 3
-        await restarted.wait_ready()
-        await answered_after_recovery(chats)
-        log = open(restarted.log.name, "rb").read().decode(errors="replace")  # noqa: SIM115, ASYNC230
-        assert "Unrecoverable error" not in log
-    finally:
-        restarted.kill()
+
+    for chat in await streaming_on(chats, seqs=seqs):
+        await chat.stop()
+    generations = await outcomes_hold(chats, fault_at=fault_at)
+    for generation in generations:
+        if generation.worker.startswith(f"{victim.node}:"):
+            assert (generation.status, generation.error_code) == ("failed", "worker_lost")
+        else:
+            assert (generation.status, generation.error_code) in {("stopped", ""), ("complete", "")}
+    assert any(g.error_code == "worker_lost" for g in generations)
+    await answered_after_recovery(chats)
+    assert survivor.process.poll() is None, "the other worker exited"
+    log = open(survivor.log.name, "rb").read().decode(errors="replace")  # noqa: SIM115, ASYNC230
+    assert "Unrecoverable error" not in log
 
 
 async def _on_the_pro_tier(user: Any) -> None:
@@ -462,35 +504,6 @@ def restarting_redis():
     server.start()
     yield server
     server.stop()
-
-
-@pytest.mark.django_db(transaction=True)
-async def test_the_reaper_takes_a_missing_heartbeat_for_a_dead_worker_only_once_redis_has_been_up_a_ttl(
-    restarting_redis, settings, alice, default_deployment
-):
-    """A Redis restarted without persistence has lost every heartbeat; a live worker writes its own
-    again within a second or two. Until then its answers must not be ended as lost."""
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    settings.REDIS_URL = restarting_redis.url
-    settings.INFERENCE_WORKER_HEARTBEAT_TTL_S = 2
-    generation = await Generation.objects.acreate(
-        user=alice,
-        deployment=default_deployment,
-        prompt_token_ids=[1],
-        sampling={},
-        status=Generation.Status.RUNNING,
-        worker="gpu@elsewhere:1",
-        started_at=timezone.now() - timedelta(minutes=1),
-    )
-    restarting_redis.restart()
-    assert await reap_once() == 0
-    await asyncio.sleep(2.1)  # Redis has been up for a heartbeat TTL: a worker missing now is dead
-    assert await reap_once() == 1
-    await generation.arefresh_from_db()
-    assert (generation.status, generation.error_code) == ("failed", "worker_lost")
 
 
 @pytest.mark.django_db
