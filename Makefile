@@ -87,7 +87,8 @@ test: install-dev model
 	else echo "PostgreSQL ($(TEST_DATABASE_URL)) or Redis ($(TEST_REDIS_URL)) is not reachable: skipped the production-topology run"; fi
 
 # The fault-injection tests alone (-m fault), in the production topology, as `make test` runs them
-# (first in its production-topology run). They start a redis-server of their own to restart.
+# (first in its production-topology run): a Redis of their own restarted, PostgreSQL's connections
+# ended, a worker killed, while answers stream (docs/production.md, "Faults").
 fault-test: install-dev model
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m fault
 

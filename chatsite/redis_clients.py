@@ -13,7 +13,7 @@ twice: heartbeats (SET, ZADD, EXPIRE), replay-buffer events and their PUBLISH (a
 `seq` it has seen), cache writes, pub/sub notices; a rate-limit step may charge its bucket twice.
 
 The Celery broker (kombu) makes its own clients: CELERY_BROKER_TRANSPORT_OPTIONS gives them the
-equivalent options (`broker_transport_options`).
+health check and the connect timeout, not the retries (chatsite/settings.py says why).
 """
 
 from __future__ import annotations

@@ -313,8 +313,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "sep": ":",
     "queue_order_strategy": "priority",
     # kombu's own Redis clients: an idle connection is pinged before use, and connecting gives up, as
-    # every other client's (chatsite/redis_clients.py). Not retry_on_timeout: a blocking read (BRPOP,
-    # the fanout LISTEN) retried on a new connection would wait for a reply to nothing.
+    # every other client's (chatsite/redis_clients.py). Not retry_on_timeout: its retry reconnects
+    # inside kombu's own calls (a BRPOP's health check, the fanout LISTEN), on a socket kombu's poller
+    # does not watch, and the worker waits silently for a reply it never reads (docs/production.md).
     "health_check_interval": REDIS_HEALTH_CHECK_S,
     "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
 }

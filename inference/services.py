@@ -516,3 +516,22 @@ def generation_promote_waiting(*, now: Any = None) -> list[tuple[Any, int]]:
             generation_dispatch(generation_id=generation.id, queue=generation.deployment.queue_name, priority=target)
             promoted.append((generation.id, target))
     return promoted
+
+
+def generations_redispatch_queued(*, before: Any) -> list[Any]:
+    """Send again the task of every generation still queued that was queued before `before`: for a
+    broker that lost its queues (a Redis restarted without persistence), or never got the task (it
+    was down at the dispatch). A task that survived after all is harmless: whichever copy comes
+    first claims the generation, and the other finds it claimed. Returns the ids sent."""
+    from inference.dispatch import generation_dispatch
+
+    queued = Generation.objects.filter(status=Generation.Status.QUEUED, created_at__lt=before).select_related(
+        "deployment"
+    )
+    sent = []
+    for generation in queued.only("id", "queue_priority", "deployment__name"):
+        generation_dispatch(
+            generation_id=generation.id, queue=generation.deployment.queue_name, priority=generation.queue_priority
+        )
+        sent.append(generation.id)
+    return sent

@@ -183,6 +183,10 @@ def replay_buffer() -> ReplayBuffer:
     return _buffer
 
 
+# Where a stream whose buffer was lost goes on (StreamPublisher.continuing): past any real `seq`.
+LOST_STREAM_SEQ = 1_000_000_000
+
+
 class StreamPublisher:
     """Publishes one generation's events, coalescing text deltas.
 
@@ -206,11 +210,18 @@ class StreamPublisher:
         self._buffer = replay_buffer()
 
     @classmethod
-    async def continuing(cls, generation_id: Any) -> StreamPublisher:
-        """A publisher that carries on a stream someone else began (e.g. to end a dead worker's)."""
+    async def continuing(cls, generation_id: Any, *, ahead_if_lost: bool = False) -> StreamPublisher:
+        """A publisher that carries on a stream someone else began (e.g. to end a dead worker's).
+
+        `ahead_if_lost`: a stream whose buffer holds nothing (lost with a Redis restart, or never
+        written) goes on from LOST_STREAM_SEQ, past any `seq` its followers can have seen: from 1
+        they might drop its end as one they had passed, and hear of it only from its row, seconds
+        later. A follower takes the jump for events live delivery skipped, and finds none."""
         publisher = cls(generation_id)
         events = await publisher._buffer.read(publisher.generation_id, 0)
         publisher.seq = max((event["seq"] for event in events), default=0)
+        if ahead_if_lost and not events:
+            publisher.seq = LOST_STREAM_SEQ - 1
         publisher.text = "".join(event.get("text", "") for event in events if event["type"] == "generation.delta")
         return publisher
 

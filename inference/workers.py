@@ -291,6 +291,14 @@ def workers_alive(names: set[str]) -> set[str]:
     return {name for name, exists in zip(ordered, pipe.execute(), strict=True) if exists}
 
 
+def heartbeats_complete() -> bool:
+    """Whether every live worker's heartbeat is in Redis: true once Redis has been up for a
+    heartbeat TTL. A Redis restarted without persistence starts empty, and until each worker has
+    beaten on it again a missing heartbeat is no sign of a dead worker."""
+    uptime = _redis().info("server").get("uptime_in_seconds", 0)
+    return float(uptime) >= settings.INFERENCE_WORKER_HEARTBEAT_TTL_S
+
+
 def workers_running(names: set[str]) -> dict[str, tuple[float, set[str]]]:
     """For each of these workers that is alive and publishes them: when its heartbeat's status was
     taken, and the generations its runner was running then."""
@@ -337,13 +345,17 @@ async def reap_once() -> int:
         )
         alive = workers_alive({generation.worker for generation in running})
         runs = workers_running(alive)
+        # A heartbeat missing from a Redis that restarted less than a TTL ago says nothing: the
+        # restart emptied it, and a live worker beats on it again within a second or two.
+        absent = {generation.worker for generation in running} - alive
+        absent_means_dead = bool(absent) and heartbeats_complete()
         lost = []
         for generation in running:
             gid, worker, started = generation.id, generation.worker, generation.started_at
             if not started:
                 continue
             if worker not in alive:
-                gone = started.timestamp() < time.time() - ttl
+                gone = absent_means_dead and started.timestamp() < time.time() - ttl
             elif worker in runs:
                 seen_at, ids = runs[worker]
                 gone = str(gid) not in ids and started.timestamp() < seen_at - ttl
@@ -354,7 +366,8 @@ async def reap_once() -> int:
         return lost
 
     reaped = 0
-    for generation_id, worker, model_path in await db_async(orphans)():
+    # Repeated on a new connection if the database dropped this one: it only reads.
+    for generation_id, worker, model_path in await db_async(reconnecting(orphans))():
         reaped += await generation_end_orphaned(generation_id=generation_id, worker=worker, model_path=model_path)
     return reaped
 
@@ -370,7 +383,7 @@ async def generation_end_orphaned(*, generation_id: Any, worker: str, model_path
     from inference.streaming import StreamPublisher
 
     try:
-        publisher = await StreamPublisher.continuing(generation_id)
+        publisher = await StreamPublisher.continuing(generation_id, ahead_if_lost=True)
     except Exception:
         logger.exception("generation %s: its stream cannot be read; ending it without telling it", generation_id)
         publisher = None
@@ -415,14 +428,46 @@ def _tokens_in(model_path: str, text: str) -> int:
         return 0
 
 
+BROKER_MARK_KEY = "chatsite:broker:kept"  # no expiry: a Redis without it has lost its data
+
+
+def generations_resent_if_broker_emptied() -> list[Any]:
+    """Send again the tasks a Redis restarted without persistence lost; returns the ids sent.
+
+    The restart empties the broker's queues, and a generation queued before it would wait for ever.
+    Redis holds a mark that an emptied Redis lacks: the first process to find it missing sets it
+    and sends again the task of every generation still queued from before this Redis started (those
+    queued since are in it; two seconds' more cover the clocks' disagreement). A duplicate costs
+    nothing (the claim lets one copy run), so a mark lost otherwise (FLUSHDB) is harmless.
+    """
+    from datetime import UTC, datetime
+
+    from inference.services import generations_redispatch_queued
+
+    client = _redis()
+    if not client.set(BROKER_MARK_KEY, time.time(), nx=True):
+        return []
+    try:
+        started = time.time() - float(client.info("server").get("uptime_in_seconds", 0))
+        return reconnecting(generations_redispatch_queued)(before=datetime.fromtimestamp(started + 2, tz=UTC))
+    except BaseException:
+        client.delete(BROKER_MARK_KEY)  # not sent: the next round, here or elsewhere, tries again
+        raise
+
+
 async def reap_forever(interval: float = 2.0) -> None:
-    """Every `interval` seconds: end dead workers' generations, and age waiting ones' priorities."""
+    """Every `interval` seconds: end dead workers' generations, send again the tasks an emptied
+    Redis lost, and age waiting ones' priorities."""
     from inference.services import generation_promote_waiting
 
     while True:
         try:
             await reap_once()
-            await db_async(generation_promote_waiting)()
+            if settings.INFERENCE_BACKEND == "celery":
+                resent = await db_async(generations_resent_if_broker_emptied)()
+                if resent:
+                    logger.warning("Redis had lost the tasks of %d queued generations; sent them again", len(resent))
+            await db_async(reconnecting(generation_promote_waiting))()
         except Exception:
             logger.exception("reaper failed")
         await asyncio.sleep(interval)

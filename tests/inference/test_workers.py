@@ -183,7 +183,7 @@ async def _running_row(alice, deployment, *, worker: str, text: str) -> Generati
     # Its text first: a reaper may end the row the moment it exists.
     generation_id = uuid.uuid4()
     publisher = StreamPublisher(generation_id, coalesce_ms=0)
-    for word in text.split(" "):
+    for word in text.split():
         await publisher.add_text(word + " ")
     return await Generation.objects.acreate(
         id=generation_id,
@@ -226,6 +226,25 @@ async def test_an_answer_whose_worker_died_is_charged_the_tokens_it_had_generate
     assert (record.status, record.completion_tokens) == ("failed", tokens)
     events = await replay_buffer().read(str(generation.id), 0)
     assert (events[-1]["type"], events[-1]["code"]) == ("generation.error", "worker_lost")
+
+
+async def test_a_dead_workers_answer_whose_stream_redis_lost_ends_on_its_socket_at_once(alice, default_deployment):
+    """Redis restarted empty and the worker died: the page had seen three events the buffer no longer
+    holds. The reaper's end goes past any `seq` it has seen, so the page takes it live rather than
+    at the quiet stream's look at the row, seconds later."""
+    from inference.streaming import LOST_STREAM_SEQ
+    from inference.workers import reap_once
+
+    generation = await _running_row(alice, default_deployment, worker="gpu@gone:1", text="")
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to({"type": "generation.resume", "generation": str(generation.id), "after_seq": 3})
+    await asyncio.sleep(0.3)  # following it, and nothing in its buffer
+
+    await reap_once()
+
+    event = await next_event(socket, timeout=settings.INFERENCE_STREAM_RESYNC_S - 1)
+    assert (event["type"], event["code"], event["seq"]) == ("generation.error", "worker_lost", LOST_STREAM_SEQ)
+    await socket.disconnect()
 
 
 async def test_an_answer_its_live_worker_no_longer_runs_is_ended(engine, alice, default_deployment):
