@@ -35,7 +35,7 @@ def _after(response: HttpResponseBase, rid: str) -> HttpResponseBase:
         code = ""
         if not response.streaming:
             try:
-                code = str(json.loads(response.content)["error"]["code"] or "")
+                code = str(json.loads(getattr(response, "content", b""))["error"]["code"] or "")
             except (ValueError, KeyError, TypeError):
                 code = ""
         if metrics.refusal_observe(channel=request_context.channel.get(), status=response.status_code, code=code):

@@ -65,7 +65,7 @@ def generation_measured(sender: Any, generation: Any, **kwargs: Any) -> None:
     ttft = first_at - created if first_at is not None else None
     tpot = (
         (finished - first_at) / (generation.completion_tokens - 1)
-        if ttft is not None and generation.completion_tokens > 1
+        if first_at is not None and generation.completion_tokens > 1
         else None
     )
     outcome, code = _outcome(generation)
