@@ -15,11 +15,12 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from chatsite.origins import PageOriginValidator  # noqa: E402
 from conversations.routing import websocket_urlpatterns  # noqa: E402
 from inference.lifespan import lifespan_app  # noqa: E402
+from observability.asgi import SocketsCounted  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": PageOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": SocketsCounted(PageOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
         "lifespan": lifespan_app,
     }
 )

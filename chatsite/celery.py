@@ -27,7 +27,9 @@ app.autodiscover_tasks()
 def start_engines(sender, instance, **kwargs) -> None:
     """Warm the engines before the first task arrives: a worker serves the deployments it consumes."""
     from inference.workers import worker_runtime_start
+    from observability.metrics import worker_metrics_serve
 
+    worker_metrics_serve()
     queues = list(instance.app.amqp.queues.consume_from or {})
     try:
         worker_runtime_start(queues=queues, name=str(sender), pool=instance.pool_cls)

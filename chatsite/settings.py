@@ -75,10 +75,13 @@ INSTALLED_APPS = [
     "conversations",
     "inference",
     "moderation",
+    "observability",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # First after security: every response, static files and errors included, carries its request id.
+    "observability.middleware.request_observed",
     "servestatic.middleware.ServeStaticMiddleware",
     # Below the static files, which keep their long caching; above everything that answers a user.
     "chatsite.security.private_responses_not_stored",
@@ -356,11 +359,27 @@ SPECTACULAR_SETTINGS = {
 }
 API_MAX_PROMPT_CHARS = env_int("API_MAX_PROMPT_CHARS", 200_000, minimum=1000)
 
+# --- observability (docs/observability.md) ---------------------------------------------------------
+# /metrics answers a request bearing this token; without one set, only requests from loopback or
+# private addresses (a Prometheus beside the service), never from the public internet.
+METRICS_TOKEN = env_str("METRICS_TOKEN")
+# A Celery GPU worker serves its own /metrics (its engine's figures and its generations') on this
+# port, bound to METRICS_WORKER_HOST; 0 serves none.
+METRICS_WORKER_PORT = env_int("METRICS_WORKER_PORT", 0, minimum=0, maximum=65535)
+METRICS_WORKER_HOST = env_str("METRICS_WORKER_HOST", "127.0.0.1")
+# OpenTelemetry tracing, only when an OTLP endpoint is configured (observability/tracing.py).
+OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT")
+LOG_FORMAT = env_choice("LOG_FORMAT", "plain", choices=("plain", "json"))
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"request_id": {"()": "chatsite.logs.RequestIdFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"},
+        "json": {"()": "chatsite.logs.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["request_id"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }

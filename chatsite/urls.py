@@ -12,9 +12,15 @@ from conversations.apis import (
 )
 from inference.apis import ModelListApi, chat_completions
 from moderation.apis import ModerationCreateApi
+from observability.views import admin_urls, healthz, metrics_view, readyz
 
 urlpatterns = [
+    # Before the admin's own, whose catch-all would take them (staff only, docs/observability.md).
+    *admin_urls(),
     path("admin/", admin.site.urls),
+    path("metrics", metrics_view, name="metrics"),
+    path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
     path("accounts/", include("accounts.urls")),
     # OpenAI-compatible: point the openai client's base_url at http://<host>/v1
     path("v1/chat/completions", chat_completions, name="chat-completions"),

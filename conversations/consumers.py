@@ -53,8 +53,10 @@ from django.conf import settings
 from django.contrib.auth import HASH_SESSION_KEY
 from django.db import DatabaseError
 
+import chatsite.request_context as request_context
 from accounts.selectors import SessionAccess, session_access, session_key_digest
 from accounts.services import user_group
+from accounts.signals import request_refused
 from chatsite.database import db_async, reconnecting
 from chatsite.errors import ClientError
 from chatsite.parsers import json_parse
@@ -185,6 +187,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.receive_json(content)
 
     async def receive_json(self, content: dict[str, Any], **kwargs: Any) -> None:
+        request_context.request_begin(channel_name="chat")  # each request on the socket has its own id
         kind = content.get("type")
         handler = {
             "message.send": self._message_send,
@@ -203,6 +206,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         try:
             await handler(content)
         except ClientError as exc:
+            request_refused.send(type(self), status=exc.status, code=exc.code)
             await self._error(exc.code, exc.message, retry_after=exc.retry_after, client_id=client_id)
         except Exception as exc:
             logger.exception("chat socket: a %s request failed", kind)

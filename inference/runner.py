@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextvars
 import logging
 import time
 from contextlib import aclosing
@@ -21,12 +20,14 @@ from typing import Any
 
 from django.conf import settings
 
+import chatsite.request_context as request_context
 from chatsite.database import db_async, reconnecting
 from inference import openai_format as wire
 from inference.engine import EngineRequestError, EngineUnavailable, engine_host_for
 from inference.models import Generation
 from inference.selectors import deployment_cached, deployment_get_cached, engine_spec_for
 from inference.services import generation_claim, generation_finish, generation_from_order, generation_mark_started
+from inference.signals import generation_first_token
 from inference.streaming import StreamPublisher
 from moderation.services import CONTENT_FILTER, ContentFiltered, output_flag_create, output_monitor_for
 
@@ -80,11 +81,11 @@ class Runner:
     ) -> concurrent.futures.Future:
         """Schedule a generation from any thread; the returned future ends when the generation does.
 
-        The task starts in an empty context: the caller is usually a sync ORM thread inside asgiref,
-        whose context marks its single thread as busy, and a task inheriting that would fail its
-        first database call with "would deadlock".
+        The task starts in a context holding only the request's id and channel: the caller is usually
+        a sync ORM thread inside asgiref, whose context marks its single thread as busy, and a task
+        inheriting that would fail its first database call with "would deadlock".
         """
-        future = contextvars.Context().run(
+        future = request_context.carried().run(
             asyncio.run_coroutine_threadsafe, self.run(generation_id, order=order), self.loop
         )
         future.add_done_callback(_log_failure)
@@ -217,6 +218,7 @@ class Runner:
                             released = True
                             mark_started(row)
                         monitor = await monitor_loading
+                        generation_first_token.send(Runner, generation=generation)
                     progress["completion_tokens"] = delta.completion_tokens
                     await monitor.feed(delta.text, final=delta.finished)
                     await publisher.add_text(delta.text)

@@ -10,3 +10,6 @@ generation_started = Signal()
 # process that saved it died): the app that owns the message judges it (conversations does). With no
 # receiver, the answer is withdrawn.
 held_answer_unjudged = Signal()
+# Sent by a runner, on its event loop, with `generation` when the answer's first text is about to be
+# shown (claimed, released): receivers time it (observability) and must return at once.
+generation_first_token = Signal()

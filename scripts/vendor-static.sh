@@ -13,6 +13,7 @@ DOMPURIFY=3.5.0
 HIGHLIGHT_JS=11.12.0           # @highlightjs/cdn-assets: highlight.js's own prebuilt browser bundle
 KATEX=0.19.1
 MARKDOWN_IT_KATEX=1.1.2        # @vscode/markdown-it-katex: the $…$ / $$…$$ rules, rendered by KaTeX
+UPLOT=1.6.32                   # the operations page's charts (templates/admin/operations.html)
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 vendor="$root/static/vendor"
@@ -67,6 +68,10 @@ cp "$work/markdown-it-katex/LICENSE" "$out/"
     echo "window.markdownItKatex = exports.default;"
     echo "})();"
 } >"$out/markdown-it-katex.js"
+
+unpack "uplot@$UPLOT" uplot
+out=$(fresh "uplot-$UPLOT")
+cp "$work/uplot/dist/uPlot.iife.min.js" "$work/uplot/dist/uPlot.min.css" "$work/uplot/LICENSE" "$out/"
 
 echo "vendored into $vendor:"
 ls "$vendor"

@@ -317,6 +317,8 @@ class CeleryWorker:
         url = f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
         self.node = f"{name}@{socket.gethostname()}"
         queues = ",".join(f"gpu.{d}" for d in deployments)
+        # Its own /metrics (observability): its generations' figures are recorded where they run.
+        self.metrics_url = f"http://127.0.0.1:{(metrics_port := free_port())}/metrics"
         self.log = open(Path(settings.DATA_DIR) / f"{name}.log", "wb")  # noqa: SIM115 - closed in kill()
         self.process = subprocess.Popen(
             [
@@ -344,6 +346,7 @@ class CeleryWorker:
                 "DATABASE_URL": url,
                 "REDIS_URL": redis_url or settings.REDIS_URL,
                 "CHATSITE_LOCAL_SECRET": "1",
+                "METRICS_WORKER_PORT": str(metrics_port),
             },
             cwd=settings.BASE_DIR,
             stdout=self.log,

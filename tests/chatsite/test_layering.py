@@ -1,6 +1,7 @@
 """Imports go one way: each app imports only the layers below it, never one above.
 
     composition   chatsite.settings, urls, asgi, celery (wires the apps together)
+    observability metrics, health, the operations page (reads every app below it)
     conversations chats, messages, the chat page and its socket
     inference     deployments, generations, engines, workers, streaming, the OpenAI API
     moderation    classifiers, policies, flags and the review queue
@@ -18,7 +19,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ["accounts", "moderation", "inference", "conversations"]
+APPS = ["accounts", "moderation", "inference", "conversations", "observability"]
 COMPOSITION = {"chatsite.settings", "chatsite.urls", "chatsite.asgi", "chatsite.celery", "chatsite.wsgi"}
 LAYERS = ["shared", *APPS, "composition"]
 

@@ -1,0 +1,54 @@
+"""Which request the current code works for: its id and the channel it came through.
+
+The id is set where a request enters (observability's middleware for HTTP, the chat socket for each
+message it is sent), travels with the Celery task that runs its generation (task headers), and is
+read by the log filter (chatsite/logs.py) and the metrics. It lives in context variables, so every
+coroutine and every thread that asgiref starts for the request sees it; a task started in an empty
+context on purpose (the runner's) is given these variables only (`carried`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import re
+import uuid
+
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+# Where the request came from: "chat" (the chat page's socket), "conversations_api", "openai_api",
+# "page" (anything else), or "" outside a request (a worker's own work, a command).
+channel: contextvars.ContextVar[str] = contextvars.ContextVar("channel", default="")
+
+# An incoming X-Request-ID is kept when it is this sane: short, and only characters that cannot
+# break a log line or a header (a proxy's UUID, a trace id); anything else is replaced.
+_SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_CARRIED = (request_id, channel)
+
+
+def request_id_new(incoming: str | None = None) -> str:
+    """`incoming` when it is a sane id, else a fresh one."""
+    if incoming and _SANE_ID.fullmatch(incoming):
+        return incoming
+    return uuid.uuid4().hex
+
+
+def request_begin(*, channel_name: str, incoming_id: str | None = None) -> str:
+    """Mark the current context as serving a new request; returns its id."""
+    rid = request_id_new(incoming_id)
+    request_id.set(rid)
+    channel.set(channel_name)
+    return rid
+
+
+def carried() -> contextvars.Context:
+    """A fresh context holding only the request's variables: for tasks that must not inherit the
+    rest of the caller's context (see inference.runner.Runner.submit_threadsafe)."""
+    values = [(var, var.get()) for var in _CARRIED]
+    context = contextvars.Context()
+    context.run(lambda: [var.set(value) for var, value in values])
+    return context
+
+
+def headers() -> dict[str, str]:
+    """The request's variables as task headers (empty outside a request)."""
+    rid = request_id.get()
+    return {"request_id": rid, "request_channel": channel.get()} if rid else {}
