@@ -348,9 +348,11 @@ async def outcomes_hold(chats: list[Chat], *, fault_at: float) -> list[Generatio
 
 
 def _ledger_balances() -> None:
-    """Each ended answer is in the ledger once, with its row's tokens, charged unless it failed."""
+    """Each ended answer is in the ledger once, with its row's tokens, charged unless it failed; the
+    titles the service asks for itself are in it not at all."""
     records = {record.generation_id: record for record in UsageRecord.objects.filter(kind="generation")}
-    generations = {generation.id: generation for generation in Generation.objects.select_related("user__tier")}
+    answers = Generation.objects.filter(purpose=Generation.Purpose.ANSWER).select_related("user__tier")
+    generations = {generation.id: generation for generation in answers}
     assert set(records) == set(generations), "answers charged twice, or not at all"
     for generation_id, generation in generations.items():
         record = records[generation_id]
