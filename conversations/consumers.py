@@ -65,12 +65,12 @@ from conversations.services import (
     message_regenerate,
     message_send,
 )
-from inference import openai_format as wire
-from inference.dispatch import engine_state, local_backend
+from inference.execution.dispatch import backend, engine_state
 from inference.models import Generation
+from inference.openai import wire
 from inference.selectors import generation_get_for_user
 from inference.services import generation_request_stop
-from inference.streaming import (
+from inference.streaming.streams import (
     ENGINE_STATUS_GROUP,
     TERMINAL_EVENTS,
     StreamPublisher,
@@ -122,8 +122,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         self._resync = asyncio.ensure_future(self._resync_quiet_streams())
         await self.channel_layer.group_add(ENGINE_STATUS_GROUP, self.channel_name)
-        if settings.INFERENCE_BACKEND == "local":
-            await local_backend.start()
+        await backend.start()
         # Input moderation needs its embedding model; load it now, off the loop, not on the first send.
         classifiers_prepare()
         deployment = settings.INFERENCE_DEFAULT_DEPLOYMENT

@@ -309,7 +309,7 @@ def test_a_worker_stopping_for_any_reason_stops_its_engines(monkeypatch):
     engine process must stop too, or the process waits for it forever, its heartbeat still beating."""
     from celery.signals import worker_shutdown
 
-    from inference import workers
+    from inference.execution import workers
 
     stopped = []
 

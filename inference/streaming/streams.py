@@ -265,8 +265,8 @@ TERMINAL_EVENTS = ("generation.done", "generation.error")
 def final_event_from_row(generation: Any, *, seq: int) -> dict[str, Any]:
     """A finished generation's end as its stream announced it, with its whole text, from its row: for
     a follower that finds its stream's buffer gone."""
-    from inference import openai_format as wire
     from inference.models import Generation
+    from inference.openai import wire
 
     if generation.status == Generation.Status.FAILED:
         event = {"type": "generation.error", "code": generation.error_code, "message": generation.error_message}

@@ -22,12 +22,12 @@ from typing import Any
 from django.conf import settings
 
 from chatsite.database import db_async, reconnecting
-from inference import openai_format as wire
-from inference.engine import EngineRequestError, EngineUnavailable, engine_host_for
+from inference.engine.host import EngineRequestError, EngineUnavailable, engine_host_for
 from inference.models import Generation
+from inference.openai import wire
 from inference.selectors import deployment_cached, deployment_get_cached, engine_spec_for
 from inference.services import generation_claim, generation_finish, generation_from_order, generation_mark_started
-from inference.streaming import StreamPublisher
+from inference.streaming.streams import StreamPublisher
 from moderation.services import CONTENT_FILTER, ContentFiltered, output_flag_create, output_monitor_for
 
 logger = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class Runner:
     def running_ids(self) -> list[str]:
         """The generations this runner is running, from before their claim until their end is
         recorded: a `running` row of this worker's that is not among them has no runner (the reaper
-        ends it, `inference.workers.reap_once`)."""
+        ends it, `inference.execution.workers.reap_once`)."""
         return list(self._runs)
 
     def streaming_ids(self) -> list[str]:
