@@ -461,13 +461,8 @@ async def _stream(sent):
     """The answer's events as server-sent events. If the response ends before the answer does (the
     client went away, or no event came for longer than an answer may take), the answer is stopped
     rather than spend the engine on nobody (`stopped_if_abandoned`)."""
-    from inference.streaming.streams import (
-        FOLLOW_TIMEOUT_MESSAGE,
-        RESTARTING_MESSAGE,
-        ServerRestarting,
-        follow_streams,
-        stopped_if_abandoned,
-    )
+    from inference.streaming.following import FOLLOW_TIMEOUT_MESSAGE, follow_streams, stopped_if_abandoned
+    from inference.streaming.streams import RESTARTING_MESSAGE, ServerRestarting
 
     generation_id = str(sent.generation.id)
     try:

@@ -636,11 +636,11 @@ async def unclaimed_generation(alice, default_deployment):
 @pytest.fixture
 def followers_give_up_at_once(settings, monkeypatch):
     """A follower gives up after half a second without an event, not after an answer's time limit."""
-    from inference.streaming import streams as streaming
+    from inference.streaming import following
 
     settings.INFERENCE_GENERATION_TIMEOUT_S = 0
     settings.INFERENCE_STREAM_RESYNC_S = 0.1
-    monkeypatch.setattr(streaming, "FOLLOW_GRACE_S", 0.5)
+    monkeypatch.setattr(following, "FOLLOW_GRACE_S", 0.5)
 
 
 @pytest.fixture

@@ -28,7 +28,8 @@ from chatsite.errors import ClientError, validated_json_body
 from chatsite.parsers import request_body
 from inference.openai import wire
 from inference.services import completion_create, newest_user_text
-from inference.streaming.streams import FOLLOW_TIMEOUT_MESSAGE, ServerRestarting, follow_streams, stopped_if_abandoned
+from inference.streaming.following import FOLLOW_TIMEOUT_MESSAGE, follow_streams, stopped_if_abandoned
+from inference.streaming.streams import ServerRestarting
 from moderation.services import checked_after_commit
 
 

@@ -289,7 +289,7 @@ def test_staff_read_feedback_in_the_admin_filtered_by_rating_and_model(alice, tw
 
 def test_the_migration_chains_the_messages_of_a_conversation_written_before_branches(alice):
     migration = __import__(
-        "conversations.migrations.0004_message_tree_and_feedback", fromlist=["user_messages_chained"]
+        "conversations.migrations.0005_message_tree_and_feedback", fromlist=["user_messages_chained"]
     )
     sent = message_send(user=alice, content="Old question")
     _finish(sent, "Old answer")

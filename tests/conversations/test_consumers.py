@@ -642,7 +642,8 @@ async def test_a_stream_just_queued_is_followed_without_waiting_for_the_database
     consumer = ChatConsumer()
     consumer.channel_layer = get_channel_layer()
     consumer.channel_name = await consumer.channel_layer.new_channel()
-    consumer.user, consumer.following = alice, {}
+    consumer.user = alice
+    consumer.streams = consumer._stream_follower()
     release = threading.Event()
     threads = settings.DATABASE_ASYNC_THREADS if database_calls_concurrent() else 1
     busy = [asyncio.ensure_future(db_async(release.wait)()) for _ in range(threads)]

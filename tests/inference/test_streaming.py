@@ -12,7 +12,8 @@ from django.conf import settings as django_settings
 
 from inference.openai.wire import usage
 from inference.streaming import streams as streaming
-from inference.streaming.streams import StreamPublisher, follow_streams, generation_group, replay_buffer
+from inference.streaming.following import follow_streams
+from inference.streaming.streams import StreamPublisher, generation_group, replay_buffer
 from tests.conftest import DropsLiveSends
 
 
