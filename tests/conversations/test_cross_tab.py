@@ -31,7 +31,12 @@ async def test_a_message_sent_in_one_tab_appears_in_the_other_which_follows_its_
         "type": "conversation.message",
         "conversation": {"id": accepted["conversation"], "title": "New chat"},
         "created": True,
-        "user_message": {"id": accepted["user_message"]["id"], "content": "Name a colour."},
+        "user_message": {
+            "id": accepted["user_message"]["id"],
+            "content": "Name a colour.",
+            "parent": None,
+            "siblings": [accepted["user_message"]["id"]],
+        },
         "assistant_message": {"id": accepted["assistant_message"]["id"]},
         "generation": accepted["generation"],
     }
