@@ -147,7 +147,7 @@ def stream_benchmark():
 async def sample_answers(prompts: list[str], *, greedy: bool) -> list[dict]:
     """Each prompt's answers as the engine streamed them: a list of deltas each."""
     from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME
-    from inference.engine import EngineHost
+    from inference.engine.host import EngineHost
     from inference.models import ModelDeployment
     from inference.selectors import engine_spec_for
 

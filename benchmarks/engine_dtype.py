@@ -37,7 +37,7 @@ def measure(dtype: str) -> dict[str, float]:
     from vllm import LLM, SamplingParams
 
     from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME
-    from inference.engine import engine_environment_set
+    from inference.engine.host import engine_environment_set
     from inference.models import ModelDeployment
     from inference.selectors import engine_spec_for
 
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> None:
         return
 
     from chatsite.cpu import cpu_has_native_bf16
-    from inference.engine import engine_dtype
+    from inference.engine.host import engine_dtype
 
     native = cpu_has_native_bf16()
     results: dict[str, dict[str, float]] = {}

@@ -51,7 +51,7 @@ async def measure() -> None:
     from chatsite.database import db_async
     from conversations import services as conversation_services
     from conversations.services import message_send
-    from inference import dispatch as dispatch_module
+    from inference.execution import dispatch as dispatch_module
     from inference.models import Generation
     from inference.services import generation_claim, generation_finish
     from moderation.selectors import policy_for_user

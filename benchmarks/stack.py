@@ -68,7 +68,7 @@ def setup_django():
 
 
 def prompt_ids(deployment, prompt: str) -> list[int]:
-    from inference.tokenizers import render_chat, tokenizer_for
+    from inference.engine.tokenizers import render_chat, tokenizer_for
 
     messages = [{"role": "system", "content": deployment.system_prompt}, {"role": "user", "content": prompt}]
     return render_chat(tokenizer_for(deployment.model_path), messages)
@@ -106,7 +106,7 @@ class Stack:
 
 @asynccontextmanager
 async def engine_direct(deployment) -> AsyncIterator[One]:
-    from inference.engine import EngineHost
+    from inference.engine.host import EngineHost
     from inference.selectors import engine_spec_for
 
     host = EngineHost(engine_spec_for(deployment))
@@ -161,7 +161,7 @@ async def whole_stack(deployment) -> AsyncIterator[Stack]:
 
     from accounts.models import Tier
     from accounts.services import user_set_tier
-    from inference.workers import worker_engine_state
+    from inference.execution.workers import worker_engine_state
 
     logs = Path(os.environ.get("CHATSITE_DATA_DIR", ROOT / "var"))
     port = free_port()

@@ -14,7 +14,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from chatsite.origins import PageOriginValidator  # noqa: E402
 from conversations.routing import websocket_urlpatterns  # noqa: E402
-from inference.lifespan import lifespan_app  # noqa: E402
+from inference.execution.lifespan import lifespan_app  # noqa: E402
 from observability.asgi import SocketsCounted  # noqa: E402
 
 application = ProtocolTypeRouter(

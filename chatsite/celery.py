@@ -21,12 +21,14 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 app = Celery("chatsite")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+# The generation task sits with the rest of the execution backends, below the app's top.
+app.autodiscover_tasks(["inference.execution"])
 
 
 @celeryd_after_setup.connect
 def start_engines(sender, instance, **kwargs) -> None:
     """Warm the engines before the first task arrives: a worker serves the deployments it consumes."""
-    from inference.workers import worker_runtime_start
+    from inference.execution.workers import worker_runtime_start
     from observability.metrics import worker_metrics_serve
 
     worker_metrics_serve()
@@ -47,6 +49,6 @@ def stop_engines(**kwargs) -> None:
     the heartbeat (without which the reaper ends them as lost) until then; `worker_shutting_down`
     comes with the signal, before any of that. An unrecoverable error sends no such signal, and an
     engine process left running would keep the worker from exiting while its heartbeat said ready."""
-    from inference.workers import worker_runtime_stop
+    from inference.execution.workers import worker_runtime_stop
 
     worker_runtime_stop()

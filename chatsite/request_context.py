@@ -41,7 +41,7 @@ def request_begin(*, channel_name: str, incoming_id: str | None = None) -> str:
 
 def carried() -> contextvars.Context:
     """A fresh context holding only the request's variables: for tasks that must not inherit the
-    rest of the caller's context (see inference.runner.Runner.submit_threadsafe)."""
+    rest of the caller's context (see inference.execution.runner.Runner.submit_threadsafe)."""
     values = [(var, var.get()) for var in _CARRIED]
     context = contextvars.Context()
     context.run(lambda: [var.set(value) for var, value in values])

@@ -215,7 +215,7 @@ CONTENT_SECURITY_POLICY = {
 if REDIS_URL:
     # The pub/sub layer: one PUBLISH per message, delivered at most once. It costs the stack less
     # CPU per streamed token than the list-based layer's eight round trips (docs/performance.md); what
-    # live delivery skips, followers take from the replay buffer (inference/streaming.py).
+    # live delivery skips, followers take from the replay buffer (inference/streaming/streams.py).
     # Every Redis client retries a command on a connection a Redis restart left stale
     # (chatsite/redis_clients.py): the layer's and the cache's pools too.
     CHANNEL_LAYERS = {
@@ -262,7 +262,7 @@ INFERENCE_STREAM_RESYNC_S = env_float("INFERENCE_STREAM_RESYNC_S", 5.0, minimum=
 INFERENCE_REPLAY_TTL_S = env_int("INFERENCE_REPLAY_TTL_S", 900, minimum=10)
 INFERENCE_MIN_OUTPUT_TOKENS = env_int("INFERENCE_MIN_OUTPUT_TOKENS", 32, minimum=1)
 INFERENCE_ENGINE_START_TIMEOUT_S = env_float("INFERENCE_ENGINE_START_TIMEOUT_S", 600, minimum=1)
-# Admission control and queue order (see inference/scheduling.py).
+# Admission control and queue order (see inference/execution/scheduling.py).
 INFERENCE_AT_CAPACITY_RETRY_S = env_int("INFERENCE_AT_CAPACITY_RETRY_S", 10, minimum=1)
 INFERENCE_PRIORITY_AGING_S = env_float("INFERENCE_PRIORITY_AGING_S", 15, minimum=0)
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 32_000, minimum=1)

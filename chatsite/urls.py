@@ -10,7 +10,7 @@ from conversations.apis import (
     conversation_start_stream,
     message_send_stream,
 )
-from inference.apis import ModelListApi, chat_completions
+from inference.openai.apis import ModelListApi, chat_completions
 from moderation.apis import ModerationCreateApi
 from observability.views import admin_urls, healthz, metrics_view, readyz
 

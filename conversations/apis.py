@@ -461,13 +461,8 @@ async def _stream(sent):
     """The answer's events as server-sent events. If the response ends before the answer does (the
     client went away, or no event came for longer than an answer may take), the answer is stopped
     rather than spend the engine on nobody (`stopped_if_abandoned`)."""
-    from inference.streaming import (
-        FOLLOW_TIMEOUT_MESSAGE,
-        RESTARTING_MESSAGE,
-        ServerRestarting,
-        follow_streams,
-        stopped_if_abandoned,
-    )
+    from inference.streaming.following import FOLLOW_TIMEOUT_MESSAGE, follow_streams, stopped_if_abandoned
+    from inference.streaming.streams import RESTARTING_MESSAGE, ServerRestarting
 
     generation_id = str(sent.generation.id)
     try:
@@ -517,7 +512,7 @@ async def _final_from_row(sent) -> str | None:
     events (then the stream is followed as for a first send). The row is read first: an answer's end
     is recorded before it is announced, so a finished row beside an empty buffer is an answer whose
     events are gone, or that ended before it published any, and the row holds all of it."""
-    from inference.streaming import events_after, final_event_from_row
+    from inference.streaming.streams import events_after, final_event_from_row
 
     generation = await Generation.objects.aget(id=sent.generation.id)
     if not generation.is_finished or await events_after(str(generation.id), 0):

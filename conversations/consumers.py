@@ -67,21 +67,13 @@ from conversations.services import (
     message_regenerate,
     message_send,
 )
-from inference import openai_format as wire
-from inference.dispatch import engine_state, local_backend
+from inference.execution.dispatch import backend, engine_state
 from inference.models import Generation
+from inference.openai import wire
 from inference.selectors import generation_get_for_user
 from inference.services import generation_request_stop
-from inference.streaming import (
-    ENGINE_STATUS_GROUP,
-    TERMINAL_EVENTS,
-    StreamPublisher,
-    ends_from_rows,
-    events_after,
-    events_after_or_nothing,
-    final_event_from_row,
-    generation_group,
-)
+from inference.streaming.following import StreamFollower
+from inference.streaming.streams import ENGINE_STATUS_GROUP, TERMINAL_EVENTS, StreamPublisher
 from moderation.services import checked_after_commit, classifiers_prepare
 
 logger = logging.getLogger(__name__)
@@ -99,8 +91,6 @@ CLOSE_CODES = {SessionAccess.ENDED: CLOSE_SESSION_ENDED, SessionAccess.SUSPENDED
 class ChatConsumer(AsyncJsonWebsocketConsumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._heard: dict[str, float] = {}  # generation id -> when its last event was passed on
-        self._forwarding = asyncio.Lock()  # one stream event at a time, in seq order
         self._resync: asyncio.Future | None = None
         self._closed_for_access = False  # once set, nothing more is read from this socket
         self._access_checked_at = float("-inf")
@@ -117,15 +107,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self._session_key = session.session_key or ""
         self._session_hash = session.get(HASH_SESSION_KEY, "")
         self._session_digest = session_key_digest(self._session_key)
-        # generation id -> the last seq this socket has passed on
-        self.following: dict[str, int] = {}
+        self.streams = self._stream_follower()
         # Joined before the accept: a change from here on reaches this socket by its event.
         await self.channel_layer.group_add(user_group(self.user.id), self.channel_name)
         await self.accept()
         self._resync = asyncio.ensure_future(self._resync_quiet_streams())
         await self.channel_layer.group_add(ENGINE_STATUS_GROUP, self.channel_name)
-        if settings.INFERENCE_BACKEND == "local":
-            await local_backend.start()
+        await backend.start()
         # Input moderation needs its embedding model; load it now, off the loop, not on the first send.
         classifiers_prepare()
         deployment = settings.INFERENCE_DEFAULT_DEPLOYMENT
@@ -160,14 +148,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await handler(message)
 
     async def disconnect(self, code: int) -> None:
-        if not hasattr(self, "following"):
+        if not hasattr(self, "streams"):
             return
         if self._resync is not None:
             self._resync.cancel()
         await self.channel_layer.group_discard(user_group(self.user.id), self.channel_name)
         await self.channel_layer.group_discard(ENGINE_STATUS_GROUP, self.channel_name)
-        for generation_id in list(self.following):
-            await self.channel_layer.group_discard(generation_group(generation_id), self.channel_name)
+        await self.streams.close()
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         if self._closed_for_access or not await self._access_holds():
@@ -371,108 +358,32 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         generation = await self._own_generation(content.get("generation"))
         await self._follow(generation, after_seq=after_seq)
 
-    # --- following a stream ---------------------------------------------------------------------
+    # --- following a stream (the protocol: inference/streaming/following.py) --------------------
+
+    def _stream_follower(self) -> StreamFollower:
+        return StreamFollower(layer=self.channel_layer, channel=self.channel_name, deliver=self._pass_on)
 
     async def _follow(self, generation: Generation, *, after_seq: int, fresh: bool = False) -> None:
-        """Join the stream, then replay what was missed; _forward drops what arrives twice.
-
-        `fresh`: the generation was queued by this very request, so whatever it has published
-        before the join is in the buffer, which cannot have expired yet, and the rest comes live.
-        Its row is not read: that read would wait behind other sockets' database calls while the
-        first text is already here."""
+        """Join the stream, then replay what was missed (`StreamFollower.follow`). The stream's row,
+        when it must be read, is read as this user's: a stream is followed only by its owner."""
         key = str(generation.id)
-        self.following[key] = max(after_seq, self.following.get(key, 0))
-        self._heard[key] = time.monotonic()
-        await self.channel_layer.group_add(generation_group(key), self.channel_name)
-        buffered = await self._forward_buffered(key)
-        if key not in self.following or fresh:
-            return  # ended by what the buffer held, or all of it will come live
-        if buffered:
-            # The buffer had some of it but not its end. A page asks again when a stream has been
-            # quiet for a few seconds: an answer that ended without its end reaching the buffer
-            # ends now, from its row, instead of at this socket's next quiet-stream round.
-            for event in await ends_from_rows({key: self.following[key]}):
-                await self._forward(event)
-            return
-        generation = await self._own_generation(key)
-        if not generation.is_finished:
-            return  # not begun yet: all of it will come live
-        # Finished, and nothing was buffered when we looked: either the stream ran its whole course
-        # while the row was read (its events are buffered now, its end is recorded before it is
-        # announced), or it ended so long ago that its buffer expired, and then the row answers.
-        if not await self._forward_buffered(key):
-            await self._send_final_from_row(generation)
-
-    async def _forward_buffered(self, key: str) -> bool:
-        """Forward what the replay buffer holds of this stream; False when it holds nothing."""
-        buffered = await events_after(key, 0)
-        for event in buffered:
-            await self._forward(event)
-        return bool(buffered)
-
-    async def _send_final_from_row(self, generation: Generation) -> None:
-        seq = self.following.get(str(generation.id), 0) + 1
-        await self._forward(final_event_from_row(generation, seq=seq))
+        await self.streams.follow(key, after_seq=after_seq, fresh=fresh, read_row=lambda: self._own_generation(key))
 
     async def _forward(self, event: dict[str, Any]) -> None:
-        """Pass a stream's event on once, in order. A `seq` beyond the next one means live delivery
-        skipped some (it delivers at most once): the ones between come from the replay buffer first."""
-        if self._closed_for_access:
-            return
-        async with self._forwarding:
-            key = event.get("generation")
-            last = self.following.get(key)
-            if last is not None and event["seq"] > last + 1:
-                missed = await events_after(key, last, before_seq=event["seq"])
-                if missed:
-                    logger.warning("stream %s: live delivery skipped %d events", key, len(missed))
-                for event_missed in missed:
-                    await self._pass_on(event_missed)
-            await self._pass_on(event)
+        await self.streams.forward(event)
 
     async def _pass_on(self, event: dict[str, Any]) -> None:
-        key = event.get("generation")
-        last = self.following.get(key)
-        if last is None or event["seq"] <= last:
-            return
-        self.following[key] = event["seq"]
-        self._heard[key] = time.monotonic()
         await self.send_json(event)
         if event["type"] in TERMINAL_EVENTS:
-            self.following.pop(key, None)
-            self._heard.pop(key, None)
-            self._started.discard(key)
-            await self.channel_layer.group_discard(generation_group(key), self.channel_name)
+            self._started.discard(event["generation"])
 
     async def _resync_quiet_streams(self) -> None:
-        """Look in the replay buffer for what a stream that has gone quiet may have lost live: an
-        ending that live delivery dropped would otherwise leave the answer unfinished on screen. One
-        with nothing new there (or a buffer that cannot be read) is looked up by its row: an answer
-        that ended without a word reaching the buffer ends on screen from its row (`ends_from_rows`)."""
+        """Every INFERENCE_STREAM_RESYNC_S, look at the streams that have been quiet that long
+        (`StreamFollower.resync_quiet`): an answer whose end was lost live ends on screen."""
         interval = settings.INFERENCE_STREAM_RESYNC_S
         while True:
             await asyncio.sleep(interval)
-            now = time.monotonic()
-            silent = {}
-            for key in [k for k in self.following if now - self._heard.get(k, now) >= interval]:
-                self._heard[key] = now
-                try:
-                    found = await events_after_or_nothing(key, self.following.get(key, 0))
-                    if found:
-                        logger.warning("stream %s: %d events found only by the quiet resync", key, len(found))
-                    else:
-                        silent[key] = self.following.get(key, 0)
-                    for event in found:
-                        await self._forward(event)
-                except Exception:  # the next round tries again; the socket itself must live on
-                    logger.exception("resyncing stream %s failed", key)
-            if not silent:
-                continue
-            try:
-                for event in await ends_from_rows(silent):
-                    await self._forward(event)
-            except Exception:
-                logger.exception("reading the rows of quiet streams %s failed", ", ".join(silent))
+            await self.streams.resync_quiet(quiet_s=interval)
 
     # --- channel-layer events -------------------------------------------------------------------
 
@@ -530,12 +441,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def _close_for_access(self, code: int) -> None:
         """Close the socket for good and stop the answers it asked for that are still running."""
         self._closed_for_access = True
+        await self.streams.close()  # first: nothing more is passed on from here
         await self.close(code=code)
         if self._resync is not None:
             self._resync.cancel()
-        for generation_id in list(self.following):
-            await self.channel_layer.group_discard(generation_group(generation_id), self.channel_name)
-        self.following.clear()
         for generation_id in sorted(self._started):
             try:
                 generation = await db_async(generation_get_for_user)(generation_id=generation_id, user=self.user)

@@ -44,6 +44,7 @@ from conversations.titles import (
     title_from_message,
     title_prompt_messages,
 )
+from inference.engine.tokenizers import continuation_ids, count_tokens, render_chat, tokenizer_for
 from inference.models import Generation, ModelDeployment
 from inference.selectors import deployment_get, generation_awaiting_verdict
 from inference.services import (
@@ -52,7 +53,6 @@ from inference.services import (
     generation_release,
     generation_withdraw,
 )
-from inference.tokenizers import continuation_ids, count_tokens, render_chat, tokenizer_for
 from moderation.models import Flag
 from moderation.services import (
     CONTENT_FILTER,

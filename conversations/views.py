@@ -39,7 +39,7 @@ from conversations.services import (
     conversation_share_revoke,
     held_back_reason,
 )
-from inference.dispatch import engine_state
+from inference.execution.dispatch import engine_state
 from inference.selectors import deployment_list_enabled
 
 

@@ -7,7 +7,7 @@ DEFAULT_DEPLOYMENT_FIELDS = {
     "display_name": "SmolLM2 135M Instruct",
     "max_context": 2048,
     "tensor_parallel_size": 1,
-    # bfloat16 where the CPU (or GPU) computes in it natively, float32 elsewhere (inference/engine.py).
+    # bfloat16 where the CPU (or GPU) computes in it natively, float32 elsewhere (inference/engine/host.py).
     "dtype": "auto",
     "default_max_tokens": 512,
     # Chosen on the default model (docs/performance.md): greedy decoding loops over several

@@ -8,7 +8,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
 from chatsite.errors import ClientError
-from inference.engine import EngineSpec
+from inference.engine.host import EngineSpec
 from inference.models import Generation, ModelDeployment, ProcessHeartbeat
 
 # How a local process's name (the `worker` of the generations it claims) begins; a Celery worker's
@@ -96,10 +96,10 @@ def generation_queued_count(*, deployment: ModelDeployment) -> int:
 
 
 def generation_queue_ordered(*, deployment: ModelDeployment, limit: int = 100) -> list[Generation]:
-    """The deployment's queued generations in the order they should run (see inference.scheduling)."""
+    """The deployment's queued generations in the order they should run (see inference.execution.scheduling)."""
     from django.utils import timezone
 
-    from inference.scheduling import queue_order
+    from inference.execution.scheduling import queue_order
 
     queued = Generation.objects.filter(deployment=deployment, status=Generation.Status.QUEUED).only(
         "id", "priority", "created_at", "user_id", "deployment_id"

@@ -64,7 +64,7 @@ def generation_create(
     `tier_id`: the user's tier as the caller read it for this request (its limits). It goes to the
     engine with the order, and the answer's output moderation runs under that tier's policy: the
     same tier its message's input check used, and no read of the user's tier in the worker."""
-    from inference.dispatch import generation_dispatch
+    from inference.execution.dispatch import generation_dispatch
 
     generation = Generation.objects.create(
         user=user,
@@ -204,7 +204,7 @@ def generation_finish(
 def generation_release(*, generation_id: Any) -> bool:
     """Let a held generation's text through: its runner shows it from now on. False when it was not
     held any more (released or withdrawn already): of two verdicts racing, one decides."""
-    from inference.dispatch import generation_gate_open
+    from inference.execution.dispatch import generation_gate_open
 
     released = Generation.objects.filter(id=generation_id, awaiting_verdict=True).update(awaiting_verdict=False)
     if released:
@@ -223,7 +223,7 @@ def generation_withdraw(*, generation_id: Any) -> bool:
     """Take back a held generation that its message's verdict does not let through, as if it had
     never been queued: the row goes (nothing of it was shown, nothing is charged), and once the
     caller's transaction commits its engine request is aborted. False when it was not held any more."""
-    from inference.dispatch import generation_abort
+    from inference.execution.dispatch import generation_abort
 
     withdrawn, _ = Generation.objects.filter(id=generation_id, awaiting_verdict=True).delete()
     if withdrawn:
@@ -237,7 +237,7 @@ def generation_request_stop(*, generation: Generation) -> Generation | None:
     Returns the generation when this call ended it (it was still queued), so the caller can tell its
     followers; None when an engine will end it (or it had already ended).
     """
-    from inference.dispatch import generation_abort
+    from inference.execution.dispatch import generation_abort
 
     if generation.is_finished:
         return None
@@ -263,8 +263,8 @@ def user_generations_stop(*, user_id: Any) -> list[Generation]:
     """Stop everything an account has queued or running: it was deactivated (accounts'
     `user_deactivated`). Those this ends itself (not begun yet) are announced to their followers
     here, as no runner will; a running one's engine announces its own end. Returns those."""
-    from inference import openai_format as wire
-    from inference.streaming import StreamPublisher
+    from inference.openai import wire
+    from inference.streaming.streams import StreamPublisher
 
     unfinished = Generation.objects.filter(
         user_id=user_id, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING]
@@ -384,8 +384,8 @@ def _completion_queue(
     and blocked is refused as blocked.
     """
     from accounts.services import request_limits, request_size_check
+    from inference.engine.tokenizers import render_chat, tokenizer_for
     from inference.selectors import deployment_get
-    from inference.tokenizers import render_chat, tokenizer_for
     from moderation.services import InputCheck, verdict_under_tier
 
     try:
@@ -485,7 +485,7 @@ def _completion_generations(
 
 
 def generation_promote_waiting(*, now: Any = None) -> list[tuple[Any, int]]:
-    """Apply queue aging to generations waiting in the broker (see inference.scheduling).
+    """Apply queue aging to generations waiting in the broker (see inference.execution.scheduling).
 
     Broker priorities alone are strict: a steady stream of paid work would keep a free request
     waiting forever. A queued generation whose effective priority has improved since its task was
@@ -493,8 +493,8 @@ def generation_promote_waiting(*, now: Any = None) -> list[tuple[Any, int]]:
     list; whichever is taken first claims the generation and the other finds it claimed. Returns
     (id, new priority) for each promotion.
     """
-    from inference.dispatch import generation_dispatch
-    from inference.scheduling import effective_priority
+    from inference.execution.dispatch import generation_dispatch
+    from inference.execution.scheduling import effective_priority
 
     aging_s = settings.INFERENCE_PRIORITY_AGING_S
     if aging_s <= 0:
@@ -523,7 +523,7 @@ def generations_redispatch_queued(*, before: Any) -> list[Any]:
     broker that lost its queues (a Redis restarted without persistence), or never got the task (it
     was down at the dispatch). A task that survived after all is harmless: whichever copy comes
     first claims the generation, and the other finds it claimed. Returns the ids sent."""
-    from inference.dispatch import generation_dispatch
+    from inference.execution.dispatch import generation_dispatch
 
     queued = Generation.objects.filter(status=Generation.Status.QUEUED, created_at__lt=before).select_related(
         "deployment"

@@ -48,7 +48,7 @@ def _redis_ping(url: str) -> None:
 
 def _engines() -> dict[str, Any]:
     """Each enabled deployment's engine state; fails unless every one has a ready engine."""
-    from inference.dispatch import engine_state
+    from inference.execution.dispatch import engine_state
     from inference.models import ModelDeployment
 
     states = {

@@ -38,7 +38,7 @@ def workers_list() -> list[dict[str, Any]]:
     if settings.INFERENCE_BACKEND == "local":
         return [_local_worker()]
     from chatsite.redis_clients import redis_client
-    from inference.workers import WORKER_KEY
+    from inference.execution.workers import WORKER_KEY
 
     client = redis_client(settings.REDIS_URL)
     try:
@@ -69,8 +69,8 @@ def workers_list() -> list[dict[str, Any]]:
 
 
 def _local_worker() -> dict[str, Any]:
-    from inference.dispatch import local_backend
-    from inference.engine import engine_hosts
+    from inference.engine.host import engine_hosts
+    from inference.execution.dispatch import local_backend
 
     hosts = engine_hosts()
     runner = local_backend.runner

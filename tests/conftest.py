@@ -26,8 +26,8 @@ from accounts.defaults import create_default_tiers
 from accounts.models import Tier, TierModelPrice
 from accounts.services import user_create
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME
-from inference.dispatch import local_backend
-from inference.engine import EngineState, engine_hosts
+from inference.engine.host import EngineState, engine_hosts
+from inference.execution.dispatch import local_backend
 from inference.models import ModelDeployment
 
 PASSWORD = "a long enough password 1"
@@ -360,7 +360,7 @@ class CeleryWorker:
         """Its engines are up and its moderation classifiers loaded. Until they are, a stream's
         first sentence waits for them while the engine writes on, and then the whole backlog is
         published in a rush: a test that stops an answer after its first deltas finds it ended."""
-        from inference.workers import worker_engine_state
+        from inference.execution.workers import worker_engine_state
 
         deadline = time.monotonic() + settings.INFERENCE_ENGINE_START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -375,7 +375,7 @@ class CeleryWorker:
         raise TimeoutError(f"the worker's engine did not become ready; see {self.log.name}")
 
     def status(self) -> dict[str, Any] | None:
-        from inference.workers import worker_status
+        from inference.execution.workers import worker_status
 
         return worker_status(f"{self.node}:{self.process.pid}")
 
@@ -639,11 +639,11 @@ async def unclaimed_generation(alice, default_deployment):
 @pytest.fixture
 def followers_give_up_at_once(settings, monkeypatch):
     """A follower gives up after half a second without an event, not after an answer's time limit."""
-    from inference import streaming
+    from inference.streaming import following
 
     settings.INFERENCE_GENERATION_TIMEOUT_S = 0
     settings.INFERENCE_STREAM_RESYNC_S = 0.1
-    monkeypatch.setattr(streaming, "FOLLOW_GRACE_S", 0.5)
+    monkeypatch.setattr(following, "FOLLOW_GRACE_S", 0.5)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from accounts.selectors import SessionAccess, session_access
 from accounts.services import user_deactivate
 from conversations.models import Conversation
 from inference.models import Generation
-from inference.streaming import events_after
+from inference.streaming.streams import events_after
 from moderation.models import Flag
 from moderation.services import flag_create, input_moderate
 from tests.conftest import PASSWORD, next_event, open_socket

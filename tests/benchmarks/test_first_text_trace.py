@@ -12,8 +12,8 @@ import redis
 
 from accounts.ratelimit import Charge, buckets_consume
 from benchmarks.first_text_trace import DEPLOYMENT, PARTS, RedisMonitor, _traced
-from inference.streaming import RedisReplayBuffer
-from inference.workers import RELEASE_CHANNEL
+from inference.execution.workers import RELEASE_CHANNEL
+from inference.streaming.streams import RedisReplayBuffer
 
 
 def test_a_messages_parts_add_up_to_its_added_time():

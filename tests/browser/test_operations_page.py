@@ -21,7 +21,7 @@ pytestmark = [
 @pytest.fixture
 async def chat_server(server_without_engine, monkeypatch):
     """No engine: the page shows the service's figures, whatever serves them."""
-    from inference.dispatch import local_backend
+    from inference.execution.dispatch import local_backend
 
     async def not_started() -> None:
         return None

@@ -16,7 +16,7 @@ from accounts.models import User
 from conversations.models import Message
 from conversations.services import conversation_create
 from inference.models import Generation
-from inference.streaming import StreamPublisher
+from inference.streaming.streams import StreamPublisher
 from tests.browser.conftest import BROWSER_MARKS, sign_up
 
 pytestmark = [mark for mark in BROWSER_MARKS if mark.name != "engine"]
@@ -25,7 +25,7 @@ pytestmark = [mark for mark in BROWSER_MARKS if mark.name != "engine"]
 @pytest.fixture
 async def chat_server(server_without_engine, monkeypatch):
     """No engine (the chat socket would start one): every answer here is written by the test."""
-    from inference.dispatch import local_backend
+    from inference.execution.dispatch import local_backend
 
     async def not_started() -> None:
         return None

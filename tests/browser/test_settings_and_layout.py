@@ -16,9 +16,9 @@ from channels.db import database_sync_to_async
 from accounts.models import ApiKey, User
 from conversations.models import Conversation, Message
 from inference.models import Generation
-from inference.openai_format import usage
+from inference.openai.wire import usage
 from inference.services import generation_finish
-from inference.streaming import StreamPublisher
+from inference.streaming.streams import StreamPublisher
 from tests.browser.conftest import CHROMIUM, sign_up
 
 pytestmark = [
@@ -34,12 +34,12 @@ DESKTOP = {"width": 1280, "height": 800}
 @pytest.fixture
 def no_engine(monkeypatch):
     """Answers are queued and never run; a socket's connect starts no engine."""
-    from inference.dispatch import local_backend
+    from inference.execution.dispatch import local_backend
 
     async def start() -> None:
         return None
 
-    monkeypatch.setattr("inference.dispatch.generation_dispatch", lambda **dispatch: None)
+    monkeypatch.setattr("inference.execution.dispatch.generation_dispatch", lambda **dispatch: None)
     monkeypatch.setattr(local_backend, "start", start)
 
 

@@ -6,9 +6,9 @@ import gc
 import pytest
 
 from chatsite import heap
-from inference.engine import EngineHost, EngineState
+from inference.engine.host import EngineHost, EngineState
+from inference.execution.workers import process_warm
 from inference.selectors import deployment_get, engine_spec_for
-from inference.workers import process_warm
 from moderation.classifiers import warm_up
 
 
@@ -43,7 +43,7 @@ async def test_the_heap_is_frozen_once_the_process_is_warm(thawed):
 def test_a_workers_status_reports_the_frozen_heap_without_walking_it(thawed, monkeypatch):
     # gc.get_freeze_count() walks every frozen object with the GIL held (75 ms in a worker); the
     # heartbeat builds this status on the engine loop every second, with every stream waiting.
-    from inference.workers import WorkerRuntime
+    from inference.execution.workers import WorkerRuntime
 
     assert heap.heap_frozen_count() == 0
     heap.heap_freeze()
@@ -69,7 +69,7 @@ async def test_the_heap_is_frozen_once_per_process(thawed):
 
 @pytest.mark.django_db
 def test_a_process_is_warm_when_its_classifiers_and_engines_have_loaded(monkeypatch):
-    from inference import engine as engine_module
+    from inference.engine import host as engine_module
 
     warm_up()  # the classifiers
     host = EngineHost(engine_spec_for(deployment_get()))

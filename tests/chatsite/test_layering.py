@@ -74,4 +74,4 @@ def test_the_check_sees_imports_inside_functions(tmp_path, monkeypatch):
     path.write_text(source)
     assert imports_of(path) == [(2, "conversations.services")]
     assert layer_of("conversations.services") == "conversations"
-    assert LAYERS.index(layer_of("conversations.services")) > LAYERS.index(layer_of("inference.runner"))
+    assert LAYERS.index(layer_of("conversations.services")) > LAYERS.index(layer_of("inference.execution.runner"))

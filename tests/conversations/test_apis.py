@@ -401,7 +401,7 @@ async def test_a_send_repeated_with_its_client_id_is_saved_and_answered_once(cha
 async def test_a_send_repeated_after_its_answer_is_gone_from_the_buffer_gets_it_whole_from_the_row(
     chat_server, alice, monkeypatch
 ):
-    from inference.streaming import replay_buffer
+    from inference.streaming.streams import replay_buffer
 
     key = await database_sync_to_async(lambda: api_key_create(user=alice, name="t", scopes=["chat"]).key)()
     body = {"content": "Say hello in one short sentence.", "client_id": str(uuid.uuid4())}
@@ -468,7 +468,7 @@ async def test_an_answer_stream_closed_at_one_of_its_yields_stops_the_answer(unc
     """A client that goes away ends the response either by cancelling it inside the stream or by
     closing it at the event it waits to send: either way the answer is stopped."""
     from conversations.apis import _stream
-    from inference.streaming import StreamPublisher
+    from inference.streaming.streams import StreamPublisher
 
     generation = unclaimed_generation
     sent = _sent(generation)
@@ -505,7 +505,8 @@ async def test_an_answer_ended_without_an_event_still_ends_its_event_stream(
     """Its row says it ended: the stream reads the row once it has been quiet a while, and ends with
     the row's end instead of waiting out an answer's time limit."""
     settings.INFERENCE_STREAM_RESYNC_S = 0.2
-    monkeypatch.setattr("inference.dispatch.generation_dispatch", lambda **dispatch: None)  # no engine runs it
+    # No engine runs it.
+    monkeypatch.setattr("inference.execution.dispatch.generation_dispatch", lambda **dispatch: None)
     key = await database_sync_to_async(lambda: api_key_create(user=alice, name="t", scopes=["chat"]).key)()
     ending = asyncio.ensure_future(
         ended_in_the_database_once_queued(

@@ -18,9 +18,9 @@ from conversations.services import (
     message_regenerate,
     message_send,
 )
+from inference.engine.tokenizers import continuation_ids, tokenizer_for
 from inference.models import Generation
 from inference.services import generation_finish
-from inference.tokenizers import continuation_ids, tokenizer_for
 from tests.conftest import PASSWORD
 from tests.conversations.test_apis import client_for
 

@@ -19,9 +19,9 @@ from conversations.models import Message
 from conversations.services import conversation_create, message_send
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
 from inference.models import Generation, ModelDeployment
-from inference.openai_format import usage
+from inference.openai.wire import usage
 from inference.services import generation_finish
-from inference.streaming import StreamPublisher, replay_buffer
+from inference.streaming.streams import StreamPublisher, replay_buffer
 from tests.conftest import DropsLiveSends, drain_until_finished, next_event, open_socket, stopped_while_streaming
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -593,7 +593,7 @@ async def test_a_regenerate_sent_again_is_answered_with_the_answer_it_began(alic
 
     # The test ends both answers itself: none is sent to an engine, where the run's worker (started
     # once by an earlier engine test, in the production topology) would stream one of them too.
-    monkeypatch.setattr("inference.dispatch.generation_dispatch", lambda **dispatch: None)
+    monkeypatch.setattr("inference.execution.dispatch.generation_dispatch", lambda **dispatch: None)
     sent = await database_sync_to_async(message_send)(user=alice, content="Say hello to Alice.")
     await database_sync_to_async(generation_finish)(
         generation_id=sent.generation.id, status="failed", text="", error_code="worker_lost"
@@ -642,7 +642,8 @@ async def test_a_stream_just_queued_is_followed_without_waiting_for_the_database
     consumer = ChatConsumer()
     consumer.channel_layer = get_channel_layer()
     consumer.channel_name = await consumer.channel_layer.new_channel()
-    consumer.user, consumer.following = alice, {}
+    consumer.user = alice
+    consumer.streams = consumer._stream_follower()
     release = threading.Event()
     threads = settings.DATABASE_ASYNC_THREADS if database_calls_concurrent() else 1
     busy = [asyncio.ensure_future(db_async(release.wait)()) for _ in range(threads)]
@@ -751,7 +752,7 @@ async def test_a_send_that_fails_on_the_server_is_answered_and_the_socket_closed
 async def test_a_socket_that_ends_on_an_exception_ends_its_background_tasks(alice, monkeypatch):
     """An exception out of a consumer ends it without a disconnect: its resync used to run on,
     failing every few seconds for the life of the process."""
-    from inference.streaming import engine_status_broadcast
+    from inference.streaming.streams import engine_status_broadcast
 
     async def fails(self, event):
         raise RuntimeError("a bug")

@@ -8,7 +8,7 @@ from django.conf import settings
 from chatsite.errors import ClientError
 from conversations.prompts import Turn, assemble_prompt
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
-from inference.tokenizers import count_tokens, render_chat, tokenizer_for
+from inference.engine.tokenizers import count_tokens, render_chat, tokenizer_for
 
 WINDOW = 2048
 
@@ -93,7 +93,7 @@ def test_stale_token_counts_cannot_push_the_prompt_past_the_window(tokenizer):
 def test_threads_asking_for_a_tokenizer_at_once_load_it_once_and_share_it():
     from concurrent.futures import ThreadPoolExecutor
 
-    from inference.tokenizers import _tokenizer_load
+    from inference.engine.tokenizers import _tokenizer_load
 
     path = str(settings.INFERENCE_MODELS_DIR / DEFAULT_DEPLOYMENT_FIELDS["model"])
     _tokenizer_load.cache_clear()

@@ -146,7 +146,7 @@ def test_the_history_goes_into_the_next_prompt(alice):
     _finish(first.conversation, text="Nice to meet you, Alice.")
     second = message_send(user=alice, content="What is my name?", conversation_id=first.conversation.id)
     assert not second.conversation_created
-    from inference.tokenizers import tokenizer_for
+    from inference.engine.tokenizers import tokenizer_for
 
     prompt = tokenizer_for(first.conversation.deployment.model_path).decode(second.generation.prompt_token_ids)
     assert (
@@ -393,7 +393,7 @@ def second_model(db):
 
 
 def _prompt_text(generation) -> str:
-    from inference.tokenizers import tokenizer_for
+    from inference.engine.tokenizers import tokenizer_for
 
     return tokenizer_for(generation.deployment.model_path).decode(generation.prompt_token_ids)
 

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from chatsite.database import db_async
-from inference.dispatch import LocalBackend, local_orphans_end
+from inference.execution.dispatch import LocalBackend, local_orphans_end
 from inference.models import Generation, ProcessHeartbeat
 from inference.services import process_heartbeat_beat
 

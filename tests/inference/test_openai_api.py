@@ -218,7 +218,7 @@ META = {"completion_id": "chatcmpl-t", "created": 0, "model": MODEL}
 async def test_a_completion_stream_closed_before_its_first_token_stops_the_generation(unclaimed_generation):
     """A client may leave before any token: a response closed at its opening chunk stops the
     generation too."""
-    from inference import apis
+    from inference.openai import apis
 
     generation = unclaimed_generation
     stream = apis._stream([str(generation.id)], META, False)
@@ -232,7 +232,7 @@ async def test_a_completion_stream_closed_before_its_first_token_stops_the_gener
 async def test_a_completion_stream_that_hears_nothing_ends_with_a_timeout_error_and_stops(
     unclaimed_generation, followers_give_up_at_once
 ):
-    from inference import apis
+    from inference.openai import apis
 
     generation = unclaimed_generation
     chunks = [chunk async for chunk in apis._stream([str(generation.id)], META, False)]
@@ -245,7 +245,7 @@ async def test_a_completion_stream_that_hears_nothing_ends_with_a_timeout_error_
 
 
 async def test_a_completion_that_hears_nothing_is_a_504_and_is_stopped(unclaimed_generation, followers_give_up_at_once):
-    from inference import apis
+    from inference.openai import apis
 
     generation = unclaimed_generation
     response = await apis._complete([str(generation.id)], META)
@@ -258,8 +258,8 @@ async def test_a_completion_that_hears_nothing_is_a_504_and_is_stopped(unclaimed
 async def test_a_completion_stream_closed_at_one_of_its_yields_stops_the_generation(unclaimed_generation):
     """A client that goes away ends the response either by cancelling it inside the stream or by
     closing it at the chunk it waits to send: either way the generation is stopped."""
-    from inference import apis
-    from inference.streaming import StreamPublisher
+    from inference.openai import apis
+    from inference.streaming.streams import StreamPublisher
 
     generation = unclaimed_generation
     stream = apis._stream([str(generation.id)], META, False)
@@ -286,7 +286,7 @@ ENDED_FAILED = {"status": Generation.Status.FAILED, "error_code": "worker_lost",
 def no_engine_runs_it(settings, monkeypatch):
     """Completions are queued and never run; the stream's quiet spells are short."""
     settings.INFERENCE_STREAM_RESYNC_S = 0.2
-    monkeypatch.setattr("inference.dispatch.generation_dispatch", lambda **dispatch: None)
+    monkeypatch.setattr("inference.execution.dispatch.generation_dispatch", lambda **dispatch: None)
 
 
 @pytest.mark.parametrize("ended", [ENDED_COMPLETE, ENDED_FAILED], ids=["complete", "failed"])
@@ -415,7 +415,7 @@ async def test_a_huge_prompt_is_refused_at_once_and_nothing_is_spent_on_it(serve
     started = time.monotonic()
     with (
         patch("moderation.services.score_many", side_effect=AssertionError("scored")) as scoring,
-        patch("inference.tokenizers.render_chat", side_effect=AssertionError("tokenized")) as tokenizing,
+        patch("inference.engine.tokenizers.render_chat", side_effect=AssertionError("tokenized")) as tokenizing,
     ):
         with pytest.raises(openai.BadRequestError) as refused:
             await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": huge}])

@@ -36,8 +36,8 @@ from chatsite.database import reconnecting
 from chatsite.redis_clients import redis_async_client, redis_client
 from conversations.models import Message
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME
+from inference.execution.workers import reap_forever, reap_once
 from inference.models import Generation, ModelDeployment
-from inference.workers import reap_forever, reap_once
 from tests.conftest import CeleryWorker, _serving, free_port
 
 pytestmark = [
@@ -515,7 +515,7 @@ def test_the_tasks_a_restarted_redis_lost_are_sent_again_once(restarting_redis, 
     from django.utils import timezone
 
     from inference import dispatch
-    from inference.workers import generations_resent_if_broker_emptied
+    from inference.execution.workers import generations_resent_if_broker_emptied
 
     sent = []
 
@@ -687,7 +687,7 @@ def test_a_worker_stopping_for_any_reason_stops_its_engines(monkeypatch):
     engine process must stop too, or the process waits for it forever, its heartbeat still beating."""
     from celery.signals import worker_shutdown
 
-    from inference import workers
+    from inference.execution import workers
 
     stopped = []
 

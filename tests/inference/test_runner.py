@@ -11,11 +11,11 @@ import json
 import pytest
 from django.conf import settings
 
-from inference import runner as runner_module
-from inference.dispatch import local_backend
+from inference.execution import runner as runner_module
+from inference.execution.dispatch import local_backend
 from inference.models import Generation
 from inference.services import generation_from_order, generation_order
-from inference.streaming import replay_buffer
+from inference.streaming.streams import replay_buffer
 
 pytestmark = [
     pytest.mark.engine,

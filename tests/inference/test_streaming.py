@@ -10,9 +10,10 @@ import pytest
 from channels.layers import get_channel_layer
 from django.conf import settings as django_settings
 
-from inference import streaming
-from inference.openai_format import usage
-from inference.streaming import StreamPublisher, follow_streams, generation_group, replay_buffer
+from inference.openai.wire import usage
+from inference.streaming import streams as streaming
+from inference.streaming.following import follow_streams
+from inference.streaming.streams import StreamPublisher, generation_group, replay_buffer
 from tests.conftest import DropsLiveSends
 
 
@@ -227,7 +228,7 @@ async def test_a_follower_ends_at_once_when_the_server_is_asked_to_stop(restart_
 def test_the_embedded_default_keeps_one_replay_buffer_for_the_process(settings):
     """Its buffer is in memory: a new one for each caller would lose every event a follower had not
     read yet, and a stream whose live delivery skipped one would wait for it for ever."""
-    from inference.streaming import replay_buffer
+    from inference.streaming.streams import replay_buffer
 
     settings.REDIS_URL = ""
     assert replay_buffer() is replay_buffer()

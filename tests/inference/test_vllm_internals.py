@@ -1,4 +1,4 @@
-"""The reaches into vLLM's internals (inference/vllm_internals.py) still find what they were written for.
+"""The reaches into vLLM's internals (inference/engine/vllm_internals.py) still find what they were written for.
 
 Each test here fails loudly when vLLM changes under the project: a new release, or one that renamed
 what a reach uses. Move `WRITTEN_FOR` only after checking every reach on the new release.
@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from inference import vllm_internals
-from inference.engine import EngineSpec
+from inference.engine import vllm_internals
+from inference.engine.host import EngineSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_installed_vllm_is_the_release_the_reaches_were_written_for():
     assert vllm_internals.vllm_release() == vllm_internals.WRITTEN_FOR, (
-        "vLLM changed: check each reach in inference/vllm_internals.py on it, then move WRITTEN_FOR"
+        "vLLM changed: check each reach in inference/engine/vllm_internals.py on it, then move WRITTEN_FOR"
     )
 
 
@@ -48,7 +48,7 @@ def test_another_release_turns_the_reaches_off_and_says_so(monkeypatch, caplog):
     vllm_internals.internals_supported.cache_clear()
     monkeypatch.setattr(vllm_internals, "vllm_release", lambda: "99.0.0")
     try:
-        with caplog.at_level(logging.WARNING, logger="inference.vllm_internals"):
+        with caplog.at_level(logging.WARNING, logger="inference.engine.vllm_internals"):
             assert not vllm_internals.internals_supported()
         assert "99.0.0" in caplog.text
         assert vllm_internals.unfinished_requests(object()) == 0  # never touches the engine

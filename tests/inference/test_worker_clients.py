@@ -6,7 +6,7 @@ import asyncio
 import gc
 import weakref
 
-from inference import workers
+from inference.execution import workers
 
 
 async def _clients() -> tuple:

@@ -94,7 +94,7 @@ async def test_a_stop_whose_publication_was_lost_lands_once_the_abort_listener_i
     listener looks there each time it has subscribed again."""
     import redis.asyncio as aredis
 
-    from inference.workers import ABORT_LISTENER_NAME
+    from inference.execution.workers import ABORT_LISTENER_NAME
 
     client = aredis.Redis.from_url(settings.REDIS_URL)
 
@@ -178,7 +178,7 @@ async def _running_row(alice, deployment, *, worker: str, text: str) -> Generati
     """A generation claimed 30 s ago by `worker`, whose stream had published `text`."""
     from django.utils import timezone
 
-    from inference.streaming import StreamPublisher
+    from inference.streaming.streams import StreamPublisher
 
     # Its text first: a reaper may end the row the moment it exists.
     generation_id = uuid.uuid4()
@@ -208,9 +208,9 @@ async def _until_finished(generation: Generation, *, timeout: float = 30) -> Gen
 
 async def test_an_answer_whose_worker_died_is_charged_the_tokens_it_had_generated(alice, default_deployment):
     from accounts.models import UsageRecord
-    from inference.streaming import replay_buffer
-    from inference.tokenizers import count_tokens, tokenizer_for
-    from inference.workers import reap_once
+    from inference.engine.tokenizers import count_tokens, tokenizer_for
+    from inference.execution.workers import reap_once
+    from inference.streaming.streams import replay_buffer
 
     text = "The storm rolled in over the harbour, and the boats strained at their ropes all night long."
     generation = await _running_row(alice, default_deployment, worker="gpu@gone:1", text=text)
@@ -232,8 +232,8 @@ async def test_a_dead_workers_answer_whose_stream_redis_lost_ends_on_its_socket_
     """Redis restarted empty and the worker died: the page had seen three events the buffer no longer
     holds. The reaper's end goes past any `seq` it has seen, so the page takes it live rather than
     at the quiet stream's look at the row, seconds later."""
-    from inference.streaming import LOST_STREAM_SEQ
-    from inference.workers import reap_once
+    from inference.execution.workers import reap_once
+    from inference.streaming.streams import LOST_STREAM_SEQ
 
     generation = await _running_row(alice, default_deployment, worker="gpu@gone:1", text="")
     socket, _ = await open_socket(alice)
@@ -251,7 +251,7 @@ async def test_an_answer_its_live_worker_no_longer_runs_is_ended(engine, alice, 
     """A runner that crashed (its end could not be recorded: the database was away for longer than
     its retries) leaves its row running on a worker whose heartbeat goes on. Before, nothing ended
     it: the conversation refused every new message, and a stop changed nothing."""
-    from inference.workers import reap_once
+    from inference.execution.workers import reap_once
 
     # While the worker runs an answer, its heartbeat lists it, and the reaper leaves it alone.
     socket, _ = await open_socket(alice)

@@ -87,7 +87,7 @@ def test_questions_about_prompt_injection_are_not_injections():
 def test_the_embedding_model_is_not_loaded_when_the_app_is_imported():
     code = (
         "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'chatsite.settings'); django.setup();"
-        "import chatsite.asgi, moderation.services, inference.runner;"
+        "import chatsite.asgi, moderation.services, inference.execution.runner;"
         "from moderation.classifiers import embedder; print(embedder.loaded)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -25,7 +25,7 @@ from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
 from conversations.services import message_send
 from inference.models import Generation
-from inference.streaming import events_after
+from inference.streaming.streams import events_after
 from moderation.models import Flag
 from moderation.selectors import policy_built_in
 from moderation.services import InputCheck, _input_scores
@@ -285,10 +285,10 @@ async def test_a_held_answer_whose_message_is_blocked_is_withdrawn_unseen(engine
 async def test_the_end_of_a_withdrawn_answer_is_logged_as_such_not_as_a_duplicate(caplog):
     """A withdrawn answer's row is gone when its runner records the end: that is expected, not a
     sign that someone else ended it."""
-    from inference.runner import Runner
-    from inference.streaming import StreamPublisher
+    from inference.execution.runner import Runner
+    from inference.streaming.streams import StreamPublisher
 
-    caplog.set_level(logging.INFO, logger="inference.runner")
+    caplog.set_level(logging.INFO, logger="inference.execution.runner")
     runner = Runner(worker_name="test", loop=asyncio.get_running_loop())
     gone = Generation(id=uuid.uuid4())  # no row: withdrawn
     progress = {"prompt_tokens": 4, "completion_tokens": 0, "finish_reason": "abort"}
@@ -299,7 +299,7 @@ async def test_the_end_of_a_withdrawn_answer_is_logged_as_such_not_as_a_duplicat
     logged = [
         (r.levelno, "withdrawn" in r.getMessage())
         for r in caplog.records
-        if r.name == "inference.runner" and str(gone.id) in r.getMessage()
+        if r.name == "inference.execution.runner" and str(gone.id) in r.getMessage()
     ]
     assert logged == [(logging.INFO, True), (logging.WARNING, False)]
 
@@ -320,7 +320,7 @@ async def _held_generation_queued(user, deployment, *, max_tokens: int) -> Gener
 @pytest.mark.django_db(transaction=True)
 async def test_a_release_whose_message_was_lost_is_found_in_the_database(engine, alice, default_deployment):
     """Pub/sub delivers at most once: the runner holding an answer looks for its verdict in the row."""
-    from inference.dispatch import generation_dispatch
+    from inference.execution.dispatch import generation_dispatch
 
     generation = await _held_generation_queued(alice, default_deployment, max_tokens=8)
     generation_dispatch(generation_id=generation.id, queue=default_deployment.queue_name)
@@ -347,7 +347,7 @@ async def test_a_runner_judges_a_held_message_itself_when_no_verdict_comes(
     engine, alice, default_deployment, settings, content, shown
 ):
     """The web process that saved the message died before it judged it: the runner does."""
-    from inference.dispatch import local_backend
+    from inference.execution.dispatch import local_backend
 
     settings.INFERENCE_VERDICT_WAIT_S = 1
     conversation = await Conversation.objects.acreate(user=alice, deployment=default_deployment)

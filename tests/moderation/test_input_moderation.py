@@ -212,14 +212,14 @@ def test_a_blocked_message_is_left_out_of_later_prompts(alice):
     blocked = message_send(user=alice, content=BOMB)
     sent = message_send(user=alice, content="What is the capital of France?", conversation_id=blocked.conversation.id)
     assert not sent.blocked
-    from inference.tokenizers import tokenizer_for
+    from inference.engine.tokenizers import tokenizer_for
 
     tokenizer = tokenizer_for(sent.generation.deployment.model_path)
     assert "pipe bomb" not in tokenizer.decode(sent.generation.prompt_token_ids)
 
 
 def test_user_text_claiming_to_be_a_system_message_does_not_become_a_system_turn(alice):
-    from inference.tokenizers import render_chat, tokenizer_for
+    from inference.engine.tokenizers import render_chat, tokenizer_for
 
     sent = message_send(user=alice, content="hello")
     tokenizer = tokenizer_for(sent.generation.deployment.model_path)
@@ -258,7 +258,7 @@ def test_bad_input_is_refused_before_moderation_and_leaves_nothing(alice, conten
 
 @pytest.mark.django_db(transaction=True)
 async def test_the_socket_tells_the_user_their_message_was_held_back(alice, monkeypatch):
-    from inference.dispatch import local_backend
+    from inference.execution.dispatch import local_backend
     from tests.conftest import next_event, open_socket
 
     async def do_not_start_an_engine() -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.preparation import DEFAULT_MODEL_FOLDER, PreparationError, prepare_default_model
+from inference.engine.preparation import DEFAULT_MODEL_FOLDER, PreparationError, prepare_default_model
 
 
 class Command(BaseCommand):

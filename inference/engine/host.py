@@ -46,7 +46,7 @@ class EngineSpec:
     dtype: str = "auto"
     enforce_eager: bool = True
     # How long, on a CPU host, vLLM's scheduler process busy-waits for a step's output before it
-    # sleeps until it comes (see `inference/vllm_internals.py`); 1000 is vLLM's own and leaves it.
+    # sleeps until it comes (see `inference/engine/vllm_internals.py`); 1000 is vLLM's own and leaves it.
     cpu_scheduler_spin_ms: int = 1000
     # How long, on a CPU host, vLLM's model processes busy-wait for the next step before they sleep
     # until it comes (see `_shorten_worker_spin`); 1000 is vLLM's own and leaves them alone.
@@ -67,8 +67,8 @@ class EngineSpec:
             "enforce_eager": self.enforce_eager,
             "enable_prefix_caching": True,
             "disable_log_stats": True,
-            # Adds the methods the host calls on the model processes (inference/vllm_internals.py).
-            "worker_extension_cls": "inference.vllm_internals.WorkerTuning",
+            # Adds the methods the host calls on the model processes (inference/engine/vllm_internals.py).
+            "worker_extension_cls": "inference.engine.vllm_internals.WorkerTuning",
         }
         args.update(self.extra_args)
         return args
@@ -200,7 +200,7 @@ class EngineHost:
 
     def unfinished_requests(self) -> int:
         """Requests the engine is still working on (an aborted one no longer counts)."""
-        from inference.vllm_internals import unfinished_requests
+        from inference.engine.vllm_internals import unfinished_requests
 
         return unfinished_requests(self._engine) if self._engine is not None else 0
 
@@ -233,7 +233,7 @@ def _build_engine(spec: EngineSpec) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from chatsite.cpu import cpu_has_native_bf16
-        from inference.vllm_internals import CPU_HOST_SCHEDULER, SPIN_KEY, internals_supported
+        from inference.engine.vllm_internals import CPU_HOST_SCHEDULER, SPIN_KEY, internals_supported
 
     args = spec.engine_args()
     on_cpu = current_platform.is_cpu()
@@ -274,7 +274,7 @@ async def _shorten_worker_spin(engine: Any, spin_ms: int) -> None:
         return
     from vllm.platforms import current_platform
 
-    from inference.vllm_internals import internals_supported
+    from inference.engine.vllm_internals import internals_supported
 
     if not current_platform.is_cpu() or not internals_supported():
         return

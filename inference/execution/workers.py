@@ -45,7 +45,7 @@ ENGINE_STATE_KEY = "chatsite:engine:{deployment}:{state}"  # sorted set: worker 
 def process_warm() -> bool:
     """The classifiers are loaded and no engine this process hosts is still loading: start-up is
     over, and the heap can be frozen (chatsite.heap)."""
-    from inference.engine import EngineState, engine_hosts
+    from inference.engine.host import EngineState, engine_hosts
     from moderation.services import classifiers_loaded
 
     return classifiers_loaded() and all(host.state is not EngineState.LOADING for host in engine_hosts().values())
@@ -87,10 +87,10 @@ class WorkerRuntime:
         self.loop.run_forever()
 
     async def _boot(self) -> None:
-        from inference.engine import engine_host_for
-        from inference.runner import Runner
+        from inference.engine.host import engine_host_for
+        from inference.execution.runner import Runner
         from inference.selectors import deployment_get, engine_spec_for
-        from inference.streaming import engine_status_broadcast
+        from inference.streaming.streams import engine_status_broadcast
         from moderation.services import classifiers_prepare
 
         # Answers are moderated as they stream: load the classifiers while the engines load, not
@@ -116,7 +116,7 @@ class WorkerRuntime:
     def status(self) -> dict[str, Any]:
         """What the heartbeat publishes. It runs on the engine loop every second, so nothing here may
         take long: every stream on the loop waits while it runs."""
-        from inference.engine import engine_hosts
+        from inference.engine.host import engine_hosts
         from moderation.services import classifiers_loaded
 
         hosts = engine_hosts()
@@ -134,7 +134,7 @@ class WorkerRuntime:
         }
 
     async def _heartbeat(self) -> None:
-        from inference.engine import engine_hosts
+        from inference.engine.host import engine_hosts
 
         client = _async_redis()
         ttl = settings.INFERENCE_WORKER_HEARTBEAT_TTL_S
@@ -193,7 +193,7 @@ class WorkerRuntime:
                 self.runner.abort(generation_id)
 
     def stop(self) -> None:
-        from inference.engine import engine_hosts
+        from inference.engine.host import engine_hosts
 
         async def close() -> None:
             for task in self._tasks:
@@ -380,7 +380,7 @@ async def generation_end_orphaned(*, generation_id: Any, worker: str, model_path
     when the replay buffer cannot be read (Redis restarting): the text the stream had shown is lost
     then, but a follower learns the end from the row (`ends_from_rows`)."""
     from inference.services import generation_finish
-    from inference.streaming import StreamPublisher
+    from inference.streaming.streams import StreamPublisher
 
     try:
         publisher = await StreamPublisher.continuing(generation_id, ahead_if_lost=True)
@@ -419,7 +419,7 @@ def _tokens_in(model_path: str, text: str) -> int:
     """How many tokens the deployment's tokenizer makes of `text` (what the engine had generated)."""
     if not text:
         return 0
-    from inference.tokenizers import count_tokens, tokenizer_for
+    from inference.engine.tokenizers import count_tokens, tokenizer_for
 
     try:
         return count_tokens(tokenizer_for(model_path), text)

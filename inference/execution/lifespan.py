@@ -7,7 +7,7 @@ A server asked to stop waits for its open responses before it sends the lifespan
 streamed answer's response is open until its answer ends: minutes, so a restart would hang on it or
 cut it at the server's graceful timeout. So the stop signal itself is heard here too (alongside the
 server's own handler, which still runs): every stream this process follows ends at once, telling its
-client that the server is restarting (`inference.streaming.streams_end_for_restart`).
+client that the server is restarting (`inference.streaming.streams.streams_end_for_restart`).
 """
 
 from __future__ import annotations
@@ -18,13 +18,11 @@ import signal
 import threading
 from typing import Any
 
-from django.conf import settings
-
 from chatsite.heap import heap_freeze_when_warm
-from inference.dispatch import local_backend
-from inference.engine import engine_hosts
-from inference.streaming import streams_end_for_restart
-from inference.workers import process_warm, reap_forever
+from inference.engine.host import engine_hosts
+from inference.execution.dispatch import backend, local_backend
+from inference.execution.workers import process_warm, reap_forever
+from inference.streaming.streams import streams_end_for_restart
 from moderation.services import classifiers_prepare
 
 logger = logging.getLogger(__name__)
@@ -38,9 +36,8 @@ async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             # Every message is checked before it is queued: load the classifiers before the first.
             classifiers_prepare()
             try:
-                if settings.INFERENCE_BACKEND == "local":
-                    await local_backend.start()
-                else:
+                await backend.start()
+                if backend is not local_backend:
                     # Web processes also end generations whose worker died, so a client hears of
                     # it even when no other worker is up.
                     reaper = asyncio.get_running_loop().create_task(reap_forever())

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
-from inference.engine import EngineState, engine_host_for, engine_hosts
+from inference.engine.host import EngineState, engine_host_for, engine_hosts
 from inference.selectors import LOCAL_WORKER_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -40,10 +40,10 @@ class LocalBackend:
         runner for the engine instead of failing.
         """
         from chatsite.database import db_async
-        from inference.runner import Runner
+        from inference.execution.runner import Runner
         from inference.selectors import deployment_get, engine_spec_for
         from inference.services import process_heartbeat_beat
-        from inference.streaming import engine_status_broadcast
+        from inference.streaming.streams import engine_status_broadcast
 
         loop = asyncio.get_running_loop()
         if self.runner is not None and self.runner.loop is loop:
@@ -98,7 +98,10 @@ class LocalBackend:
         for generation_id in await db_async(queued)():
             self.runner.submit_threadsafe(generation_id)
 
-    def submit(self, generation_id: Any, *, order: dict[str, Any] | None = None) -> None:
+    def submit(
+        self, generation_id: Any, *, queue: str = "", priority: int = 0, order: dict[str, Any] | None = None
+    ) -> None:
+        # `queue` and `priority` are the broker's: the runner reads the priority from the order or the row.
         if self.runner is None:
             # Nothing is serving yet (e.g. a management command): the row stays queued and the
             # server picks it up when it starts.
@@ -132,8 +135,8 @@ async def local_orphans_end(*, own: str) -> int:
     """End the generations still running on local processes that are gone (not `own`, this
     process), and tell their followers; returns how many."""
     from chatsite.database import db_async
+    from inference.execution.workers import generation_end_orphaned
     from inference.selectors import generation_ids_orphaned_locally
-    from inference.workers import generation_end_orphaned
 
     ended = 0
     for generation_id in await db_async(generation_ids_orphaned_locally)(own=own):
@@ -141,17 +144,17 @@ async def local_orphans_end(*, own: str) -> int:
     return ended
 
 
-def generation_dispatch(
-    *, generation_id: Any, queue: str, priority: int = 0, order: dict[str, Any] | None = None
-) -> None:
-    """Send a committed generation to its engine. `priority` follows vLLM: lower is served first.
+class CeleryBackend:
+    """Generation on Celery GPU workers (the production topology): the task goes to the deployment's
+    queue, and stops, releases and engine states travel through Redis (`workers`)."""
 
-    `order` (`generation_order`) lets the runner start the engine request before its claim; without
-    one (a re-dispatch, a restart's recovery) the runner claims the row first and reads it there."""
-    if settings.INFERENCE_BACKEND == "local":
-        local_backend.submit(generation_id, order=order)
-    else:
-        from inference.tasks import generation_run_task
+    async def start(self) -> None:
+        """Nothing to load in a web process: the workers host the engines."""
+
+    def submit(
+        self, generation_id: Any, *, queue: str = "", priority: int = 0, order: dict[str, Any] | None = None
+    ) -> None:
+        from inference.execution.tasks import generation_run_task
 
         # The Redis transport reads priority 0 first, like vLLM; it knows ten steps. The order's
         # prompt is the user's text in token ids: the message's description (its headers, and the
@@ -165,6 +168,35 @@ def generation_dispatch(
             priority=min(max(priority, 0), 9),
         )
 
+    def abort(self, generation_id: Any) -> None:
+        from inference.execution.workers import abort_broadcast
+
+        abort_broadcast(generation_id)
+
+    def release(self, generation_id: Any) -> None:
+        from inference.execution.workers import release_broadcast
+
+        release_broadcast(generation_id)
+
+    def engine_state(self, deployment: str) -> str:
+        from inference.execution.workers import worker_engine_state
+
+        return worker_engine_state(deployment)
+
+
+# The one backend of this process, chosen once from its settings: everything below goes through it.
+backend: LocalBackend | CeleryBackend = local_backend if settings.INFERENCE_BACKEND == "local" else CeleryBackend()
+
+
+def generation_dispatch(
+    *, generation_id: Any, queue: str, priority: int = 0, order: dict[str, Any] | None = None
+) -> None:
+    """Send a committed generation to its engine. `priority` follows vLLM: lower is served first.
+
+    `order` (`generation_order`) lets the runner start the engine request before its claim; without
+    one (a re-dispatch, a restart's recovery) the runner claims the row first and reads it there."""
+    backend.submit(generation_id, queue=queue, priority=priority, order=order)
+
 
 def order_description(order: dict[str, Any] | None) -> str:
     """What a task's order shows outside the task itself: its size, none of its prompt."""
@@ -174,27 +206,13 @@ def order_description(order: dict[str, Any] | None) -> str:
 
 
 def generation_abort(*, generation_id: Any) -> None:
-    if settings.INFERENCE_BACKEND == "local":
-        local_backend.abort(generation_id)
-    else:
-        from inference.workers import abort_broadcast
-
-        abort_broadcast(generation_id)
+    backend.abort(generation_id)
 
 
 def generation_gate_open(*, generation_id: Any) -> None:
     """Tell the runner holding a generation's text for its message's verdict that it may show it."""
-    if settings.INFERENCE_BACKEND == "local":
-        local_backend.release(generation_id)
-    else:
-        from inference.workers import release_broadcast
-
-        release_broadcast(generation_id)
+    backend.release(generation_id)
 
 
 def engine_state(deployment: str) -> str:
-    if settings.INFERENCE_BACKEND == "local":
-        return local_backend.engine_state(deployment)
-    from inference.workers import worker_engine_state
-
-    return worker_engine_state(deployment)
+    return backend.engine_state(deployment)

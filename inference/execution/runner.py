@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -22,13 +24,13 @@ from django.conf import settings
 
 import chatsite.request_context as request_context
 from chatsite.database import db_async, reconnecting
-from inference import openai_format as wire
-from inference.engine import EngineRequestError, EngineUnavailable, engine_host_for
+from inference.engine.host import EngineRequestError, EngineUnavailable, engine_host_for
 from inference.models import Generation
+from inference.openai import wire
 from inference.selectors import deployment_cached, deployment_get_cached, engine_spec_for
 from inference.services import generation_claim, generation_finish, generation_from_order, generation_mark_started
 from inference.signals import generation_first_token
-from inference.streaming import StreamPublisher
+from inference.streaming.streams import StreamPublisher
 from moderation.services import CONTENT_FILTER, ContentFiltered, output_flag_create, output_monitor_for
 
 logger = logging.getLogger(__name__)
@@ -69,7 +71,7 @@ class Runner:
     def running_ids(self) -> list[str]:
         """The generations this runner is running, from before their claim until their end is
         recorded: a `running` row of this worker's that is not among them has no runner (the reaper
-        ends it, `inference.workers.reap_once`)."""
+        ends it, `inference.execution.workers.reap_once`)."""
         return list(self._runs)
 
     def streaming_ids(self) -> list[str]:
@@ -167,118 +169,22 @@ class Runner:
             self._runs.discard(key)
 
     async def _run_with_claim(self, generation: Generation, claim: asyncio.Future, *, tier_id: int | None) -> None:
-        """Stream `generation`, which `claim` (a future of the claimed row, or None) decides is ours;
-        its answer is moderated under `tier_id`'s policy (the order's), else its user's tier's."""
+        """Stream `generation`, which `claim` (a future of the claimed row, or None) decides is ours,
+        then record and announce its end; its answer is moderated under `tier_id`'s policy (the
+        order's), else its user's tier's."""
         key = str(generation.id)
         # Held for its message's verdict, unless the release came while the task was on its way.
         gate = None
         if generation.awaiting_verdict and self._early_releases.pop(key, None) is None:
             gate = self._gates[key] = asyncio.Event()
-        host = engine_host_for(engine_spec_for(generation.deployment))
-        publisher = StreamPublisher(generation.id)
-        progress = {"prompt_tokens": len(generation.prompt_token_ids), "completion_tokens": 0, "finish_reason": ""}
-        # Output moderation: scores each completed sentence; raises ContentFiltered to cut the answer.
-        # Its policy is read while the engine works on the first token, not before the request starts.
-        monitor_loading = asyncio.ensure_future(db_async(output_monitor_for)(generation=generation, tier_id=tier_id))
-        # An answer that ends before its first token (a stop, an engine error) never awaits it.
-        monitor_loading.add_done_callback(lambda future: future.cancelled() or future.exception())
-        filtered: ContentFiltered | None = None
-        released = gate is None  # whether the text may be shown: a held answer's, once its verdict passes
-
-        def mark_started(claimed: Generation) -> None:
-            # The message shows as streaming, off the path to the first token; a held one only once
-            # its verdict lets it through (until then it is pending, whatever the engine is doing).
-            marking = asyncio.ensure_future(db_async(generation_mark_started)(generation=claimed))
-            marking.add_done_callback(_log_failure)
-
-        async def claimed() -> Generation:
-            row = await asyncio.shield(claim)
-            if row is None:
-                raise NotClaimed
-            return row
-
-        async def pump() -> None:
-            nonlocal released
-            # aclosing: leaving the loop early (a content-filter cut) closes the stream, which aborts
-            # the request inside vLLM just as a cancelled consumer does.
-            async with aclosing(
-                host.stream(
-                    request_id=key,
-                    prompt_token_ids=generation.prompt_token_ids,
-                    sampling=generation.sampling,
-                    priority=generation.priority,
-                )
-            ) as deltas:
-                monitor = None
-                async for delta in deltas:
-                    if monitor is None:
-                        row = await claimed()  # nothing is shown before the claim
-                        if not released:
-                            await self._verdict(generation, gate)
-                            released = True
-                            mark_started(row)
-                        monitor = await monitor_loading
-                        generation_first_token.send(Runner, generation=generation)
-                    progress["completion_tokens"] = delta.completion_tokens
-                    await monitor.feed(delta.text, final=delta.finished)
-                    await publisher.add_text(delta.text)
-                    if delta.finished:
-                        progress["finish_reason"] = delta.finish_reason or "stop"
-                        # The last words go out once they have passed their check, not after the
-                        # end is recorded: only `done` waits for the row (_finish).
-                        await publisher.flush()
-
-        stream = asyncio.create_task(pump(), name=f"generation-{key}")
+        run = GenerationRun(generation, claim, gate=gate, tier_id=tier_id, verdict=self._verdict)
+        stream = asyncio.create_task(run.stream(), name=f"generation-{key}")
         self._streams[key] = stream
         if self._early_stops.pop(key, None) is not None:
             stream.cancel()
-
-        def on_claim(future: asyncio.Future) -> None:
-            row = None if future.cancelled() or future.exception() is not None else future.result()
-            if row is None:
-                stream.cancel()  # not ours: out of the engine now, not at its first token
-                return
-            if gate is not None and not row.awaiting_verdict:
-                gate.set()  # released while the task was on its way, and its release missed
-            elif gate is None:
-                # The message shows as streaming once the engine request is under way and claimed.
-                mark_started(row)
-
-        claim.add_done_callback(on_claim)
-        status, error_code, error_message = Generation.Status.COMPLETE, "", ""
+        claim.add_done_callback(functools.partial(run.on_claim, stream))
         try:
-            async with asyncio.timeout(settings.INFERENCE_GENERATION_TIMEOUT_S):
-                await stream
-        except TimeoutError:
-            status, error_code, error_message = (
-                Generation.Status.FAILED,
-                "timeout",
-                "The answer took too long and was stopped.",
-            )
-        except asyncio.CancelledError:
-            status = Generation.Status.STOPPED
-            progress["finish_reason"] = "abort"
-            if asyncio.current_task().cancelling():
-                # The runner itself is being torn down (process shutdown), not a user's stop.
-                status, error_code, error_message = (
-                    Generation.Status.FAILED,
-                    "interrupted",
-                    "The server stopped mid-answer.",
-                )
-        except (AnswerWithdrawn, NotClaimed):
-            status = Generation.Status.STOPPED
-            progress["finish_reason"] = "abort"
-        except ContentFiltered as exc:
-            filtered = exc
-            status = Generation.Status.STOPPED
-            progress["finish_reason"] = CONTENT_FILTER
-        except EngineUnavailable as exc:
-            status, error_code, error_message = Generation.Status.FAILED, "model_unavailable", str(exc)
-        except EngineRequestError as exc:
-            status, error_code, error_message = Generation.Status.FAILED, "engine_error", str(exc)
-        except Exception as exc:  # anything else must still end the message, never leave it pending
-            logger.exception("generation %s failed", key)
-            status, error_code, error_message = Generation.Status.FAILED, "internal_error", type(exc).__name__
+            status, error_code, error_message = await run.ending(stream)
         finally:
             self._streams.pop(key, None)
             self._gates.pop(key, None)
@@ -288,14 +194,14 @@ class Runner:
             return
         await asyncio.shield(
             self._finish(
-                publisher,
+                run.publisher,
                 generation,
                 status,
-                progress,
+                run.progress,
                 error_code,
                 error_message,
-                filtered=filtered,
-                withdrawn=not released,
+                filtered=run.filtered,
+                withdrawn=not run.released,
             )
         )
 
@@ -367,6 +273,145 @@ class Runner:
                 usage=wire.usage(progress["prompt_tokens"], progress["completion_tokens"]),
                 text=text if filtered is not None else None,
             )
+
+
+class GenerationRun:
+    """One generation's pass through the engine on a runner: its engine stream, the claim that
+    decides whether anything of it is shown, the verdict a held answer waits for, output moderation,
+    and what its end was.
+
+    The engine request starts before the claim is known (`Runner.run`): `stream` reads the engine's
+    deltas, and at the first one waits for the claim (nothing is shown before it), then for a held
+    answer's verdict, then for the output-moderation policy read meanwhile. `on_claim` cancels the
+    stream as soon as the claim fails. `ending` turns the way the stream ended into the status the
+    row is finished with.
+    """
+
+    def __init__(
+        self,
+        generation: Generation,
+        claim: asyncio.Future,
+        *,
+        gate: asyncio.Event | None,
+        tier_id: int | None,
+        verdict: Callable[[Generation, asyncio.Event], Awaitable[None]],
+    ) -> None:
+        self.generation = generation
+        self.claim = claim
+        self._host = engine_host_for(engine_spec_for(generation.deployment))
+        self.gate = gate
+        self._verdict = verdict
+        self.publisher = StreamPublisher(generation.id)
+        self.progress = {
+            "prompt_tokens": len(generation.prompt_token_ids),
+            "completion_tokens": 0,
+            "finish_reason": "",
+        }
+        self.filtered: ContentFiltered | None = None
+        self.released = gate is None  # whether the text may be shown: a held answer's, once its verdict passes
+        # Output moderation: scores each completed sentence; raises ContentFiltered to cut the answer.
+        # Its policy is read while the engine works on the first token, not before the request starts.
+        self._monitor_loading = asyncio.ensure_future(
+            db_async(output_monitor_for)(generation=generation, tier_id=tier_id)
+        )
+        # An answer that ends before its first token (a stop, an engine error) never awaits it.
+        self._monitor_loading.add_done_callback(lambda future: future.cancelled() or future.exception())
+
+    async def stream(self) -> None:
+        """Read the engine's deltas into the publisher, each checked by output moderation."""
+        generation = self.generation
+        # aclosing: leaving the loop early (a content-filter cut) closes the stream, which aborts
+        # the request inside vLLM just as a cancelled consumer does.
+        async with aclosing(
+            self._host.stream(
+                request_id=str(generation.id),
+                prompt_token_ids=generation.prompt_token_ids,
+                sampling=generation.sampling,
+                priority=generation.priority,
+            )
+        ) as deltas:
+            monitor = None
+            async for delta in deltas:
+                if monitor is None:
+                    monitor = await self._first_text_may_show()
+                self.progress["completion_tokens"] = delta.completion_tokens
+                await monitor.feed(delta.text, final=delta.finished)
+                await self.publisher.add_text(delta.text)
+                if delta.finished:
+                    self.progress["finish_reason"] = delta.finish_reason or "stop"
+                    # The last words go out once they have passed their check, not after the
+                    # end is recorded: only `done` waits for the row (Runner._finish).
+                    await self.publisher.flush()
+
+    async def _first_text_may_show(self) -> Any:
+        """Wait, at the first delta, for what must come before any text is shown: the claim, a held
+        answer's verdict, and the output monitor. Returns the monitor."""
+        row = await self._claimed()
+        if not self.released:
+            assert self.gate is not None
+            await self._verdict(self.generation, self.gate)
+            self.released = True
+            _mark_started(row)
+        monitor = await self._monitor_loading
+        generation_first_token.send(Runner, generation=self.generation)
+        return monitor
+
+    async def _claimed(self) -> Generation:
+        row = await asyncio.shield(self.claim)
+        if row is None:
+            raise NotClaimed
+        return row
+
+    def on_claim(self, stream: asyncio.Task, future: asyncio.Future) -> None:
+        """When the claim is known: a failed one cancels the stream, out of the engine now rather
+        than at its first token; a successful one marks the message streaming (a held one's only
+        once released), or opens a gate whose release was missed on the way."""
+        row = None if future.cancelled() or future.exception() is not None else future.result()
+        if row is None:
+            stream.cancel()
+            return
+        if self.gate is not None and not row.awaiting_verdict:
+            self.gate.set()  # released while the task was on its way, and its release missed
+        elif self.gate is None:
+            # The message shows as streaming once the engine request is under way and claimed.
+            _mark_started(row)
+
+    async def ending(self, stream: asyncio.Task) -> tuple[str, str, str]:
+        """Wait for the stream to end (within INFERENCE_GENERATION_TIMEOUT_S) and say how it ended:
+        (status, error code, error message). A content-filter cut is kept in `filtered`."""
+        try:
+            async with asyncio.timeout(settings.INFERENCE_GENERATION_TIMEOUT_S):
+                await stream
+        except TimeoutError:
+            return Generation.Status.FAILED, "timeout", "The answer took too long and was stopped."
+        except asyncio.CancelledError:
+            self.progress["finish_reason"] = "abort"
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # The runner itself is being torn down (process shutdown), not a user's stop.
+                return Generation.Status.FAILED, "interrupted", "The server stopped mid-answer."
+            return Generation.Status.STOPPED, "", ""
+        except (AnswerWithdrawn, NotClaimed):
+            self.progress["finish_reason"] = "abort"
+            return Generation.Status.STOPPED, "", ""
+        except ContentFiltered as exc:
+            self.filtered = exc
+            self.progress["finish_reason"] = CONTENT_FILTER
+            return Generation.Status.STOPPED, "", ""
+        except EngineUnavailable as exc:
+            return Generation.Status.FAILED, "model_unavailable", str(exc)
+        except EngineRequestError as exc:
+            return Generation.Status.FAILED, "engine_error", str(exc)
+        except Exception as exc:  # anything else must still end the message, never leave it pending
+            logger.exception("generation %s failed", self.generation.id)
+            return Generation.Status.FAILED, "internal_error", type(exc).__name__
+        return Generation.Status.COMPLETE, "", ""
+
+
+def _mark_started(claimed: Generation) -> None:
+    """Show the message as streaming, off the path to the first token."""
+    marking = asyncio.ensure_future(db_async(generation_mark_started)(generation=claimed))
+    marking.add_done_callback(_log_failure)
 
 
 def _remember(early: dict[str, float], key: str) -> None:

@@ -26,9 +26,10 @@ from accounts.authentication import ApiKeyAuthentication, HasScope, require_scop
 from chatsite.database import db_async
 from chatsite.errors import ClientError, validated_json_body
 from chatsite.parsers import request_body
-from inference import openai_format as wire
+from inference.openai import wire
 from inference.services import completion_create, newest_user_text
-from inference.streaming import FOLLOW_TIMEOUT_MESSAGE, ServerRestarting, follow_streams, stopped_if_abandoned
+from inference.streaming.following import FOLLOW_TIMEOUT_MESSAGE, follow_streams, stopped_if_abandoned
+from inference.streaming.streams import ServerRestarting
 from moderation.services import checked_after_commit
 
 

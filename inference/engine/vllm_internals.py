@@ -36,8 +36,8 @@ WRITTEN_FOR = "0.32.0"
 SPIN_KEY = "chatsite_scheduler_spin_s"
 
 # Where vLLM imports the classes below by name, in its own processes.
-WORKER_EXTENSION = "inference.vllm_internals.WorkerTuning"
-CPU_HOST_SCHEDULER = "inference.vllm_internals.CpuHostScheduler"
+WORKER_EXTENSION = "inference.engine.vllm_internals.WorkerTuning"
+CPU_HOST_SCHEDULER = "inference.engine.vllm_internals.CpuHostScheduler"
 
 
 def vllm_release() -> str:
@@ -75,7 +75,7 @@ def internals_supported() -> bool:
     release = vllm_release()
     if release != WRITTEN_FOR:
         logger.warning(
-            "vLLM %s is not %s, the release inference/vllm_internals.py was written for: its busy-wait "
+            "vLLM %s is not %s, the release inference/engine/vllm_internals.py was written for: its busy-wait "
             "tuning and unfinished-request count are off",
             release,
             WRITTEN_FOR,
@@ -83,7 +83,7 @@ def internals_supported() -> bool:
         return False
     missing = internals_missing()
     if missing:
-        logger.warning("vLLM %s lacks what inference/vllm_internals.py uses: %s", release, ", ".join(missing))
+        logger.warning("vLLM %s lacks what inference/engine/vllm_internals.py uses: %s", release, ", ".join(missing))
         return False
     return True
 

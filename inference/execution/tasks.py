@@ -9,6 +9,6 @@ from celery import shared_task
 def generation_run_task(generation_id: str, order: dict[str, Any] | None = None) -> None:
     """Run one generation on this worker's engine. Idempotent: the claim lets only one run show and
     record it. `order`: what the engine needs to start it before the claim (`generation_order`)."""
-    from inference.workers import worker_runtime
+    from inference.execution.workers import worker_runtime
 
     worker_runtime().run(generation_id, order=order)

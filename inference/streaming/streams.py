@@ -14,19 +14,17 @@ quiet for INFERENCE_STREAM_RESYNC_S looks there too, which is how an ending that
 dropped still arrives. When the buffer has nothing new either (or cannot be read), the follower
 reads the stream's row: a generation that ended without a word reaching the buffer (ended by
 another process, or its buffer lost with Redis) still ends for whoever waits on it (`ends_from_rows`).
+Followers keep to this protocol through one class, `following.StreamFollower`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
@@ -276,8 +274,8 @@ TERMINAL_EVENTS = ("generation.done", "generation.error")
 def final_event_from_row(generation: Any, *, seq: int) -> dict[str, Any]:
     """A finished generation's end as its stream announced it, with its whole text, from its row: for
     a follower that finds its stream's buffer gone."""
-    from inference import openai_format as wire
     from inference.models import Generation
+    from inference.openai import wire
 
     if generation.status == Generation.Status.FAILED:
         event = {"type": "generation.error", "code": generation.error_code, "message": generation.error_message}
@@ -363,7 +361,8 @@ def streams_end_for_restart() -> None:
             loop.call_soon_threadsafe(event.set)
 
 
-def _restarting() -> asyncio.Event:
+def restarting_event() -> asyncio.Event:
+    """What this event loop's followers wait on to hear that the process is shutting down."""
     loop = asyncio.get_running_loop()
     event = _restart_events.get(loop)
     if event is None:
@@ -371,119 +370,3 @@ def _restarting() -> asyncio.Event:
         if _restart_requested:
             event.set()
     return event
-
-
-# How much longer than an answer's time limit a follower waits without an event: time for the
-# runner, or the reaper when a worker died, to end the answer and say so.
-FOLLOW_GRACE_S = 60.0
-# What a response that gave up on a silent stream tells its client.
-FOLLOW_TIMEOUT_MESSAGE = "The answer took too long."
-
-
-async def follow_streams(
-    generation_ids: list[str], *, idle_timeout: float | None = None
-) -> AsyncIterator[dict[str, Any]]:
-    """Every event of these generations, each exactly once and in order, until all have ended.
-
-    The same join-then-replay protocol as the chat socket, for callers without a consumer of their
-    own (the OpenAI-compatible API): join each group on a fresh channel, replay the buffers, then
-    read live events, dropping any `seq` already passed and taking from the buffers what live
-    delivery skipped, and from the rows the ends that never reached the buffers. Raises TimeoutError
-    after `idle_timeout` seconds without an event (by default, INFERENCE_GENERATION_TIMEOUT_S +
-    FOLLOW_GRACE_S), and ServerRestarting as soon as the process is asked to stop
-    (`streams_end_for_restart`).
-    """
-    if idle_timeout is None:
-        idle_timeout = settings.INFERENCE_GENERATION_TIMEOUT_S + FOLLOW_GRACE_S
-    layer = get_channel_layer()
-    channel = await layer.new_channel()
-    last = dict.fromkeys(generation_ids, 0)
-    open_ids = set(generation_ids)
-    resync_s = settings.INFERENCE_STREAM_RESYNC_S
-    # One receive for the channel at a time, kept across quiet spells: a cancelled receive may lose
-    # the message it was taking.
-    receiving: asyncio.Future | None = None
-    restarting = _restarting()
-    restart = asyncio.ensure_future(restarting.wait())
-    try:
-        for generation_id in generation_ids:
-            await layer.group_add(generation_group(generation_id), channel)
-        backlog = [
-            event for generation_id in generation_ids for event in await events_after_or_nothing(generation_id, 0)
-        ]
-        quiet_since = time.monotonic()
-        while open_ids:
-            if restarting.is_set():
-                raise ServerRestarting(dict(last))
-            if backlog:
-                event = backlog.pop(0)
-            else:
-                receiving = receiving or asyncio.ensure_future(layer.receive(channel))
-                done, _ = await asyncio.wait(
-                    {receiving, restart}, timeout=resync_s, return_when=asyncio.FIRST_COMPLETED
-                )
-                if receiving not in done and restart in done:
-                    raise ServerRestarting(dict(last))
-                if not done:
-                    if time.monotonic() - quiet_since >= idle_timeout:
-                        raise TimeoutError(f"no event for {idle_timeout:.0f} s")
-                    silent = {}
-                    for generation_id in sorted(open_ids):
-                        found = await events_after_or_nothing(generation_id, last[generation_id])
-                        if found:
-                            logger.warning(
-                                "stream %s: %d events found only by the quiet resync", generation_id, len(found)
-                            )
-                        else:
-                            silent[generation_id] = last[generation_id]
-                        backlog += found
-                    if silent:
-                        try:
-                            backlog += await ends_from_rows(silent)
-                        except Exception:  # the next quiet spell asks again; the response lives on
-                            logger.exception("reading the rows of quiet streams %s failed", ", ".join(silent))
-                    continue
-                event, receiving = receiving.result(), None
-            generation_id = event.get("generation")
-            if generation_id not in last or event["seq"] <= last[generation_id]:
-                continue
-            if event["seq"] > last[generation_id] + 1:
-                missed = await events_after(generation_id, last[generation_id], before_seq=event["seq"])
-                if missed:  # live delivery skipped these: them first, then this one again
-                    logger.warning("stream %s: live delivery skipped %d events", generation_id, len(missed))
-                    backlog[:0] = [*missed, event]
-                    continue
-            last[generation_id] = event["seq"]
-            quiet_since = time.monotonic()
-            if event["type"] in TERMINAL_EVENTS:
-                open_ids.discard(generation_id)
-            yield event
-    finally:
-        restart.cancel()
-        if receiving is not None:
-            receiving.cancel()
-        for generation_id in generation_ids:
-            await layer.group_discard(generation_group(generation_id), channel)
-
-
-@dataclass
-class Following:
-    ended: bool = False  # the response followed its streams to their ends
-
-
-@contextlib.asynccontextmanager
-async def stopped_if_abandoned(generation_ids: list[str]) -> AsyncIterator[Following]:
-    """Around a response that follows `generation_ids`, from its first byte: unless it marks that it
-    followed them to their ends (`following.ended = True`), the ones still running are stopped when
-    it ends, so the engine spends no time on nobody. It ends early when the client goes away (the
-    task is cancelled, or the response is closed at one of its yields, the first included), when
-    `follow_streams` times out, or when it gives up on a failed stream."""
-    from chatsite.database import db_async
-    from inference.services import generations_request_stop
-
-    following = Following()
-    try:
-        yield following
-    finally:
-        if not following.ended:
-            await asyncio.shield(db_async(generations_request_stop)(generation_ids=generation_ids))
