@@ -69,6 +69,26 @@
     return b;
   }
 
+  // Feather's thumbs icons (MIT), drawn as SVG: emoji need a colour font many systems lack.
+  const ICONS = {
+    up: "M14 9V5a3 3 0 0 0-3-3l-4 9v11h11.28a2 2 0 0 0 2-1.7l1.38-9a2 2 0 0 0-2-2.3zM7 22H4a2 2 0 0 1-2-2v-7a2 2 0 0 1 2-2h3",
+    down: "M10 15v4a3 3 0 0 0 3 3l4-9V2H5.72a2 2 0 0 0-2 1.7l-1.38 9a2 2 0 0 0 2 2.3zm7-13h2.67A2.31 2.31 0 0 1 22 4v7a2.31 2.31 0 0 1-2.33 2H17",
+  };
+
+  function iconButton(className, icon, title, onClick) {
+    const b = button(className, "", title, onClick);
+    const ns = "http://www.w3.org/2000/svg";
+    const svg = document.createElementNS(ns, "svg");
+    const attributes = {viewBox: "0 0 24 24", width: "14", height: "14", fill: "none", stroke: "currentColor",
+      "stroke-width": "2", "stroke-linecap": "round", "stroke-linejoin": "round", "aria-hidden": "true"};
+    Object.keys(attributes).forEach(function (name) { svg.setAttribute(name, attributes[name]); });
+    const path = document.createElementNS(ns, "path");
+    path.setAttribute("d", ICONS[icon]);
+    svg.appendChild(path);
+    b.appendChild(svg);
+    return b;
+  }
+
   function siblingsOf(el) {
     return (el.dataset.siblings || "").split(",").filter(Boolean);
   }
@@ -175,7 +195,7 @@
         }, function (error) { showError(error.message); });
       };
     };
-    box.append(button("rate-up", "👍", "Good answer", rate("up")), button("rate-down", "👎", "Bad answer", rate("down")));
+    box.append(iconButton("rate-up", "up", "Good answer", rate("up")), iconButton("rate-down", "down", "Bad answer", rate("down")));
     markRating(box, el.dataset.rating || "");
     return box;
   }
