@@ -11,6 +11,7 @@ from rest_framework.permissions import BasePermission
 
 from accounts.models import ApiKey
 from accounts.services import api_key_authenticate
+from chatsite.errors import ClientError
 
 
 class ApiKeyAuthentication(BaseAuthentication):
@@ -64,6 +65,31 @@ def require_scope(request, scope: str) -> None:
     """Raise PermissionDenied unless the request's key (if any) has `scope`; for function-style checks."""
     if isinstance(request.auth, ApiKey) and not request.auth.has_scope(scope):
         raise exceptions.PermissionDenied(f"This API key does not have the '{scope}' scope.")
+
+
+def api_key_caller(request, *, scope: str) -> tuple[Any, ApiKey]:
+    """The API key's owner and the key for a plain (non-DRF) view under /v1, or a ClientError:
+    401 without a valid key (keys only: no cookies on /v1), 403 without `scope` or for a disabled
+    account. The same refusals DRF's views give through ApiKeyAuthentication and HasScope."""
+    from rest_framework.request import Request
+
+    drf_request = Request(request)
+    try:
+        result = ApiKeyAuthentication().authenticate(drf_request)
+    except exceptions.AuthenticationFailed as exc:
+        raise ClientError(str(exc.detail), code="invalid_api_key", status=401) from None
+    if result is None:
+        raise ClientError(
+            "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
+            code="invalid_api_key",
+            status=401,
+        )
+    user, api_key = result
+    if not api_key.has_scope(scope):
+        raise ClientError(f"This API key does not have the '{scope}' scope.", code="insufficient_scope", status=403)
+    if not user.is_active:
+        raise ClientError("This account is disabled.", code="account_disabled", status=403)
+    return user, api_key
 
 
 class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):

@@ -74,6 +74,25 @@ DEFAULT_PRICES: dict[str, tuple[Decimal, Decimal]] = {
 }
 
 
+# Price per 1,000 input tokens on the embedding deployment (it has no output tokens). Tiers that
+# include only chosen deployments (free, pro) get it added; the others have every deployment.
+DEFAULT_EMBEDDING_PRICES: dict[str, Decimal] = {
+    "free": Decimal("0"),
+    "pro": Decimal("0.000020"),
+    "enterprise": Decimal("0.000015"),
+    "admin": Decimal("0"),
+}
+
+
+def create_embedding_prices(*, tier_model: Any, price_model: Any, deployment: Any) -> None:
+    """The default tiers' access to and prices on the embedding `deployment`, where missing."""
+    for tier in tier_model.objects.filter(name__in=DEFAULT_EMBEDDING_PRICES):
+        tier.deployments.add(deployment)
+        price_model.objects.get_or_create(
+            tier=tier, deployment=deployment, defaults={"prompt_price_per_1k": DEFAULT_EMBEDDING_PRICES[tier.name]}
+        )
+
+
 def create_default_tiers(*, tier_model: Any, price_model: Any, deployment: Any | None) -> None:
     """Create the default tiers (and their prices on `deployment`) where missing; used by a migration."""
     known = {field.name for field in tier_model._meta.get_fields()}

@@ -118,9 +118,12 @@ class ApiKey(models.Model):
         CONVERSATIONS_READ = "conversations:read", "Read conversations"
         CONVERSATIONS_WRITE = "conversations:write", "Write conversations"
         MODELS_READ = "models:read", "List models"
+        EMBEDDINGS = "embeddings", "Embeddings"
 
-    # What the page ticks for a new key: enough for an OpenAI client to list the models and chat.
-    DEFAULT_SCOPES = (Scope.CHAT, Scope.MODELS_READ)
+    # What the page ticks for a new key: enough for an OpenAI client to list the models, chat
+    # (text completions and tokenizing included) and embed. Keys made before embeddings existed
+    # keep the scopes they were given.
+    DEFAULT_SCOPES = (Scope.CHAT, Scope.MODELS_READ, Scope.EMBEDDINGS)
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100)
@@ -169,7 +172,8 @@ class ApiKey(models.Model):
 
 class UsageRecord(models.Model):
     """The ledger: one row per finished generation, priced with the tier's prices at that moment,
-    and one per /v1/moderations request (its input's tokens, which count towards the quotas).
+    one per /v1/moderations request (its input's tokens, which count towards the quotas), and one
+    per /v1/embeddings request (its input's tokens at the tier's prompt price for the deployment).
 
     The one-to-one on the generation is what makes charging a generation idempotent: a retried task
     or a second signal cannot add a second row.
@@ -178,6 +182,7 @@ class UsageRecord(models.Model):
     class Kind(models.TextChoices):
         GENERATION = "generation", "Generation"
         MODERATION = "moderation", "Moderation"
+        EMBEDDING = "embedding", "Embedding"
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="usage_records")
     # SET_NULL: clearing old generations away must not erase what was billed for them.

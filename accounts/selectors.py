@@ -95,10 +95,10 @@ def deployments_allowed_for_user(*, user: Any, deployments: list[Any]) -> list[A
 
 
 def deployments_enabled_for_user(*, user: Any) -> list[Any]:
-    """The enabled deployments the user's tier may use (the settings page's models). Read through the
-    tier's own relation, so accounts imports nothing of inference, the layer above it."""
+    """The enabled chat deployments the user's tier may use (the settings page's models). Read through
+    the tier's own relation, so accounts imports nothing of inference, the layer above it."""
     deployment_model = Tier._meta.get_field("deployments").related_model
-    enabled = list(deployment_model._default_manager.filter(is_enabled=True))
+    enabled = list(deployment_model._default_manager.filter(is_enabled=True, task="generate"))
     return deployments_allowed_for_user(user=user, deployments=enabled)
 
 

@@ -439,6 +439,71 @@ def moderation_admit(*, user: Any, texts: list[str]) -> UsageRecord:
     )
 
 
+# --- embeddings -----------------------------------------------------------------------------------
+
+
+def api_request_admit(*, user: Any, deployment: Any, tokens: int, api_key: ApiKey | None = None) -> Admission:
+    """Admit a request to a model that is not a generation: /v1/embeddings with its `tokens` input
+    tokens (counted exactly by the caller), /tokenize and /detokenize with none (a request only).
+
+    The same plan as a chat request's: the tier includes the model (403 model_not_allowed); the
+    day's and month's quotas (429 quota_exceeded); the requests and tokens a minute of the user's
+    buckets and, where the key has caps of its own, the key's, taken in one step or not at all
+    (429 rate_limited). The key's scope is the view's to check. Nothing is written to the ledger
+    until the vectors are made (`embedding_record`); `admission_refund` gives the buckets back if
+    they never are.
+    """
+    tier = tier_for_user_on_deployment(user=user, deployment=deployment)
+    if not tier.includes_deployment:
+        raise ClientError(
+            f"Your plan ({tier}) does not include the model '{deployment.name}'.",
+            code="model_not_allowed",
+            status=403,
+            param="model",
+        )
+    if tokens:
+        _quota_left(user=user, tier=tier, needed=tokens)
+    owners = [(f"user:{user.id}", tier.requests_per_minute, tier.tokens_per_minute, "your plan's")]
+    if api_key is not None:
+        owners.append((f"key:{api_key.id}", api_key.requests_per_minute, api_key.tokens_per_minute, "this API key's"))
+    charges, limited = [], []
+    for subject, requests, per_minute, whose in owners:
+        if requests:
+            charges.append(Charge(f"{subject}:requests", requests, MINUTE_S))
+            limited.append(f"{whose} limit of {requests} requests a minute")
+        if per_minute and tokens:
+            if tokens > per_minute:
+                raise ClientError(
+                    f"The input's {tokens:,} tokens exceed {whose} limit of {per_minute:,} tokens a minute.",
+                    code="rate_limited",
+                    status=429,
+                    param="input",
+                )
+            charges.append(Charge(f"{subject}:tokens", per_minute, MINUTE_S, tokens))
+            limited.append(f"{whose} limit of {per_minute:,} tokens a minute")
+    refusal = buckets_consume(charges)
+    if refusal is not None:
+        raise _rate_limited(limited[refusal.index], refusal.retry_after)
+    return Admission(tier=tier, max_tokens=0, priority=tier.priority, charges=tuple(charges))
+
+
+def embedding_record(*, user: Any, deployment: Any, tokens: int) -> UsageRecord:
+    """The ledger row of an embeddings request: its input tokens at the tier's prompt price for the
+    deployment (an embedding has no output tokens)."""
+    prices = tier_prices_for_user_id(user_id=user.id, deployment_id=deployment.id)
+    cost = (Decimal(tokens) * prices.prompt_per_1k / 1000).quantize(COST_PLACES, rounding=ROUND_HALF_UP)
+    return UsageRecord.objects.create(
+        user_id=user.id,
+        kind=UsageRecord.Kind.EMBEDDING,
+        deployment_id=deployment.id,
+        tier_id=prices.tier_id,
+        status="complete",
+        prompt_tokens=tokens,
+        prompt_price_per_1k=prices.prompt_per_1k,
+        cost=cost,
+    )
+
+
 # --- signing in ----------------------------------------------------------------------------------
 
 # Failed sign-ins allowed at once, then one more per LOGIN_PERIOD_S / capacity (a token bucket):

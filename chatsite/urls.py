@@ -11,6 +11,10 @@ from conversations.apis import (
     message_send_stream,
 )
 from inference.openai.apis import ModelListApi, chat_completions
+from inference.openai.completions import completions
+from inference.openai.embeddings import EmbeddingApi
+from inference.openai.models import ModelDetailApi
+from inference.openai.tokenize import DetokenizeApi, TokenizeApi
 from moderation.apis import ModerationCreateApi
 from observability.views import admin_urls, healthz, metrics_view, readyz
 
@@ -24,7 +28,13 @@ urlpatterns = [
     path("accounts/", include("accounts.urls")),
     # OpenAI-compatible: point the openai client's base_url at http://<host>/v1
     path("v1/chat/completions", chat_completions, name="chat-completions"),
+    path("v1/completions", completions, name="completions"),
+    path("v1/embeddings", EmbeddingApi.as_view(), name="embeddings"),
     path("v1/models", ModelListApi.as_view(), name="models"),
+    path("v1/models/<str:model_id>", ModelDetailApi.as_view(), name="model"),
+    # vLLM's own endpoints, at the root as its server has them.
+    path("tokenize", TokenizeApi.as_view(), name="tokenize"),
+    path("detokenize", DetokenizeApi.as_view(), name="detokenize"),
     path("v1/moderations", ModerationCreateApi.as_view(), name="moderations"),
     path("api/conversations/", ConversationListCreateApi.as_view(), name="api-conversations"),
     path("api/conversations/messages/", conversation_start_stream, name="api-conversations-send-new"),

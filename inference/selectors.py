@@ -16,12 +16,17 @@ from inference.models import Generation, ModelDeployment, ProcessHeartbeat
 LOCAL_WORKER_PREFIX = "local:"
 
 
-def deployment_list_enabled() -> list[ModelDeployment]:
-    return list(ModelDeployment.objects.filter(is_enabled=True))
+def deployment_list_enabled(*, task: str | None = ModelDeployment.Task.GENERATE) -> list[ModelDeployment]:
+    """The enabled deployments serving `task` (None: every task, as /v1/models lists them)."""
+    deployments = ModelDeployment.objects.filter(is_enabled=True)
+    return list(deployments if task is None else deployments.filter(task=task))
 
 
-def deployment_get(*, name: str | None = None, with_queue_length: bool = False) -> ModelDeployment:
-    """An enabled deployment by name, or the default one.
+def deployment_get(
+    *, name: str | None = None, with_queue_length: bool = False, task: str = ModelDeployment.Task.GENERATE
+) -> ModelDeployment:
+    """An enabled deployment by name, or the default one; one serving another `task` (an embedding
+    model asked to chat) is a 400 naming what it serves.
 
     `with_queue_length`: with how many of its generations are queued (`queued_now`), counted in the
     same statement, for a send's admission control (`generation_admit`): one round trip fewer on the
@@ -31,11 +36,18 @@ def deployment_get(*, name: str | None = None, with_queue_length: bool = False) 
     if with_queue_length:
         deployments = deployments.annotate(queued_now=queue_length_annotation())
     try:
-        return deployments.get(name=name, is_enabled=True)
+        deployment = deployments.get(name=name, is_enabled=True)
     except ModelDeployment.DoesNotExist:
         raise ClientError(
             f"The model '{name}' does not exist.", code="model_not_found", param="model", status=404
         ) from None
+    if deployment.task != task:
+        raise ClientError(
+            f"The model '{name}' serves {deployment.get_task_display().lower()}, not this endpoint.",
+            code="model_not_supported",
+            param="model",
+        )
+    return deployment
 
 
 def queue_length_annotation() -> RawSQL:

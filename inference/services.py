@@ -384,7 +384,7 @@ def _completion_queue(
     and blocked is refused as blocked.
     """
     from accounts.services import request_limits, request_size_check
-    from inference.engine.tokenizers import render_chat, tokenizer_for
+    from inference.engine.tokenizers import tokenizer_for
     from inference.selectors import deployment_get
     from moderation.services import InputCheck, verdict_under_tier
 
@@ -394,8 +394,8 @@ def _completion_queue(
         raise ClientError(exc.message, code=exc.code, status=400, param="model") from None
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)
     # Before the prompt is tokenized or its verdict asked for (which starts the scoring).
-    request_size_check(chars=sum(len(m["content"]) for m in request["messages"]), limits=limits)
-    prompt = render_chat(tokenizer_for(deployment.model_path), request["messages"])
+    request_size_check(chars=_prompt_chars(request), limits=limits)
+    prompt = _prompt_ids(tokenizer_for(deployment.model_path), request)
     pending = None
     if isinstance(verdict, InputCheck):
         pending, verdict = verdict, verdict.verdict_if_scored(tier_id=limits.tier.id)
@@ -421,6 +421,30 @@ def _completion_queue(
     if verdict is not None:
         return generations
     return _HeldCompletion(generations=generations, admissions=admissions, tier_id=limits.tier.id)
+
+
+def _prompt_chars(request: dict[str, Any]) -> int:
+    if "prompt" in request:  # a text completion (/v1/completions): its prompt is text or token ids
+        return len(request["prompt"])
+    return sum(len(m["content"]) for m in request["messages"])
+
+
+def _prompt_ids(tokenizer: Any, request: dict[str, Any]) -> list[int]:
+    """The prompt's token ids: a chat's messages in the chat template; a text completion's prompt as
+    it is (its client owns the whole text, special tokens included, as with vLLM), or its token ids,
+    which must be the model's."""
+    from inference.engine.tokenizers import render_chat
+
+    if "prompt" not in request:
+        return render_chat(tokenizer, request["messages"])
+    prompt = request["prompt"]
+    if isinstance(prompt, str):
+        return tokenizer(prompt)["input_ids"]
+    if any(token >= len(tokenizer) for token in prompt):
+        raise ClientError(
+            f"Token ids must be below {len(tokenizer)}, the model's vocabulary.", code="invalid_value", param="prompt"
+        )
+    return list(prompt)
 
 
 def _completion_generations(

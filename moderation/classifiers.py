@@ -164,6 +164,19 @@ class Embedder:
             self._max_length = sentence_model.max_seq_length
             self._model = model
 
+    def token_counts(self, texts: list[str]) -> list[int]:
+        """Each text's tokens as `embed` sees them before truncation, special tokens included (what
+        /v1/embeddings charges, and refuses past `max_length`)."""
+        if self._model is None:
+            self._load()
+        return [len(ids) for ids in self._tokenizer(texts)["input_ids"]]
+
+    @property
+    def max_length(self) -> int:
+        if self._model is None:
+            self._load()
+        return self._max_length
+
     def embed(self, texts: list[str]) -> np.ndarray:
         import torch
 

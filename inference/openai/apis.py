@@ -274,6 +274,7 @@ class ModelListApi(APIView):
         from inference.selectors import deployment_list_enabled
 
         action_admit(user=request.user, action="model_list")
-        deployments = deployments_allowed_for_user(user=request.user, deployments=deployment_list_enabled())
+        enabled = deployment_list_enabled(task=None)  # embedding models too
+        deployments = deployments_allowed_for_user(user=request.user, deployments=enabled)
         data = self.OutputSerializer(deployments, many=True).data
         return Response({"object": "list", "data": data})

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,7 +175,7 @@ FOLLOW_TIMEOUT_MESSAGE = "The answer took too long."
 
 async def follow_streams(
     generation_ids: list[str], *, idle_timeout: float | None = None
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     """Every event of these generations, each exactly once and in order, until all have ended.
 
     `StreamFollower` on a fresh channel, for callers without a consumer of their own (the APIs'

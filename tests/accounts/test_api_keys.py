@@ -201,15 +201,16 @@ def test_a_key_made_on_the_page_can_carry_its_own_caps(client, alice):
     assert bad.status_code == 400 and ApiKey.objects.count() == 1
 
 
-def test_a_new_keys_default_scopes_let_it_list_models_and_chat(client, alice):
+def test_a_new_keys_default_scopes_let_it_list_models_chat_and_embed(client, alice):
     client.force_login(alice)
     page = client.get(reverse("accounts:api_keys"))
-    assert set(page.context["form"]["scopes"].initial) == {"chat", "models:read"}
+    assert set(page.context["form"]["scopes"].initial) == {"chat", "models:read", "embeddings"}
     # The form as the page ticks it by default: the key it makes lists models and may chat.
     client.post(reverse("accounts:api_keys"), {"name": "client", "scopes": page.context["form"]["scopes"].initial})
     key = client.get(reverse("accounts:api_keys")).context["created"]["key"]
     assert call_models(key).status_code == 200
     assert api_key_authenticate(key=key).has_scope("chat")
+    assert api_key_authenticate(key=key).has_scope("embeddings")
 
 
 def test_a_reload_after_creating_a_key_neither_creates_another_nor_shows_it_again(client, alice):

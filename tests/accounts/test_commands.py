@@ -23,7 +23,7 @@ def test_it_prints_only_a_working_key_with_the_default_scopes(alice):
     assert out == key + "\n" and key.startswith("cs_")
     api_key = api_key_authenticate(key=key)
     assert api_key.user == alice
-    assert api_key.scopes == ["chat", "models:read"]
+    assert api_key.scopes == ["chat", "embeddings", "models:read"]
     assert api_key.expires_at is None
 
 

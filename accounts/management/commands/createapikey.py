@@ -13,7 +13,7 @@ from accounts.models import ApiKey
 from accounts.services import api_key_create
 from chatsite.errors import ClientError
 
-DEFAULT_SCOPES = "chat,models:read"
+DEFAULT_SCOPES = ",".join(ApiKey.DEFAULT_SCOPES)
 
 
 def parse_expiry(value: str | None) -> dt.datetime | None:

@@ -1,0 +1,313 @@
+"""POST /v1/completions: OpenAI's legacy text completions, streamed over SSE or not.
+
+The chat completion's path with a raw prompt: the same key, plan, limits, quotas, queue and input
+moderation (the prompt is judged as a chat's newest user message is), the same generations and
+ledger rows; only the prompt (text or token ids, not rendered in the chat template) and the wire
+shape (`text_completion`, `choices[].text`) differ. Fields OpenAI has and this service cannot honour
+(`echo`, `logprobs`, `best_of` above `n`, `suffix`) are refused with a 400 naming them.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import aclosing
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
+from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import exceptions, serializers
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.authentication import ApiKeyAuthentication, HasScope, api_key_caller
+from chatsite.database import db_async
+from chatsite.errors import ClientError, validated_json_body
+from chatsite.parsers import request_body
+from inference.openai import wire
+from inference.openai.apis import SERVER_RESTARTING_MESSAGE, _add_usage, _failure_body, _unsent
+from inference.services import completion_create
+from inference.streaming.following import FOLLOW_TIMEOUT_MESSAGE, follow_streams, stopped_if_abandoned
+from inference.streaming.streams import ServerRestarting
+from moderation.services import checked_after_commit
+
+# OpenAI's default for this endpoint (and vLLM's): a text completion is a short continuation.
+DEFAULT_MAX_TOKENS = 16
+
+
+class CompletionInputSerializer(serializers.Serializer):
+    model = serializers.CharField(max_length=100)
+    prompt = serializers.JSONField(help_text="A string, a list of one string, or a list of token ids.")
+    stream = serializers.BooleanField(default=False)
+    stream_options = serializers.DictField(required=False, allow_null=True)
+    n = serializers.IntegerField(min_value=1, max_value=8, default=1)
+    best_of = serializers.IntegerField(min_value=1, max_value=8, required=False, allow_null=True)
+    temperature = serializers.FloatField(min_value=0, max_value=2, required=False, allow_null=True)
+    top_p = serializers.FloatField(min_value=0.001, max_value=1, required=False, allow_null=True)
+    max_tokens = serializers.IntegerField(min_value=1, max_value=10**6, required=False, allow_null=True)
+    stop = serializers.JSONField(required=False, allow_null=True)
+    seed = serializers.IntegerField(min_value=-(2**63), max_value=2**63 - 1, required=False, allow_null=True)
+    presence_penalty = serializers.FloatField(min_value=-2, max_value=2, required=False, allow_null=True)
+    frequency_penalty = serializers.FloatField(min_value=-2, max_value=2, required=False, allow_null=True)
+    echo = serializers.BooleanField(required=False, allow_null=True)
+    logprobs = serializers.IntegerField(required=False, allow_null=True)
+    suffix = serializers.CharField(required=False, allow_null=True, allow_blank=True)
+    user = serializers.CharField(max_length=256, required=False, allow_blank=True)
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({unknown[0]: ["This field is not supported."]})
+        return super().to_internal_value(data)
+
+    def validate_prompt(self, prompt: Any) -> str | list[int]:
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            if not prompt:
+                raise serializers.ValidationError("The prompt cannot be empty.")
+            if "\x00" in prompt:
+                raise serializers.ValidationError("The prompt cannot contain NUL characters.")
+            if len(prompt) > settings.API_MAX_PROMPT_CHARS:
+                raise serializers.ValidationError(
+                    f"The prompt is longer than {settings.API_MAX_PROMPT_CHARS} characters."
+                )
+            return prompt
+        if (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in prompt)
+        ):
+            return prompt
+        raise serializers.ValidationError(
+            "Send one prompt: a string, or a list of token ids (several prompts in one request are not supported)."
+        )
+
+    def validate_stop(self, stop: Any) -> list[str]:
+        if stop is None:
+            return []
+        stops = [stop] if isinstance(stop, str) else stop
+        if (
+            not isinstance(stops, list)
+            or len(stops) > 4
+            or not all(isinstance(s, str) and 0 < len(s) <= 100 for s in stops)
+        ):
+            raise serializers.ValidationError("stop must be a string or a list of up to 4 strings.")
+        return stops
+
+    def validate_stream_options(self, options: dict[str, Any] | None) -> dict[str, Any]:
+        options = options or {}
+        if not isinstance(options.get("include_usage", False), bool):
+            raise serializers.ValidationError("include_usage must be a boolean.")
+        return options
+
+    def validate_echo(self, echo: bool | None) -> bool | None:
+        if echo:
+            raise serializers.ValidationError("echo is not supported.")
+        return echo
+
+    def validate_logprobs(self, logprobs: int | None) -> int | None:
+        if logprobs is not None:
+            raise serializers.ValidationError("logprobs is not supported on this endpoint.")
+        return logprobs
+
+    def validate_suffix(self, suffix: str | None) -> str | None:
+        if suffix:
+            raise serializers.ValidationError("suffix (insertion) is not supported.")
+        return suffix
+
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        if data.get("best_of") not in (None, data["n"]):
+            raise serializers.ValidationError({"best_of": ["best_of must equal n (no server-side ranking)."]})
+        if data.get("max_tokens") is None:
+            data["max_tokens"] = DEFAULT_MAX_TOKENS
+        return data
+
+
+def _error(exc: ClientError) -> JsonResponse:
+    response = JsonResponse(
+        wire.error_body(message=exc.message, status=exc.status, code=exc.code, param=exc.param), status=exc.status
+    )
+    if exc.retry_after is not None:
+        response["Retry-After"] = str(exc.retry_after)
+    return response
+
+
+def _moderated_text(data: dict[str, Any]) -> str:
+    """What input moderation judges: the prompt's text (token ids are judged as the text they spell)."""
+    prompt = data["prompt"]
+    if isinstance(prompt, str):
+        return prompt
+    from inference.engine.tokenizers import tokenizer_for
+    from inference.selectors import deployment_get
+
+    deployment = deployment_get(name=data["model"])
+    return tokenizer_for(deployment.model_path).decode(prompt, skip_special_tokens=True)
+
+
+def _judged_text(data: dict[str, Any]) -> str:
+    try:
+        return _moderated_text(data)
+    except (ClientError, OverflowError, IndexError):
+        return ""  # the queueing refuses the request with its own error
+
+
+@csrf_exempt
+async def completions(request: HttpRequest) -> HttpResponseBase:
+    if request.method != "POST":
+        return _error(ClientError("Use POST.", code="method_not_allowed", status=405))
+    try:
+        user, api_key = await db_async(lambda: api_key_caller(request, scope="chat"))()
+        data = validated_json_body(request_body(request), CompletionInputSerializer)
+        text = data["prompt"] if isinstance(data["prompt"], str) else await db_async(_judged_text)(data)
+        generations = await checked_after_commit(
+            db_async, completion_create, text=text, user=user, api_key=api_key, request=data
+        )
+    except ClientError as exc:
+        return _error(exc)
+    ids = [str(g.id) for g in generations]
+    meta = {"completion_id": f"cmpl-{generations[0].id.hex}", "created": int(time.time()), "model": data["model"]}
+    if data["stream"]:
+        include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
+        response = StreamingHttpResponse(_stream(ids, meta, include_usage), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
+    return await _complete(ids, meta)
+
+
+def text_chunk(
+    *,
+    completion_id: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage: Any = ...,
+    include_usage: bool,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": choices,
+    }
+    if include_usage:
+        body["usage"] = None if usage is ... else usage
+    return body
+
+
+def text_choice(index: int, text: str, finish: str | None = None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+
+
+async def _stream(ids: list[str], meta: dict[str, Any], include_usage: bool):
+    def chunk(i: int, text: str, finish: str | None = None) -> bytes:
+        return wire.sse(text_chunk(**meta, choices=[text_choice(i, text, finish)], include_usage=include_usage))
+
+    index = {generation_id: i for i, generation_id in enumerate(ids)}
+    sent = [""] * len(ids)
+    usage = wire.usage(0, 0)
+    try:
+        async with stopped_if_abandoned(ids) as following, aclosing(follow_streams(ids)) as events:
+            async for event in events:
+                i = index[event["generation"]]
+                if event["type"] == "generation.delta":
+                    sent[i] += event["text"]
+                    yield chunk(i, event["text"])
+                elif event["type"] == "generation.done":
+                    yield chunk(i, _unsent(sent[i], event.get("text")), wire.finish_reason(event.get("finish_reason")))
+                    usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
+                else:  # a failed choice ends the response; the others are stopped
+                    yield wire.sse(_failure_body(event))
+                    return
+            following.ended = True
+    except TimeoutError:
+        yield wire.sse(wire.error_body(message=FOLLOW_TIMEOUT_MESSAGE, status=504, code="timeout"))
+        return
+    except ServerRestarting:
+        yield wire.sse(wire.error_body(message=SERVER_RESTARTING_MESSAGE, status=503, code="server_restarting"))
+        return
+    if include_usage:
+        yield wire.sse(text_chunk(**meta, choices=[], usage=usage, include_usage=True))
+    yield wire.sse("[DONE]")
+
+
+async def _complete(ids: list[str], meta: dict[str, Any]) -> JsonResponse:
+    index = {generation_id: i for i, generation_id in enumerate(ids)}
+    texts, reasons = [""] * len(ids), ["stop"] * len(ids)
+    usage = wire.usage(0, 0)
+    try:
+        async with stopped_if_abandoned(ids) as following, aclosing(follow_streams(ids)) as events:
+            async for event in events:
+                i = index[event["generation"]]
+                if event["type"] == "generation.delta":
+                    texts[i] += event["text"]
+                elif event["type"] == "generation.done":
+                    texts[i] = event.get("text", texts[i])
+                    reasons[i] = wire.finish_reason(event.get("finish_reason"))
+                    usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
+                else:
+                    return JsonResponse(_failure_body(event), status=500)
+            following.ended = True
+    except TimeoutError:
+        return JsonResponse(wire.error_body(message=FOLLOW_TIMEOUT_MESSAGE, status=504, code="timeout"), status=504)
+    except ServerRestarting:
+        body = wire.error_body(message=SERVER_RESTARTING_MESSAGE, status=503, code="server_restarting")
+        return JsonResponse(body, status=503)
+    body = text_chunk(
+        **meta,
+        choices=[text_choice(i, text, reason) for i, (text, reason) in enumerate(zip(texts, reasons, strict=True))],
+        usage=usage,
+        include_usage=True,
+    )
+    return JsonResponse(body)
+
+
+class CompletionApi(APIView):
+    """Documentation only: the schema of `completions`, a plain async view (see conversations'
+    MessageSendApi for why)."""
+
+    authentication_classes = [ApiKeyAuthentication]
+    permission_classes = [IsAuthenticated, HasScope]
+    required_scope = "chat"
+
+    @extend_schema(
+        operation_id="completions_create",
+        summary="Complete a text prompt (OpenAI's legacy completions; SSE with stream: true)",
+        request=CompletionInputSerializer,
+        responses={
+            200: OpenApiResponse(
+                response=inline_serializer(
+                    "TextCompletion",
+                    {
+                        "id": serializers.CharField(),
+                        "object": serializers.CharField(),
+                        "created": serializers.IntegerField(),
+                        "model": serializers.CharField(),
+                        "choices": serializers.ListField(child=serializers.DictField()),
+                        "usage": serializers.DictField(),
+                    },
+                ),
+                description="The completion, or with stream: true `text_completion` chunks as Server-Sent Events.",
+            ),
+            400: OpenApiResponse(description="Invalid body, an unsupported field, or a prompt over the window."),
+            401: OpenApiResponse(description="No valid API key."),
+            403: OpenApiResponse(description="The key lacks the chat scope, or the plan lacks the model."),
+            404: OpenApiResponse(description="No such model."),
+            429: OpenApiResponse(description="Rate limit or quota reached; see Retry-After."),
+        },
+    )
+    def post(self, request: Request) -> Response:  # pragma: no cover
+        raise exceptions.MethodNotAllowed("POST")
+
+
+# What drf-spectacular reads to document a plain async view as a DRF one.
+setattr(completions, "cls", CompletionApi)  # noqa: B010
+setattr(completions, "initkwargs", {})  # noqa: B010

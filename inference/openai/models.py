@@ -1,0 +1,40 @@
+"""GET /v1/models/{model}: one model the caller's plan includes, as /v1/models lists it."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.authentication import ApiKeyAuthentication, HasScope
+from accounts.selectors import deployments_allowed_for_user
+from accounts.services import action_admit
+from chatsite.errors import ClientError
+from inference.openai.apis import ModelListApi
+from inference.selectors import deployment_list_enabled
+
+
+class ModelDetailApi(APIView):
+    """A model outside the caller's plan, disabled or unknown is the same 404 `model_not_found`
+    (what OpenAI and vLLM answer), so the answer says nothing of models the caller cannot use."""
+
+    authentication_classes = [ApiKeyAuthentication]
+    permission_classes = [IsAuthenticated, HasScope]
+    required_scope = "models:read"
+
+    @extend_schema(
+        operation_id="v1_model_retrieve",
+        responses={200: ModelListApi.OutputSerializer, 404: OpenApiResponse(description="No such model.")},
+        summary="Retrieve one model your plan includes",
+    )
+    def get(self, request: Request, model_id: str) -> Response:
+        action_admit(user=request.user, action="model_list")
+        enabled = [d for d in deployment_list_enabled(task=None) if d.name == model_id]
+        allowed = deployments_allowed_for_user(user=request.user, deployments=enabled)
+        if not allowed:
+            raise ClientError(
+                f"The model '{model_id}' does not exist.", code="model_not_found", status=404, param="model"
+            )
+        return Response(ModelListApi.OutputSerializer(allowed[0]).data)
