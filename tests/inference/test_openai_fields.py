@@ -23,7 +23,7 @@ from inference.openai_fields import (
     request_fields_check,
 )
 from inference.services import completion_create
-from inference.tokenizers import tokenizer_for
+from inference.tokenizers import render_chat, tokenizer_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MODEL = "smollm2-135m"
@@ -163,7 +163,7 @@ def test_a_request_without_max_tokens_may_use_the_rest_of_the_window(alice, defa
     Tier.objects.filter(name="free").update(max_output_tokens=None, max_context=None)
     request = {"model": MODEL, "messages": HELLO, "n": 1}
     (generation,) = completion_create(user=alice, api_key=None, request=request)
-    prompt = len(tokenizer_for(default_deployment.model_path).apply_chat_template(HELLO, add_generation_prompt=True))
+    prompt = len(render_chat(tokenizer_for(default_deployment.model_path), HELLO))
     assert generation.sampling["max_tokens"] == default_deployment.max_context - prompt
     assert generation.sampling["max_tokens"] > default_deployment.default_max_tokens
 
