@@ -272,7 +272,7 @@ async def test_logit_bias_and_extras_steer_the_engine(chat_server, alice, client
         logit_bias={str(banana): 100},
         extra_body={"repetition_penalty": 1.0, "top_k": 1},
     )
-    assert completion.choices[0].message.content.startswith(tokenizer.decode([banana]).strip())
+    assert completion.choices[0].message.content.split() == ["banana"] * 6
     # ignore_eos with min_tokens: the answer runs to its budget, reported as `length`.
     completion = await client.chat.completions.create(
         model=MODEL, messages=HELLO, max_tokens=12, extra_body={"ignore_eos": True, "min_tokens": 12, "min_p": 0.05}
