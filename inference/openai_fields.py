@@ -182,7 +182,7 @@ class SamplingFieldsSerializer(serializers.Serializer):
             return None
         if len(bias) > LOGIT_BIAS_MAX_ENTRIES:
             raise serializers.ValidationError(f"At most {LOGIT_BIAS_MAX_ENTRIES} tokens can be biased.")
-        if not all(key.isdigit() for key in bias):
+        if not all(key.isascii() and key.isdigit() for key in bias):  # not "²", which int() refuses
             raise serializers.ValidationError("Each key must be a token id.")
         return {str(int(key)): value for key, value in bias.items()}
 

@@ -107,6 +107,7 @@ def test_the_field_table_in_the_docs_names_every_field():
     ("extra", "param"),
     [
         ({"logit_bias": {"hello": 5}}, "logit_bias"),
+        ({"logit_bias": {"²": 5}}, "logit_bias"),
         ({"logit_bias": {"10": 500}}, "logit_bias"),
         ({"logit_bias": {"99999999": 5}}, "logit_bias"),
         ({"stop_token_ids": [99999999]}, "stop_token_ids"),
