@@ -203,8 +203,9 @@ def api_key_authenticate(*, key: str) -> ApiKey | None:
 class RequestLimits:
     tier: Tier
     max_context: int
-    max_output: int
+    max_output: int  # the answer's budget when the request names none (the chat page's)
     priority: int
+    output_cap: int = 0  # the most an answer may be given when asked for: the plan's cap, or the window
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,10 @@ def request_limits(*, user: Any, deployment: Any, api_key: ApiKey | None = None)
         )
     max_context = min(deployment.max_context, tier.max_context or deployment.max_context)
     max_output = min(deployment.default_max_tokens, tier.max_output_tokens or deployment.default_max_tokens)
-    return RequestLimits(tier=tier, max_context=max_context, max_output=max_output, priority=tier.priority)
+    output_cap = min(tier.max_output_tokens or max_context, max_context)
+    return RequestLimits(
+        tier=tier, max_context=max_context, max_output=max_output, priority=tier.priority, output_cap=output_cap
+    )
 
 
 def request_size_check(*, chars: int, limits: RequestLimits) -> None:
@@ -277,7 +281,7 @@ def request_admit(
     if limits is None:
         limits = request_limits(user=user, deployment=deployment, api_key=api_key)
     tier = limits.tier
-    max_tokens = max(1, min(max_tokens, limits.max_output))
+    max_tokens = max(1, min(max_tokens, limits.output_cap or limits.max_output))
     if prompt_tokens + max_tokens > limits.max_context:
         max_tokens = limits.max_context - prompt_tokens
         if max_tokens < 1:

@@ -358,6 +358,8 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
 }
 API_MAX_PROMPT_CHARS = env_int("API_MAX_PROMPT_CHARS", 200_000, minimum=1000)
+# A /v1 request field nobody knows is a 400 naming it; off, it is ignored (docs/api.md, the field table).
+OPENAI_API_STRICT_FIELDS = env_bool("OPENAI_API_STRICT_FIELDS", True)
 
 # --- observability (docs/observability.md) ---------------------------------------------------------
 # /metrics answers a request bearing this token; without one set, only requests from loopback or

@@ -388,14 +388,12 @@ def _completion_queue(
     from inference.selectors import deployment_get
     from moderation.services import InputCheck, verdict_under_tier
 
-    try:
-        deployment = deployment_get(name=request["model"], with_queue_length=True)
-    except ClientError as exc:
-        raise ClientError(exc.message, code=exc.code, status=400, param="model") from None
+    deployment = deployment_get(name=request["model"], with_queue_length=True)  # 404 model_not_found
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)
     # Before the prompt is tokenized or its verdict asked for (which starts the scoring).
     request_size_check(chars=_prompt_chars(request), limits=limits)
-    prompt = _prompt_ids(tokenizer_for(deployment.model_path), request)
+    tokenizer = tokenizer_for(deployment.model_path)
+    prompt = _prompt_ids(tokenizer, request)
     pending = None
     if isinstance(verdict, InputCheck):
         pending, verdict = verdict, verdict.verdict_if_scored(tier_id=limits.tier.id)
@@ -411,6 +409,7 @@ def _completion_queue(
             deployment=deployment,
             limits=limits,
             prompt=prompt,
+            vocab_size=len(tokenizer),
             awaiting_verdict=verdict is None,
         )
     except ClientError:
@@ -455,11 +454,16 @@ def _completion_generations(
     deployment: ModelDeployment,
     limits: Any,
     prompt: list[int],
+    vocab_size: int,
     awaiting_verdict: bool,
 ) -> tuple[list[Generation], list[Any]]:
     """The checks a completion's prompt must pass, then its `n` generations queued and charged (held
-    until the verdict is in, with `awaiting_verdict`)."""
+    until the verdict is in, with `awaiting_verdict`).
+
+    Without `max_tokens`, the answer may use the rest of the window, within the plan's output cap,
+    as OpenAI and vLLM allow (the chat page's shorter default budget is for people, not clients)."""
     from accounts.services import request_admit
+    from inference.openai.fields import choice_seed, completion_sampling, token_ids_check
 
     asked = request.get("max_completion_tokens") or request.get("max_tokens")
     needed = len(prompt) + (asked or settings.INFERENCE_MIN_OUTPUT_TOKENS)
@@ -471,20 +475,13 @@ def _completion_generations(
             code="context_length_exceeded",
             param="max_tokens" if asked and len(prompt) < limits.max_context else "messages",
         )
-    max_tokens = asked or min(limits.max_output, limits.max_context - len(prompt))
+    max_tokens = asked or min(limits.output_cap, limits.max_context - len(prompt))
+    token_ids_check(request, vocab_size=vocab_size, max_tokens=max_tokens)
     generation_admit(deployment=deployment)
-    sampling: dict[str, Any] = {
-        "temperature": deployment.temperature if request.get("temperature") is None else request["temperature"],
-        "top_p": deployment.top_p if request.get("top_p") is None else request["top_p"],
-        "repetition_penalty": deployment.repetition_penalty,
-    }
-    for field in ("presence_penalty", "frequency_penalty", "seed"):
-        if request.get(field) is not None:
-            sampling[field] = request[field]
-    if request.get("stop"):
-        sampling["stop"] = request["stop"]
+    sampling = completion_sampling(request=request, deployment=deployment)
     generations, admissions = [], []
-    for _ in range(request.get("n", 1)):
+    for i in range(request.get("n", 1)):
+        seed = choice_seed(request.get("seed"), i)
         admission = request_admit(
             user=user,
             api_key=api_key,
@@ -498,7 +495,7 @@ def _completion_generations(
                 user=user,
                 deployment=deployment,
                 prompt_token_ids=prompt,
-                sampling={**sampling, "max_tokens": admission.max_tokens},
+                sampling={**sampling, "max_tokens": admission.max_tokens, **({} if seed is None else {"seed": seed})},
                 priority=admission.priority,
                 awaiting_verdict=awaiting_verdict,
                 tier_id=limits.tier.id,

@@ -164,14 +164,14 @@ class EngineHost:
         priority: int = 0,
     ) -> AsyncIterator[Delta]:
         """Stream one request. Cancelling the consuming task aborts the request inside the engine."""
-        from vllm import SamplingParams
         from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
+
+        from inference.engine.sampling import sampling_params
 
         await self.wait_ready()
         try:
-            params = SamplingParams(**sampling, output_kind=RequestOutputKind.DELTA)
+            params = sampling_params(sampling)
         except (TypeError, ValueError, VLLMClientError) as exc:  # vLLM's validation raises the last
             raise EngineRequestError(f"invalid sampling parameters: {exc}") from None
         kwargs: dict[str, Any] = {"priority": priority} if self.spec.uses_priority else {}

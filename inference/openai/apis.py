@@ -15,7 +15,8 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, serializers
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
@@ -27,13 +28,14 @@ from chatsite.database import db_async
 from chatsite.errors import ClientError, validated_json_body
 from chatsite.parsers import request_body
 from inference.openai import wire
+from inference.openai.fields import SamplingFieldsSerializer
 from inference.services import completion_create, newest_user_text
 from inference.streaming.following import FOLLOW_TIMEOUT_MESSAGE, follow_streams, stopped_if_abandoned
 from inference.streaming.streams import ServerRestarting
 from moderation.services import checked_after_commit
 
 
-class ChatCompletionInputSerializer(serializers.Serializer):
+class ChatCompletionInputSerializer(SamplingFieldsSerializer):
     model = serializers.CharField(max_length=100)
     messages = serializers.ListField(child=serializers.DictField(), min_length=1, max_length=512)
     stream = serializers.BooleanField(default=False)
@@ -156,23 +158,30 @@ async def _stream(ids: list[str], meta: dict[str, Any], include_usage: bool):
 
     index = {generation_id: i for i, generation_id in enumerate(ids)}
     sent = [""] * len(ids)
+    # A choice's role goes out with its first text, not before prefill: a client timing its first
+    # token times the answer's, as from OpenAI and vLLM.
+    started = [False] * len(ids)
+
+    def text_chunk(i: int, text: str) -> bytes:
+        role = None if started[i] else "assistant"
+        started[i] = True
+        return chunk(i, role=role, content=text)
+
     usage = wire.usage(0, 0)
     try:
         async with stopped_if_abandoned(ids) as following:
-            for i in range(len(ids)):
-                yield chunk(i, role="assistant", content="")
             async with aclosing(follow_streams(ids)) as events:
                 async for event in events:
                     i = index[event["generation"]]
                     if event["type"] == "generation.delta":
                         sent[i] += event["text"]
-                        yield chunk(i, content=event["text"])
+                        yield text_chunk(i, event["text"])
                     elif event["type"] == "generation.done":
                         # An end made from the row carries the whole text (`ends_from_rows`): send
                         # what the deltas did not.
                         rest = _unsent(sent[i], event.get("text"))
-                        if rest:
-                            yield chunk(i, content=rest)
+                        if rest or not started[i]:
+                            yield text_chunk(i, rest)
                         yield chunk(i, finish=wire.finish_reason(event.get("finish_reason")))
                         usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
                     else:  # a failed choice ends the response; the others are stopped
@@ -238,6 +247,40 @@ def _add_usage(total: dict[str, int], usage: dict[str, int], *, first: bool) -> 
     """n choices share one prompt: count its tokens once, every choice's completion."""
     prompt = usage.get("prompt_tokens", 0) if first else 0
     return wire.usage(total["prompt_tokens"] + prompt, total["completion_tokens"] + usage.get("completion_tokens", 0))
+
+
+class ChatCompletionApi(APIView):
+    """Documentation only: the schema of `chat_completions`, which serves the requests (a plain
+    async view, which drf-spectacular finds through the `cls` attribute, as the conversations API's)."""
+
+    authentication_classes = [ApiKeyAuthentication]
+    permission_classes = [IsAuthenticated, HasScope]
+    required_scope = "chat"
+
+    @extend_schema(
+        operation_id="chat_completions_create",
+        summary="Create a chat completion (OpenAI's format; streamed over Server-Sent Events with `stream`)",
+        description="Every field is honoured or refused with a 400 naming it (`param`); docs/api.md has the table.",
+        request=ChatCompletionInputSerializer,
+        responses={
+            (200, "application/json"): OpenApiResponse(response=OpenApiTypes.OBJECT, description="A chat.completion."),
+            (200, "text/event-stream"): OpenApiResponse(
+                response=OpenApiTypes.STR, description="chat.completion.chunk events, then `data: [DONE]`."
+            ),
+            400: OpenApiResponse(description="An invalid, unsupported or unknown field, named in `param`."),
+            401: OpenApiResponse(description="No API key, or an invalid one."),
+            403: OpenApiResponse(description="The key lacks the `chat` scope, or the plan lacks the model."),
+            404: OpenApiResponse(description="No such model (`model_not_found`)."),
+            429: OpenApiResponse(description="Rate limit or quota reached; see Retry-After."),
+            503: OpenApiResponse(description="The model is at capacity."),
+        },
+    )
+    def post(self, request: Request) -> Response:  # pragma: no cover
+        raise exceptions.MethodNotAllowed("POST")
+
+
+chat_completions.cls = ChatCompletionApi
+chat_completions.initkwargs = {}
 
 
 class ModelListApi(APIView):

@@ -96,6 +96,18 @@ COMPLETION = fields(
                 "presence_penalty": (0, -2),
                 "frequency_penalty": (0, 2),
                 "user": ("alice",),
+                "response_format": (
+                    {"type": "json_object"},
+                    {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}},
+                ),
+                "logit_bias": ({"1": 5}, {"²": 1}),
+                "top_k": (1, -1),
+                "min_p": (0.1,),
+                "min_tokens": (1,),
+                "ignore_eos": (True,),
+                "stop_token_ids": ([2],),
+                "tools": ([],),
+                "logprobs": (False, True),
             }.items()
         },
     },

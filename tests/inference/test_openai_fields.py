@@ -1,0 +1,308 @@
+"""Every field of a chat completion is honoured or refused, driven by the official `openai` client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import jsonschema
+import openai
+import pytest
+from channels.db import database_sync_to_async
+
+from accounts.models import Tier
+from accounts.services import api_key_create
+from chatsite.errors import ClientError
+from inference.engine.tokenizers import render_chat, tokenizer_for
+from inference.models import Generation
+from inference.openai.fields import (
+    EXTRAS,
+    REFUSED,
+    SUPPORTED,
+    choice_seed,
+    completion_sampling,
+    request_fields_check,
+)
+from inference.services import completion_create
+
+pytestmark = pytest.mark.django_db(transaction=True)
+MODEL = "smollm2-135m"
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture
+def client_of(db):
+    def make(server: str, user) -> openai.AsyncOpenAI:
+        key = api_key_create(user=user, name="tests", scopes=["chat", "models:read"]).key
+        return openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=key, max_retries=0, timeout=180)
+
+    return database_sync_to_async(make)
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch):
+    """Completions are queued and never dispatched: for what the request becomes, not its answer."""
+    monkeypatch.setattr("inference.dispatch.generation_dispatch", lambda **dispatch: None)
+
+
+# --- refused and unknown fields ----------------------------------------------------------------------
+
+TOOL = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("tools", [TOOL]),
+        ("tool_choice", "required"),
+        ("logprobs", True),
+        ("top_logprobs", 3),
+        ("audio", {"voice": "alloy", "format": "mp3"}),
+        ("modalities", ["text", "audio"]),
+        ("store", True),
+        ("reasoning_effort", "low"),
+        ("prediction", {"type": "content", "content": "x"}),
+        ("service_tier", "flex"),
+    ],
+)
+async def test_a_field_the_server_cannot_honour_is_refused_by_name(
+    server_without_engine, alice, client_of, field, value
+):
+    client = await client_of(server_without_engine, alice)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model=MODEL, messages=HELLO, **{field: value})
+    error = refused.value.body
+    assert (error["param"], error["code"], error["type"]) == (field, "unsupported_parameter", "invalid_request_error")
+    assert not await Generation.objects.aexists()
+
+
+async def test_an_unknown_field_is_refused_by_name(server_without_engine, alice, client_of):
+    client = await client_of(server_without_engine, alice)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model=MODEL, messages=HELLO, extra_body={"best_of": 3})
+    assert (refused.value.body["param"], refused.value.code) == ("best_of", "unknown_parameter")
+    assert not await Generation.objects.aexists()
+
+
+def test_unknown_fields_are_dropped_when_strictness_is_relaxed():
+    payload = {"model": MODEL, "messages": HELLO, "best_of": 3}
+    assert request_fields_check(payload, strict=False) == {"model": MODEL, "messages": HELLO}
+    with pytest.raises(ClientError):
+        request_fields_check(payload, strict=True)
+
+
+def test_refused_fields_that_ask_for_nothing_are_accepted():
+    payload = {"logprobs": False, "tool_choice": "none", "store": False, "modalities": ["text"], "top_logprobs": 0}
+    assert request_fields_check(payload, strict=True) == {}
+
+
+def test_the_field_table_in_the_docs_names_every_field():
+    with open("docs/api.md") as doc:
+        text = doc.read()
+    missing = [field for field in (*SUPPORTED, *EXTRAS, *REFUSED) if f"`{field}`" not in text]
+    assert not missing
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"logit_bias": {"hello": 5}}, "logit_bias"),
+        ({"logit_bias": {"²": 5}}, "logit_bias"),
+        ({"logit_bias": {"10": 500}}, "logit_bias"),
+        ({"logit_bias": {"99999999": 5}}, "logit_bias"),
+        ({"stop_token_ids": [99999999]}, "stop_token_ids"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format"),
+        ({"top_k": "many"}, "top_k"),
+        ({"min_p": 2}, "min_p"),
+        ({"min_tokens": 50, "max_tokens": 10}, "min_tokens"),
+        ({"ignore_eos": "sometimes"}, "ignore_eos"),
+    ],
+)
+async def test_an_invalid_value_is_refused_by_name(server_without_engine, alice, client_of, extra, param):
+    client = await client_of(server_without_engine, alice)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model=MODEL, messages=HELLO, extra_body=extra)
+    assert refused.value.body["param"] == param
+    assert not await Generation.objects.aexists()
+
+
+# --- what reaches vLLM ---------------------------------------------------------------------------------
+
+
+def test_deployment_defaults_fill_only_what_the_request_leaves_out(default_deployment):
+    defaults = completion_sampling(request={}, deployment=default_deployment)
+    assert defaults == {
+        "temperature": default_deployment.temperature,
+        "top_p": default_deployment.top_p,
+        "repetition_penalty": default_deployment.repetition_penalty,
+    }
+    asked = {"temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0, "top_k": 5, "min_p": 0.1}
+    assert completion_sampling(request=asked, deployment=default_deployment) == asked
+
+
+def test_n_seeded_choices_get_seed_plus_their_index():
+    assert [choice_seed(7, i) for i in range(3)] == [7, 8, 9]
+    assert choice_seed(None, 1) is None
+    assert choice_seed(2**63 - 1, 1) == -(2**63)  # wraps within 64 bits, never out of range
+
+
+def test_the_sampling_json_becomes_vllms_own_objects():
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from inference.engine.sampling import sampling_params
+
+    params = sampling_params(
+        {"max_tokens": 8, "logit_bias": {"42": 5.0}, "structured_outputs": {"json": {"type": "object"}}}
+    )
+    assert params.logit_bias == {42: 5.0}
+    assert isinstance(params.structured_outputs, StructuredOutputsParams)
+    assert params.structured_outputs.json == {"type": "object"}
+
+
+def test_a_request_without_max_tokens_may_use_the_rest_of_the_window(alice, default_deployment, nothing_runs):
+    Tier.objects.filter(name="free").update(max_output_tokens=None, max_context=None)
+    request = {"model": MODEL, "messages": HELLO, "n": 1}
+    (generation,) = completion_create(user=alice, api_key=None, request=request)
+    prompt = len(render_chat(tokenizer_for(default_deployment.model_path), HELLO))
+    assert generation.sampling["max_tokens"] == default_deployment.max_context - prompt
+    assert generation.sampling["max_tokens"] > default_deployment.default_max_tokens
+
+
+def test_a_request_without_max_tokens_stays_within_the_plans_output_cap(alice, nothing_runs):
+    Tier.objects.filter(name="free").update(max_output_tokens=900)
+    (generation,) = completion_create(user=alice, api_key=None, request={"model": MODEL, "messages": HELLO, "n": 1})
+    assert generation.sampling["max_tokens"] == 900
+
+
+def test_extras_and_response_format_reach_the_generation(alice, nothing_runs):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    request = {
+        "model": MODEL,
+        "messages": HELLO,
+        "n": 1,
+        "max_tokens": 20,
+        "top_k": 3,
+        "min_p": 0.05,
+        "min_tokens": 2,
+        "ignore_eos": True,
+        "stop_token_ids": [2],
+        "logit_bias": {"42": -100.0},
+        "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+    }
+    (generation,) = completion_create(user=alice, api_key=None, request=request)
+    expected = {
+        "top_k": 3,
+        "min_p": 0.05,
+        "min_tokens": 2,
+        "ignore_eos": True,
+        "stop_token_ids": [2],
+        "logit_bias": {"42": -100.0},
+        "structured_outputs": {"json": schema},
+        "max_tokens": 20,
+    }
+    assert {field: generation.sampling.get(field) for field in expected} == expected
+
+
+# --- through the engine ----------------------------------------------------------------------------------
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "city": {"type": "string", "enum": ["Paris", "Lima", "Oslo"]},
+    },
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.engine
+async def test_a_json_schema_answer_parses_and_validates_every_time(chat_server, alice, client_of):
+    client = await client_of(chat_server, alice)
+    completion = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Invent a person: name, age and city."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
+        n=3,
+        seed=11,
+        max_tokens=120,
+    )
+    for choice in completion.choices:
+        assert choice.finish_reason == "stop", choice.message.content
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+
+
+@pytest.mark.engine
+async def test_a_json_object_answer_parses_when_streamed(chat_server, alice, client_of):
+    client = await client_of(chat_server, alice)
+    stream = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Give three tags for a chat about cooking, as JSON."}],
+        response_format={"type": "json_object"},
+        stream=True,
+        max_tokens=200,
+        seed=3,
+    )
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert isinstance(json.loads(text), dict)
+
+
+@pytest.mark.engine
+async def test_the_role_goes_out_with_the_first_text(chat_server, alice, client_of):
+    client = await client_of(chat_server, alice)
+    stream = await client.chat.completions.create(model=MODEL, messages=HELLO, stream=True, max_tokens=8)
+    chunks = [chunk async for chunk in stream]
+    first = chunks[0].choices[0].delta
+    assert first.role == "assistant" and first.content
+    assert all(c.choices[0].delta.role is None for c in chunks[1:])
+
+
+@pytest.mark.engine
+async def test_logit_bias_and_extras_steer_the_engine(chat_server, alice, client_of, default_deployment):
+    client = await client_of(chat_server, alice)
+    tokenizer = await asyncio.to_thread(tokenizer_for, default_deployment.model_path)
+    (banana,) = tokenizer.encode(" banana", add_special_tokens=False)[:1]
+    completion = await client.chat.completions.create(
+        model=MODEL,
+        messages=HELLO,
+        max_tokens=6,
+        temperature=0,
+        logit_bias={str(banana): 100},
+        extra_body={"repetition_penalty": 1.0, "top_k": 1},
+    )
+    assert completion.choices[0].message.content.split() == ["banana"] * 6
+    # ignore_eos with min_tokens: the answer runs to its budget, reported as `length`.
+    completion = await client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=12, extra_body={"ignore_eos": True, "min_tokens": 12, "min_p": 0.05}
+    )
+    assert completion.usage.completion_tokens == 12
+    assert completion.choices[0].finish_reason == "length"
+
+
+@pytest.mark.engine
+async def test_n_seeded_choices_differ(chat_server, alice, client_of):
+    client = await client_of(chat_server, alice)
+    completion = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Write a sentence about the sea."}],
+        n=2,
+        seed=5,
+        temperature=1.0,
+        max_tokens=16,
+    )
+    first, second = (c.message.content for c in completion.choices)
+    assert first != second
+
+
+@pytest.mark.engine
+async def test_a_request_without_max_tokens_ends_at_the_plans_cap_with_length(chat_server, alice, client_of):
+    await Tier.objects.filter(name="free").aupdate(max_output_tokens=10)
+    client = await client_of(chat_server, alice)
+    completion = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Write a long story."}], extra_body={"ignore_eos": True}
+    )
+    assert completion.usage.completion_tokens == 10
+    assert completion.choices[0].finish_reason == "length"
