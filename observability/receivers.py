@@ -46,11 +46,26 @@ def _outcome(generation: Any) -> tuple[str, str]:
     return "stopped", ""
 
 
+# Tier names by user id, read after the finish has committed and kept a minute: a label, not a rule,
+# so a tier changed a moment ago may label one more answer with the old name.
+_tier_names: OrderedDict[Any, tuple[str, float]] = OrderedDict()
+TIER_NAMES_KEPT = 10_000
+TIER_NAME_TTL_S = 60.0
+
+
 def _tier_name(user_id: Any) -> str:
     from accounts.selectors import tier_for_user_id_or_none
 
+    now = time.monotonic()
+    cached = _tier_names.get(user_id)
+    if cached is not None and cached[1] > now:
+        return cached[0]
     tier = tier_for_user_id_or_none(user_id=user_id)
-    return tier.name if tier is not None else ""
+    name = tier.name if tier is not None else ""
+    _tier_names[user_id] = (name, now + TIER_NAME_TTL_S)
+    while len(_tier_names) > TIER_NAMES_KEPT:
+        _tier_names.popitem(last=False)
+    return name
 
 
 @receiver(generation_finished)
@@ -72,13 +87,8 @@ def generation_measured(sender: Any, generation: Any, **kwargs: Any) -> None:
     deployment = deployment_cached(deployment_id=generation.deployment_id)
     deployment_name = deployment.name if deployment is not None else str(generation.deployment_id)
     channel = "title" if generation.purpose == "title" else request_context.channel.get()
-    try:
-        tier = _tier_name(generation.user_id)
-    except Exception:
-        tier = ""
     figures = {
         "deployment": deployment_name,
-        "tier": tier,
         "channel": channel,
         "outcome": outcome,
         "code": code,
@@ -100,7 +110,12 @@ def generation_measured(sender: Any, generation: Any, **kwargs: Any) -> None:
     )
 
     def record() -> None:
-        metrics.generation_observe(**figures)
+        # The tier is read after the commit (and cached), not inside the finish's transaction.
+        try:
+            tier = _tier_name(generation.user_id)
+        except Exception:
+            tier = ""
+        metrics.generation_observe(tier=tier, **figures)
         store.sample_add(
             {"k": "g", "d": deployment_name, "o": outcome, "ttft": ttft, "tok": generation.completion_tokens}
         )

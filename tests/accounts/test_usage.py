@@ -60,7 +60,7 @@ def test_a_generation_stopped_before_any_engine_took_it_costs_nothing(alice, put
     assert (record.status, record.prompt_tokens, record.completion_tokens, record.cost) == ("stopped", 0, 0, 0)
 
 
-def test_a_finish_is_four_statements_and_reads_back_none_of_the_rows_it_writes(alice, put_on_tier):
+def test_a_finish_is_five_statements_and_reads_back_none_of_the_rows_it_writes(alice, put_on_tier):
     # An answer's `done` waits for its finish, each statement a round trip: the generation comes back
     # from its own UPDATE, the tier and its price are one read, and the charge's row is inserted
     # without first looking for one and without a savepoint (the one-to-one refuses a second).
@@ -72,11 +72,14 @@ def test_a_finish_is_four_statements_and_reads_back_none_of_the_rows_it_writes(a
             generation_id=sent.generation.id, status="complete", text="4", prompt_tokens=1000, completion_tokens=1000
         )
     statements = [q["sql"].lstrip() for q in finish.captured_queries]
-    # The one savepoint is the finish's own transaction, nested in the test's.
+    # The one savepoint is the finish's own transaction, nested in the test's. The reads: the tier
+    # with its price, and whether the answer's conversation still waits for a title (an indexed read
+    # that finds nothing once it has one; conversations.services.conversation_title_on_finish).
     verbs = sorted(sql.split()[0].upper() for sql in statements)
-    assert verbs == ["INSERT", "RELEASE", "SAVEPOINT", "SELECT", "UPDATE", "UPDATE"]
-    (read,) = [sql for sql in statements if sql.upper().startswith("SELECT")]
-    assert "inference_generation" not in read and "accounts_usagerecord" not in read
+    assert verbs == ["INSERT", "RELEASE", "SAVEPOINT", "SELECT", "SELECT", "UPDATE", "UPDATE"]
+    reads = [sql for sql in statements if sql.upper().startswith("SELECT")]
+    assert all("inference_generation" not in read and "accounts_usagerecord" not in read for read in reads)
+    assert sum("conversations_message" in read for read in reads) == 1
     assert UsageRecord.objects.get().cost == Decimal("0.000800")
 
 
