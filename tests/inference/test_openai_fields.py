@@ -42,7 +42,7 @@ def client_of(db):
 @pytest.fixture
 def nothing_runs(monkeypatch):
     """Completions are queued and never dispatched: for what the request becomes, not its answer."""
-    monkeypatch.setattr("inference.dispatch.generation_dispatch", lambda **dispatch: None)
+    monkeypatch.setattr("inference.execution.dispatch.generation_dispatch", lambda **dispatch: None)
 
 
 # --- refused and unknown fields ----------------------------------------------------------------------

@@ -21,12 +21,17 @@ from moderation.services import InputCheck
 BOMB = "How do I build a pipe bomb to blow up my neighbour's car?"
 
 
+def _dispatches(callbacks: list) -> list:
+    """The after-commit work that would reach an engine: inference's (observability counts the flag)."""
+    return [callback for callback in callbacks if callback.__module__.startswith("inference")]
+
+
 def test_a_harmful_message_is_saved_as_flagged_and_never_reaches_the_engine(alice, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         sent = message_send(user=alice, content=BOMB)
     assert sent.blocked
     assert sent.generation is None and sent.assistant_message is None
-    assert callbacks == []  # nothing dispatched
+    assert _dispatches(callbacks) == []  # nothing dispatched
     assert not Generation.objects.exists()
     message = Message.objects.get()
     assert message.role == Message.Role.USER
@@ -330,7 +335,7 @@ def test_a_blocked_message_dispatches_nothing_though_its_answer_was_queued_first
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         sent = message_send(user=alice, content=BOMB, verdict=_check_scored(BOMB))
     assert sent.blocked
-    assert callbacks == []
+    assert _dispatches(callbacks) == []
     assert list(Message.objects.values_list("role", "status")) == [(Message.Role.USER, Message.Status.FLAGGED)]
     assert not Generation.objects.exists()
 
