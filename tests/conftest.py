@@ -347,6 +347,9 @@ class CeleryWorker:
                 "REDIS_URL": redis_url or settings.REDIS_URL,
                 "CHATSITE_LOCAL_SECRET": "1",
                 "METRICS_WORKER_PORT": str(metrics_port),
+                # As in this process (`titles_from_first_words`): a title is a generation of its own, which the
+                # worker would otherwise ask for after each first answer.
+                "CHAT_TITLES_FROM_MODEL": "false",
             },
             cwd=settings.BASE_DIR,
             stdout=self.log,

@@ -517,7 +517,7 @@ def test_the_tasks_a_restarted_redis_lost_are_sent_again_once(restarting_redis, 
 
     from django.utils import timezone
 
-    from inference import dispatch
+    from inference.execution import dispatch
     from inference.execution.workers import generations_resent_if_broker_emptied
 
     sent = []
