@@ -16,6 +16,7 @@ within 30 s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -245,6 +246,11 @@ class Chat:
         """Send a message as the page does (with a client_id), and read the socket from then on."""
         if self.socket is None or self.socket.close_code is not None:
             await self.open()  # the page reconnects a socket the server closed
+        if self.reading is not None and not self.reading.done():
+            # One reader per socket: a second would fight the first for each frame.
+            self.reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.reading
         self.events, self.ended_at = [], None
         await self.socket.send(json.dumps({"type": "message.send", "content": content, "client_id": str(uuid.uuid4())}))
         self.reading = asyncio.create_task(self._read())
@@ -303,12 +309,9 @@ async def chats_streaming(url: str, users: list[Any], content: str = PROMPT) -> 
         await chat.send(content)
         chats.append(chat)
     deadline = time.monotonic() + 60
-    while not all(chat.first("generation.delta") and chat.ended_at is None for chat in chats):
+    while not all(chat.first("generation.delta") for chat in chats):
         for chat in chats:
-            if chat.ended_at is not None:
-                # Ended before the others began (a short answer, a loaded machine): it asks again,
-                # so that every answer is streaming when the fault strikes.
-                await chat.send(content)
+            assert chat.ended_at is None, f"{chat.user.username}'s answer ended before the fault: {chat.events[-3:]}"
         assert time.monotonic() < deadline, "some answers had not begun after 60 s"
         await asyncio.sleep(0.05)
     return chats
@@ -430,6 +433,7 @@ async def database_connections_terminated() -> None:
     assert await asyncio.to_thread(_database_connections_terminate) > 0
 
 
+@pytest.mark.fault_scenario
 @pytest.mark.engine
 async def test_answers_streaming_when_redis_restarts_go_on_and_every_client_hears_its_end(
     web_process, own_redis, alice, bob, mallory
@@ -440,7 +444,10 @@ async def test_answers_streaming_when_redis_restarts_go_on_and_every_client_hear
     own_redis.restart()
 
     # The answers in flight go on (a stale connection costs a retry, not an answer) and obey a stop.
-    assert await streaming_on(chats, seqs=seqs) == chats
+    went_on = await streaming_on(chats, seqs=seqs)
+    # Each answer goes on past the fault, or had its last words out as it struck (then it ended, and
+    # the outcomes below hold it to its end like any other).
+    assert went_on and all(chat in went_on or chat.ended_at for chat in chats)
     for chat in chats:
         await chat.stop()
     generations = await outcomes_hold(chats, fault_at=fault_at)
@@ -448,6 +455,7 @@ async def test_answers_streaming_when_redis_restarts_go_on_and_every_client_hear
     await answered_after_recovery(chats)
 
 
+@pytest.mark.fault_scenario
 @pytest.mark.engine
 async def test_answers_streaming_when_the_database_drops_every_connection_go_on_and_every_client_hears_its_end(
     web_process, alice, bob, mallory
@@ -458,7 +466,10 @@ async def test_answers_streaming_when_the_database_drops_every_connection_go_on_
     await database_connections_terminated()
 
     # The calls nothing would repeat (a claim, an end, a stop) are retried on a new connection.
-    assert await streaming_on(chats, seqs=seqs) == chats
+    went_on = await streaming_on(chats, seqs=seqs)
+    # Each answer goes on past the fault, or had its last words out as it struck (then it ended, and
+    # the outcomes below hold it to its end like any other).
+    assert went_on and all(chat in went_on or chat.ended_at for chat in chats)
     for chat in chats:
         await chat.stop()
     generations = await outcomes_hold(chats, fault_at=fault_at)
@@ -466,6 +477,7 @@ async def test_answers_streaming_when_the_database_drops_every_connection_go_on_
     await answered_after_recovery(chats)
 
 
+@pytest.mark.fault_scenario
 @pytest.mark.engine
 async def test_redis_restarting_the_database_dropping_and_a_worker_killed_at_once(
     web_process, fault_workers, own_redis, alice, bob, mallory
