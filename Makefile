@@ -86,9 +86,10 @@ test: install-dev model
 	elif [ -n "$$CI" ]; then echo "PostgreSQL ($(TEST_DATABASE_URL)) or Redis ($(TEST_REDIS_URL)) is not reachable, and CI must test on them"; exit 1; \
 	else echo "PostgreSQL ($(TEST_DATABASE_URL)) or Redis ($(TEST_REDIS_URL)) is not reachable: skipped the production-topology run"; fi
 
-# The fault-injection tests alone (-m fault), in the production topology, as `make test` runs them
-# (first in its production-topology run): a Redis of their own restarted, PostgreSQL's connections
-# ended, a worker killed, while answers stream (docs/production.md, "Faults").
+# The fault-injection tests alone (-m fault), in the production topology: a Redis of their own
+# restarted, PostgreSQL's connections ended, a worker killed, while answers stream
+# (docs/production.md, "Faults"). `make test` runs them first too, except the whole-fault scenarios
+# (-m fault_scenario), which run only here for now.
 fault-test: install-dev model
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m fault
 
