@@ -15,7 +15,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 # A Redis database of the tests' own: the suite empties it when it starts.
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: run test screenshots fault-test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-trace benchmark-scale benchmark-embedded benchmark-moderation benchmark-cuts benchmark-dtype benchmark-interference clean
+.PHONY: run test screenshots fault-test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-trace benchmark-scale benchmark-embedded benchmark-moderation benchmark-cuts benchmark-dtype benchmark-interference benchmark-capacity benchmark-peer benchmark-retrieval benchmark-semantic-cache clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,7 @@ $(VENV)/.installed-run: $(PY) requirements.txt requirements/base.txt requirement
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed-run requirements/dev.txt
+$(VENV)/.installed-dev: $(VENV)/.installed-run requirements/dev.txt requirements/otel.txt
 	$(PIP) install --quiet -r requirements/dev.txt
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@
@@ -82,14 +82,14 @@ test: install-dev model
 	@if $(PY) -c "import psycopg, redis, sys; psycopg.connect(sys.argv[1], connect_timeout=3).close(); \
 			redis.Redis.from_url(sys.argv[2], socket_connect_timeout=3).ping()" "$(TEST_DATABASE_URL)" "$(TEST_REDIS_URL)" 2>/dev/null; then \
 		echo "== the suite in the production topology (PostgreSQL, Redis, Celery GPU worker processes) =="; \
-		DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m "not browser and not fault_scenario"; \
+		DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m "not browser"; \
 	elif [ -n "$$CI" ]; then echo "PostgreSQL ($(TEST_DATABASE_URL)) or Redis ($(TEST_REDIS_URL)) is not reachable, and CI must test on them"; exit 1; \
 	else echo "PostgreSQL ($(TEST_DATABASE_URL)) or Redis ($(TEST_REDIS_URL)) is not reachable: skipped the production-topology run"; fi
 
 # The fault-injection tests alone (-m fault), in the production topology: a Redis of their own
 # restarted, PostgreSQL's connections ended, a worker killed, while answers stream
-# (docs/production.md, "Faults"). `make test` runs them first too, except the whole-fault scenarios
-# (-m fault_scenario), which run only here for now.
+# (docs/production.md, "Faults"). `make test` runs all of them too, first in its production-topology
+# run; -m fault_scenario picks out the three whole-fault scenarios.
 fault-test: install-dev model
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m fault
 
@@ -126,6 +126,17 @@ benchmark-dtype: model
 
 benchmark-interference: install topology-database
 	$(PY) -m benchmarks interference --database $(TOPOLOGY_DATABASE_URL) $(BENCH_ARGS)
+
+benchmark-capacity: model topology-database
+	DATABASE_URL=$(TOPOLOGY_DATABASE_URL) REDIS_URL=$(TOPOLOGY_REDIS_URL) CHATSITE_LOCAL_SECRET=1 $(PY) -m benchmarks capacity $(BENCH_ARGS)
+benchmark-peer: model
+	$(PY) -m benchmarks peer $(BENCH_ARGS)
+# On a fresh SQLite file, then on the local PostgreSQL (its own database, left empty of the run's rows).
+benchmark-retrieval: install
+	$(PY) -m benchmarks retrieval $(BENCH_ARGS)
+	$(PY) -m benchmarks retrieval --database-url $(TOPOLOGY_DATABASE_URL)_retrieval $(BENCH_ARGS)
+benchmark-semantic-cache: install
+	$(PY) -m benchmarks semantic_cache $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) var/staticfiles

@@ -121,6 +121,7 @@ class UsageRecordAdmin(admin.ModelAdmin):
         "tier",
         "status",
         "prompt_tokens",
+        "cached_tokens",
         "completion_tokens",
         "cost",
     )

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from django.http import HttpRequest
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
 
-from accounts.models import ApiKey
+from accounts.models import ApiKey, User
 from accounts.services import api_key_authenticate
 from chatsite.errors import ClientError
 
@@ -23,7 +23,7 @@ class ApiKeyAuthentication(BaseAuthentication):
 
     keyword = b"bearer"
 
-    def authenticate(self, request) -> tuple[Any, ApiKey] | None:
+    def authenticate(self, request: Request) -> tuple[User, ApiKey] | None:
         header = get_authorization_header(request).split()
         if not header or header[0].lower() != self.keyword:
             return None
@@ -61,18 +61,10 @@ class HasScope(BasePermission):
         return request.auth.has_scope(scope)
 
 
-def require_scope(request, scope: str) -> None:
-    """Raise PermissionDenied unless the request's key (if any) has `scope`; for function-style checks."""
-    if isinstance(request.auth, ApiKey) and not request.auth.has_scope(scope):
-        raise exceptions.PermissionDenied(f"This API key does not have the '{scope}' scope.")
-
-
-def api_key_caller(request, *, scope: str) -> tuple[Any, ApiKey]:
+def api_key_caller(request: HttpRequest, *, scope: str) -> tuple[User, ApiKey]:
     """The API key's owner and the key for a plain (non-DRF) view under /v1, or a ClientError:
     401 without a valid key (keys only: no cookies on /v1), 403 without `scope` or for a disabled
     account. The same refusals DRF's views give through ApiKeyAuthentication and HasScope."""
-    from rest_framework.request import Request
-
     drf_request = Request(request)
     try:
         result = ApiKeyAuthentication().authenticate(drf_request)
@@ -90,6 +82,20 @@ def api_key_caller(request, *, scope: str) -> tuple[Any, ApiKey]:
     if not user.is_active:
         raise ClientError("This account is disabled.", code="account_disabled", status=403)
     return user, api_key
+
+
+class AuthenticatedHttpRequest(HttpRequest):
+    """The request a page behind `login_required` is given, for the type checker: its user is signed in."""
+
+    user: User
+
+
+def request_user(request: Request) -> User:
+    """The signed-in user of an API request that the view's authentication has let in."""
+    user = request.user
+    if not isinstance(user, User):
+        raise exceptions.NotAuthenticated()
+    return user
 
 
 class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):

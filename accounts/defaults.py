@@ -73,6 +73,18 @@ DEFAULT_PRICES: dict[str, tuple[Decimal, Decimal]] = {
     "admin": (Decimal("0"), Decimal("0")),
 }
 
+# Per 1,000 prompt tokens the engine's prefix cache served (not computed again): a quarter of the
+# prompt price. Empty (None in a row) would charge them as any prompt token.
+DEFAULT_CACHED_PRICES: dict[str, Decimal] = {name: prompt / 4 for name, (prompt, _) in DEFAULT_PRICES.items()}
+
+
+def set_default_cached_prices(*, price_model: Any) -> None:
+    """The default tiers' cached price where a row has none and still has the default prompt price."""
+    for name, cached in DEFAULT_CACHED_PRICES.items():
+        price_model.objects.filter(
+            tier__name=name, prompt_price_per_1k=DEFAULT_PRICES[name][0], cached_prompt_price_per_1k=None
+        ).update(cached_prompt_price_per_1k=cached)
+
 
 # Price per 1,000 input tokens on the embedding deployment (it has no output tokens). Tiers that
 # include only chosen deployments (free, pro) get it added; the others have every deployment.
@@ -107,6 +119,8 @@ def create_default_tiers(*, tier_model: Any, price_model: Any, deployment: Any |
                 deployment=deployment,
                 defaults={"prompt_price_per_1k": prompt, "completion_price_per_1k": completion},
             )
+    if "cached_prompt_price_per_1k" in {field.name for field in price_model._meta.get_fields()}:
+        set_default_cached_prices(price_model=price_model)
 
 
 DEPLOYMENT_MANAGER_PERMISSIONS = [

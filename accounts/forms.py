@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from typing import cast
 
 from django import forms
 from django.conf import settings
@@ -42,7 +43,8 @@ class ThrottledAuthenticationForm(AuthenticationForm):
         if username is None or not password:
             return super().clean()
         try:
-            charges = login_attempt_admit(username=username, address=client_address(self.request))
+            address = client_address(self.request) if self.request is not None else ""
+            charges = login_attempt_admit(username=username, address=address)
         except ClientError as exc:
             self.locked = exc
             raise forms.ValidationError(exc.message, code=exc.code) from None
@@ -98,7 +100,8 @@ class UserSettingsForm(forms.Form):
     def __init__(self, *args, models: list[tuple[str, str]], **kwargs) -> None:
         """`models`: (name, label) of the deployments the person's plan may use now."""
         super().__init__(*args, **kwargs)
-        self.fields["default_model"].choices = [("", "The service's default"), *models]
+        default_model = cast(forms.ChoiceField, self.fields["default_model"])
+        default_model.choices = [("", "The service's default"), *models]
         self.fields["default_model"].required = False
 
     def clean_about_me(self) -> str:

@@ -25,6 +25,8 @@ class Tier(models.Model):
     deployments = models.ManyToManyField(
         "inference.ModelDeployment", blank=True, related_name="tiers", help_text="Deployments this tier may use."
     )
+    # Not a field: a column of the query in accounts.selectors.tier_for_user_on_deployment, on the rows it reads.
+    includes_deployment: bool
     requests_per_minute = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     tokens_per_minute = models.PositiveIntegerField(
         null=True,
@@ -84,6 +86,14 @@ class TierModelPrice(models.Model):
     )
     completion_price_per_1k = models.DecimalField(
         max_digits=12, decimal_places=6, default=Decimal("0"), validators=[MinValueValidator(Decimal("0"))]
+    )
+    cached_prompt_price_per_1k = models.DecimalField(
+        max_digits=12,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="Per 1,000 prompt tokens the engine found in its prefix cache. Empty: the prompt price.",
     )
 
     class Meta:
@@ -171,7 +181,7 @@ class ApiKey(models.Model):
 
 
 class UsageRecord(models.Model):
-    """The ledger: one row per finished generation, priced with the tier's prices at that moment,
+    """The ledger: one row per finished generation (a summary's or a cached answer's free: `Kind`), priced with the tier's prices at that moment,
     one per /v1/moderations request (its input's tokens, which count towards the quotas), and one
     per /v1/embeddings request (its input's tokens at the tier's prompt price for the deployment).
 
@@ -183,6 +193,10 @@ class UsageRecord(models.Model):
         GENERATION = "generation", "Generation"
         MODERATION = "moderation", "Moderation"
         EMBEDDING = "embedding", "Embedding"
+        # The service's own work for a conversation, and answers the response cache played back:
+        # recorded with their tokens, free of charge, and not counted towards the quotas.
+        SUMMARY = "summary", "Conversation summary"
+        CACHED = "cached", "Cached answer"
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="usage_records")
     # SET_NULL: clearing old generations away must not erase what was billed for them.
@@ -202,8 +216,12 @@ class UsageRecord(models.Model):
     )
     status = models.CharField(max_length=16)
     prompt_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(
+        default=0, help_text="Of the prompt tokens, those served from the engine's prefix cache (cached price)."
+    )
     completion_tokens = models.PositiveIntegerField(default=0)
     prompt_price_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    cached_price_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
     completion_price_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
     cost = models.DecimalField(max_digits=16, decimal_places=6, default=Decimal("0"))
     created_at = models.DateTimeField(default=timezone.now, db_index=True)

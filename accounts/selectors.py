@@ -3,11 +3,13 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from django.conf import settings
+from django.contrib.auth.models import AnonymousUser
 from django.contrib.sessions.models import Session
 from django.db.models import Count, Exists, FilteredRelation, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import TruncDate
@@ -15,10 +17,14 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from accounts.models import ApiKey, Tier, UsageRecord, User, UserSettings
+from accounts.protocols import Deployment
 from chatsite.errors import ClientError
 
 ZERO = Decimal("0")
 MONEY_PLACES = Decimal("0.000001")
+
+
+D = TypeVar("D", bound=Deployment)
 
 
 def _money(value: Decimal | None) -> Decimal:
@@ -37,20 +43,20 @@ def _no_default_tier() -> ClientError:
     return ClientError("The service has no default plan configured.", code="no_tier", status=503)
 
 
-def tier_for_user(*, user: Any) -> Tier:
+def tier_for_user(*, user: User) -> Tier:
     """The user's current tier, read fresh (a long-lived socket must see an admin's change at once)."""
     return tier_for_user_or_none(user=user) or tier_default()
 
 
-def tier_for_user_or_none(*, user: Any) -> Tier | None:
+def tier_for_user_or_none(*, user: User) -> Tier | None:
     return tier_for_user_id_or_none(user_id=user.id)
 
 
-def tier_for_user_id_or_none(*, user_id: Any) -> Tier | None:
+def tier_for_user_id_or_none(*, user_id: int) -> Tier | None:
     return Tier.objects.filter(users__id=user_id).first() or Tier.objects.filter(is_default=True).first()
 
 
-def tier_for_user_on_deployment(*, user: Any, deployment: Any) -> Tier:
+def tier_for_user_on_deployment(*, user: User, deployment: Deployment) -> Tier:
     """The user's tier (else the default one), read fresh, with `includes_deployment`: whether the
     tier may use `deployment` (all models, or the model on its list).
 
@@ -83,7 +89,7 @@ def _tier_on_deployment_sql() -> str:
 _TIER_ON_DEPLOYMENT_SQL = _tier_on_deployment_sql()
 
 
-def deployments_allowed_for_user(*, user: Any, deployments: list[Any]) -> list[Any]:
+def deployments_allowed_for_user(*, user: User, deployments: list[D]) -> list[D]:
     """Those of `deployments` the user's tier may use (for model pickers), in one query."""
     tier = tier_for_user_or_none(user=user)
     if tier is None:
@@ -94,7 +100,7 @@ def deployments_allowed_for_user(*, user: Any, deployments: list[Any]) -> list[A
     return [d for d in deployments if d.id in allowed]
 
 
-def deployments_enabled_for_user(*, user: Any) -> list[Any]:
+def deployments_enabled_for_user(*, user: User) -> list[Any]:
     """The enabled chat deployments the user's tier may use (the settings page's models). Read through
     the tier's own relation, so accounts imports nothing of inference, the layer above it."""
     deployment_model = Tier._meta.get_field("deployments").related_model
@@ -109,9 +115,11 @@ class TierPrices:
     tier_id: int | None
     prompt_per_1k: Decimal
     completion_per_1k: Decimal
+    # Prompt tokens the engine's prefix cache served; the prompt price where the tier sets none.
+    cached_per_1k: Decimal = ZERO
 
 
-def tier_prices_for_user_id(*, user_id: Any, deployment_id: Any) -> TierPrices:
+def tier_prices_for_user_id(*, user_id: int, deployment_id: int) -> TierPrices:
     """The user's tier (else the default one) and its prices on the deployment, in one statement.
 
     A deployment with no price row is free for the tier. One statement, not a read of the tier and
@@ -122,21 +130,33 @@ def tier_prices_for_user_id(*, user_id: Any, deployment_id: Any) -> TierPrices:
         Tier.objects.filter(Q(id=Subquery(own_tier)) | Q(is_default=True))
         .annotate(price=FilteredRelation("prices", condition=Q(prices__deployment_id=deployment_id)))
         .order_by("is_default")  # the user's own tier before the default one
-        .values_list("id", "price__prompt_price_per_1k", "price__completion_price_per_1k")
+        .values_list(
+            "id", "price__prompt_price_per_1k", "price__completion_price_per_1k", "price__cached_prompt_price_per_1k"
+        )
         .first()
     )
     if row is None:
         return TierPrices(tier_id=None, prompt_per_1k=ZERO, completion_per_1k=ZERO)
-    tier_id, prompt, completion = row
-    return TierPrices(tier_id=tier_id, prompt_per_1k=prompt or ZERO, completion_per_1k=completion or ZERO)
+    tier_id, prompt, completion, cached = row
+    return TierPrices(
+        tier_id=tier_id,
+        prompt_per_1k=prompt or ZERO,
+        completion_per_1k=completion or ZERO,
+        cached_per_1k=(prompt or ZERO) if cached is None else cached,
+    )
 
 
-def usage_billable(*, user: Any) -> QuerySet[UsageRecord]:
-    """Ledger rows that count towards quotas: failed generations are neither charged nor counted."""
-    return UsageRecord.objects.filter(user_id=user.id).exclude(status="failed")
+def usage_billable(*, user: User) -> QuerySet[UsageRecord]:
+    """Ledger rows that count towards quotas: failed generations are neither charged nor counted, and
+    neither is what the house pays for (a conversation's summary, an answer from the response cache)."""
+    return (
+        UsageRecord.objects.filter(user_id=user.id)
+        .exclude(status="failed")
+        .exclude(kind__in=[UsageRecord.Kind.SUMMARY, UsageRecord.Kind.CACHED])
+    )
 
 
-def usage_tokens_since(*, user: Any, since: dt.datetime) -> int:
+def usage_tokens_since(*, user: User, since: dt.datetime) -> int:
     totals = (
         usage_billable(user=user)
         .filter(created_at__gte=since)
@@ -166,6 +186,8 @@ class UsageSummary:
     requests: int
     per_model: list[dict[str, Any]]
     per_day: list[dict[str, Any]]
+    # Of the prompt tokens, those the engine's prefix cache served (charged at the cached price).
+    cached_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -174,26 +196,27 @@ class UsageSummary:
 
 _TOTALS = {
     "prompt_tokens": Sum("prompt_tokens"),
+    "cached_tokens": Sum("cached_tokens"),
     "completion_tokens": Sum("completion_tokens"),
     "cost": Sum("cost"),
     "requests": Count("id"),
 }
 
 
-def usage_summary(*, user: Any, month: dt.date) -> UsageSummary:
+def usage_summary(*, user: User, month: dt.date) -> UsageSummary:
     """Tokens and cost for one calendar month: in total, per model and per day (every day, zeros included)."""
     start, end = month_bounds(month)
     rows = UsageRecord.objects.filter(user_id=user.id, created_at__gte=start, created_at__lt=end)
     totals = rows.aggregate(**_TOTALS)
+    # The rows' totals are annotations the type checker cannot name (`_TOTALS`): plain dicts here.
+    model_rows = rows.values("deployment__name").annotate(**_TOTALS).order_by("deployment__name")
     per_model = [
         # A row with no model is a moderation request's (the only kind without one).
         {**row, "deployment__name": row["deployment__name"] or UsageRecord.Kind.MODERATION, "cost": _money(row["cost"])}
-        for row in rows.values("deployment__name").annotate(**_TOTALS).order_by("deployment__name")
+        for row in cast(Iterable[dict[str, Any]], model_rows)
     ]
-    by_day = {
-        row["day"]: row
-        for row in rows.annotate(day=TruncDate("created_at", tzinfo=dt.UTC)).values("day").annotate(**_TOTALS)
-    }
+    day_rows = rows.annotate(day=TruncDate("created_at", tzinfo=dt.UTC)).values("day").annotate(**_TOTALS)
+    by_day: dict[dt.date, dict[str, Any]] = {row["day"]: row for row in cast(Iterable[dict[str, Any]], day_rows)}
     per_day = []
     day = start.date()
     while day < end.date():
@@ -207,6 +230,7 @@ def usage_summary(*, user: Any, month: dt.date) -> UsageSummary:
         start=start,
         end=end,
         prompt_tokens=totals["prompt_tokens"] or 0,
+        cached_tokens=totals["cached_tokens"] or 0,
         completion_tokens=totals["completion_tokens"] or 0,
         cost=_money(totals["cost"]),
         requests=totals["requests"],
@@ -215,7 +239,7 @@ def usage_summary(*, user: Any, month: dt.date) -> UsageSummary:
     )
 
 
-def usage_statement_rows(*, user: Any, month: dt.date) -> QuerySet[UsageRecord]:
+def usage_statement_rows(*, user: User, month: dt.date) -> QuerySet[UsageRecord]:
     start, end = month_bounds(month)
     return (
         UsageRecord.objects.filter(user_id=user.id, created_at__gte=start, created_at__lt=end)
@@ -224,7 +248,7 @@ def usage_statement_rows(*, user: Any, month: dt.date) -> QuerySet[UsageRecord]:
     )
 
 
-def usage_by_user(*, start: dt.datetime, end: dt.datetime) -> QuerySet[UsageRecord]:
+def usage_by_user(*, start: dt.datetime, end: dt.datetime) -> QuerySet[UsageRecord, Any]:
     """One row per user with usage in [start, end): tokens, requests and cost (the admin's overview)."""
     return (
         UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
@@ -234,7 +258,7 @@ def usage_by_user(*, start: dt.datetime, end: dt.datetime) -> QuerySet[UsageReco
     )
 
 
-def api_key_list_for_user(*, user: Any) -> QuerySet[ApiKey]:
+def api_key_list_for_user(*, user: User) -> QuerySet[ApiKey]:
     return ApiKey.objects.filter(user_id=user.id)
 
 
@@ -255,10 +279,11 @@ class SessionAccess(enum.Enum):
     ENDED = "ended"  # signed out, expired, or signed in with a password that has since changed
 
 
-def session_access(*, user_id: Any, session_key: str, session_auth_hash: str) -> SessionAccess:
+def session_access(*, user_id: int, session_key: str, session_auth_hash: str) -> SessionAccess:
     """Whether a session that signed this user in may still be used, read fresh in one statement:
     the account is active, the session is still stored and unexpired, and it carries the hash of
     the account's current password (what `django.contrib.auth.get_user` checks on every request)."""
+    stored: Exists | Value
     if settings.SESSION_ENGINE in DATABASE_SESSION_ENGINES:
         stored = Exists(Session.objects.filter(session_key=session_key, expire_date__gt=timezone.now()))
     else:
@@ -284,26 +309,36 @@ def session_key_digest(session_key: str) -> str:
     return hashlib.sha256(session_key.encode()).hexdigest()
 
 
-def user_access_fields(*, user_id: Any) -> tuple[bool, str] | None:
+def user_access_fields(*, user_id: int) -> tuple[bool, str] | None:
     """The stored `is_active` and password hash of a user, to compare a save against; None if no row."""
     return User.objects.filter(id=user_id).values_list("is_active", "password").first()
 
 
-def user_settings_get(*, user: Any) -> UserSettings:
+def user_settings_get(*, user: User) -> UserSettings:
     """The person's settings; every default (unsaved) when they have never changed one."""
     found = UserSettings.objects.filter(user_id=user.id).first()
     return found if found is not None else UserSettings(user_id=user.id)
 
 
-def user_instructions(*, user_id: Any) -> str:
+def user_instructions(*, user_id: int) -> str:
     """The custom instructions a prompt carries for this person ("" when none): one small read."""
     row = UserSettings.objects.filter(user_id=user_id).values("about_me", "answer_style").first()
     return UserSettings(**row).instructions if row else ""
 
 
-def user_theme(*, user: Any) -> str:
+def user_theme(*, user: User | AnonymousUser) -> str:
     """The page theme for a request's user: `light`, `dark` or `system`."""
-    if not getattr(user, "is_authenticated", False):
+    if not user.is_authenticated:
         return UserSettings.Theme.SYSTEM
     theme = UserSettings.objects.filter(user_id=user.id).values_list("theme", flat=True).first()
     return theme or UserSettings.Theme.SYSTEM
+
+
+# Lines other apps add to the usage page (documents: the storage its files take), each a callable
+# taking the user and returning (label, value) pairs; registered in the app's `ready()`, since
+# accounts sits below them and imports none of them.
+USAGE_FIGURES: list[Any] = []
+
+
+def usage_figures(*, user: Any) -> list[tuple[str, str]]:
+    return [figure for provider in USAGE_FIGURES for figure in provider(user)]

@@ -7,7 +7,7 @@ import secrets
 from collections.abc import Collection
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any
+from typing import Any, cast
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -17,6 +17,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from accounts.models import ApiKey, Tier, UsageRecord, User, UserSettings
+from accounts.protocols import BillableGeneration, Deployment
 from accounts.ratelimit import Charge, buckets_consume, buckets_refund, buckets_reset
 from accounts.selectors import (
     api_key_get_by_prefix,
@@ -59,13 +60,13 @@ def user_set_tier(*, user: User, tier: Tier) -> User:
 # --- access: suspension, deactivation, sign-out, a new password ---------------------------------
 
 
-def user_group(user_id: Any) -> str:
+def user_group(user_id: int) -> str:
     """The channel-layer group each of the user's open chat sockets joins, in whichever process."""
     return f"user.{user_id}"
 
 
 @transaction.atomic
-def user_deactivate(*, user_id: Any) -> bool:
+def user_deactivate(*, user_id: int) -> bool:
     """Deactivate an account (a suspension): it can no longer sign in, its open sockets close, and
     what it has queued or running stops. False when it was inactive already."""
     deactivated = User.objects.filter(id=user_id, is_active=True).update(is_active=False)
@@ -82,7 +83,7 @@ def user_access_after_save(*, user: User, was_active: bool, old_password: str) -
         user_access_changed(user_id=user.pk, deactivated=deactivated)
 
 
-def user_access_changed(*, user_id: Any, deactivated: bool = False, session_key: str | None = None) -> None:
+def user_access_changed(*, user_id: int, deactivated: bool = False, session_key: str | None = None) -> None:
     """Once the caller's transaction commits, tell the user's open chat sockets that what let them in
     may have ended.
 
@@ -92,12 +93,13 @@ def user_access_changed(*, user_id: Any, deactivated: bool = False, session_key:
     `deactivated`: `user_deactivated` is sent too, so what the account has running stops. A lost
     event leaves each socket's own check on its next frame (conversations/consumers.py)."""
     event: dict[str, Any] = {"type": "user.access", "session": session_key_digest(session_key) if session_key else None}
-    transaction.on_commit(lambda: _sockets_tell(user_id=user_id, event=event), robust=True)
+    transaction.on_commit(lambda: user_sockets_tell(user_id=user_id, event=event), robust=True)
     if deactivated:
         transaction.on_commit(lambda: user_deactivated.send(sender=User, user_id=user_id), robust=True)
 
 
-def _sockets_tell(*, user_id: Any, event: dict[str, Any]) -> None:
+def user_sockets_tell(*, user_id: int, event: dict[str, Any]) -> None:
+    """Send `event` to every open chat socket of the user's, in whichever process."""
     layer = get_channel_layer()
     if layer is not None:
         async_to_sync(layer.group_send)(user_group(user_id), event)
@@ -120,7 +122,7 @@ class CreatedApiKey:
 
 def api_key_create(
     *,
-    user: Any,
+    user: User,
     name: str,
     scopes: list[str],
     expires_at: dt.datetime | None = None,
@@ -161,7 +163,7 @@ def api_key_create(
     return CreatedApiKey(api_key=api_key, key=f"cs_{prefix}_{secret}")
 
 
-def api_key_revoke(*, user: Any, api_key_id: Any) -> ApiKey:
+def api_key_revoke(*, user: User, api_key_id: int) -> ApiKey:
     """Revoke one of the user's own keys; it stops working on the next request. Idempotent."""
     try:
         api_key = ApiKey.objects.get(id=int(api_key_id), user_id=user.id)
@@ -217,7 +219,7 @@ class Admission:
     charges: tuple[Charge, ...] = ()
 
 
-def request_limits(*, user: Any, deployment: Any, api_key: ApiKey | None = None) -> RequestLimits:
+def request_limits(*, user: User, deployment: Deployment, api_key: ApiKey | None = None) -> RequestLimits:
     """What this user may ask of this deployment: refuses a model the tier does not include.
 
     Called before the prompt is assembled, so the window and the answer's budget are the tier's.
@@ -261,8 +263,8 @@ def request_size_check(*, chars: int, limits: RequestLimits) -> None:
 
 def request_admit(
     *,
-    user: Any,
-    deployment: Any,
+    user: User,
+    deployment: Deployment,
     prompt_tokens: int,
     max_tokens: int,
     api_key: ApiKey | None = None,
@@ -323,7 +325,7 @@ def admission_refund(*, admission: Admission) -> None:
     buckets_refund(list(admission.charges))
 
 
-def _quota_left(*, user: Any, tier: Tier, needed: int) -> int | None:
+def _quota_left(*, user: User, tier: Tier, needed: int) -> int | None:
     """The tokens the day's and month's quotas leave the user (None: no quota), counted from the
     ledger plus what their unfinished generations may still use; 429 quota_exceeded when that is
     fewer than `needed`."""
@@ -332,7 +334,8 @@ def _quota_left(*, user: Any, tier: Tier, needed: int) -> int | None:
     if not (tier.tokens_per_day or tier.tokens_per_month):
         return None
     now = timezone.now()
-    reserved = sum(tokens for _, tokens in quota_tokens_reserved.send(sender=Tier, user=user))
+    # Each receiver answers with the tokens it reserves (the stubs type a receiver's answer as a string).
+    reserved = sum(cast(int, tokens) for _, tokens in quota_tokens_reserved.send(sender=Tier, user=user))
     least = None
     for quota, since, resets_at, period in _quota_periods(tier, now):
         left = quota - usage_tokens_since(user=user, since=since) - reserved
@@ -386,7 +389,7 @@ ACTIONS = {
 }
 
 
-def _action_charge(*, user: Any, tier: Tier, action: str) -> tuple[Charge, str] | None:
+def _action_charge(*, user: User, tier: Tier, action: str) -> tuple[Charge, str] | None:
     spec = ACTIONS[action]
     limit = getattr(tier, spec.field)
     if not limit:
@@ -394,7 +397,7 @@ def _action_charge(*, user: Any, tier: Tier, action: str) -> tuple[Charge, str] 
     return Charge(f"user:{user.id}:{action}", limit, spec.period_s), f"your plan's limit of {limit} {spec.what}"
 
 
-def action_admit(*, user: Any, action: str) -> None:
+def action_admit(*, user: User, action: str) -> None:
     """Count one `action` (a name in ACTIONS) against the user's plan, or refuse it (429 rate_limited).
 
     A bucket of the user's own per action, whichever key or session the request came with, so a
@@ -413,7 +416,7 @@ def action_admit(*, user: Any, action: str) -> None:
 MODERATION_CHARS_PER_TOKEN = 4
 
 
-def moderation_admit(*, user: Any, texts: list[str]) -> UsageRecord:
+def moderation_admit(*, user: User, texts: list[str]) -> UsageRecord:
     """Admit a /v1/moderations request before its texts are scored, and charge it to the ledger.
 
     Its input's tokens (estimated) count towards the day's and month's quotas (429 quota_exceeded)
@@ -446,7 +449,7 @@ def moderation_admit(*, user: Any, texts: list[str]) -> UsageRecord:
 # --- embeddings -----------------------------------------------------------------------------------
 
 
-def api_request_admit(*, user: Any, deployment: Any, tokens: int, api_key: ApiKey | None = None) -> Admission:
+def api_request_admit(*, user: User, deployment: Deployment, tokens: int, api_key: ApiKey | None = None) -> Admission:
     """Admit a request to a model that is not a generation: /v1/embeddings with its `tokens` input
     tokens (counted exactly by the caller), /tokenize and /detokenize with none (a request only).
 
@@ -491,7 +494,7 @@ def api_request_admit(*, user: Any, deployment: Any, tokens: int, api_key: ApiKe
     return Admission(tier=tier, max_tokens=0, priority=tier.priority, charges=tuple(charges))
 
 
-def embedding_record(*, user: Any, deployment: Any, tokens: int) -> UsageRecord:
+def embedding_record(*, user: User, deployment: Deployment, tokens: int) -> UsageRecord:
     """The ledger row of an embeddings request: its input tokens at the tier's prompt price for the
     deployment (an embedding has no output tokens)."""
     prices = tier_prices_for_user_id(user_id=user.id, deployment_id=deployment.id)
@@ -553,7 +556,7 @@ def login_attempt_succeeded(*, charges: list[Charge]) -> None:
     buckets_refund(charges)
 
 
-def login_unlock(*, usernames: list[str] = (), addresses: list[str] = ()) -> None:
+def login_unlock(*, usernames: Collection[str] = (), addresses: Collection[str] = ()) -> None:
     """Lift the sign-in locks of these accounts and client addresses at once (an admin's action)."""
     buckets_reset([_login_account_key(name) for name in usernames] + [f"login:address:{a}" for a in addresses])
 
@@ -561,12 +564,15 @@ def login_unlock(*, usernames: list[str] = (), addresses: list[str] = ()) -> Non
 # --- the ledger ----------------------------------------------------------------------------------
 
 
-def usage_record(*, generation: Any) -> UsageRecord | None:
+def usage_record(*, generation: BillableGeneration) -> UsageRecord | None:
     """Charge a finished generation exactly once, at its user's tier's prices for its deployment.
 
     A conversation's title (`purpose` "title") is the service's own request, which the user did not
     make: it is neither charged nor recorded (None), so it never shows on a statement or counts
-    towards a quota.
+    towards a quota. A conversation's summary (`purpose` "summary", orchestration.memory) is the
+    service's own work too, and the house pays for it; an answer played back from the response cache
+    (`cached`) ran no engine. Both are recorded with their tokens (kind "summary", "cached"), at no
+    cost, and do not count towards the quotas (`usage_billable`).
 
     Tokens are the engine's counts. A generation that never reached an engine (stopped while queued)
     used none; a failed one is recorded for the books but not charged. A second call for the same
@@ -581,23 +587,34 @@ def usage_record(*, generation: Any) -> UsageRecord | None:
     prices = tier_prices_for_user_id(user_id=generation.user_id, deployment_id=generation.deployment_id)
     ran = generation.started_at is not None
     prompt_tokens = generation.prompt_tokens if ran else 0
+    cached_tokens = min(getattr(generation, "cached_tokens", 0), prompt_tokens)
     completion_tokens = generation.completion_tokens if ran else 0
+    kind = UsageRecord.Kind.GENERATION
+    if getattr(generation, "purpose", "answer") == "summary":
+        kind = UsageRecord.Kind.SUMMARY
+    elif getattr(generation, "cached", False):
+        kind = UsageRecord.Kind.CACHED
     cost = Decimal("0")
-    if generation.status != "failed":
+    if generation.status != "failed" and kind == UsageRecord.Kind.GENERATION:
+        # The prompt's cached tokens at the cached price, the rest at the prompt price.
         cost = (
-            Decimal(prompt_tokens) * prices.prompt_per_1k / 1000
+            Decimal(prompt_tokens - cached_tokens) * prices.prompt_per_1k / 1000
+            + Decimal(cached_tokens) * prices.cached_per_1k / 1000
             + Decimal(completion_tokens) * prices.completion_per_1k / 1000
         ).quantize(COST_PLACES, rounding=ROUND_HALF_UP)
     record = UsageRecord(
         generation_id=generation.id,
         user_id=generation.user_id,
+        kind=kind,
         deployment_id=generation.deployment_id,
         tier_id=prices.tier_id,
         status=generation.status,
         prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
         completion_tokens=completion_tokens,
-        prompt_price_per_1k=prices.prompt_per_1k,
-        completion_price_per_1k=prices.completion_per_1k,
+        prompt_price_per_1k=prices.prompt_per_1k if kind == UsageRecord.Kind.GENERATION else Decimal("0"),
+        cached_price_per_1k=prices.cached_per_1k if kind == UsageRecord.Kind.GENERATION else Decimal("0"),
+        completion_price_per_1k=prices.completion_per_1k if kind == UsageRecord.Kind.GENERATION else Decimal("0"),
         cost=cost,
         created_at=generation.finished_at or timezone.now(),
     )
@@ -611,7 +628,7 @@ def usage_record(*, generation: Any) -> UsageRecord | None:
 
 def user_settings_update(
     *,
-    user: Any,
+    user: User,
     about_me: str,
     answer_style: str,
     default_model: str,

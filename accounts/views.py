@@ -8,17 +8,20 @@ from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import AuthenticationForm
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from accounts.authentication import AuthenticatedHttpRequest
 from accounts.forms import ApiKeyCreateForm, SignupForm, ThrottledAuthenticationForm, UserSettingsForm, parse_month
 from accounts.selectors import (
     api_key_list_for_user,
     deployments_enabled_for_user,
     tier_for_user,
+    usage_figures,
     usage_statement_rows,
     usage_summary,
     user_settings_get,
@@ -52,9 +55,9 @@ class LoginView(auth_views.LoginView):
     redirect_authenticated_user = True
     authentication_form = ThrottledAuthenticationForm
 
-    def form_invalid(self, form: ThrottledAuthenticationForm) -> HttpResponse:
+    def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
         response = super().form_invalid(form)
-        if form.locked is not None:
+        if isinstance(form, ThrottledAuthenticationForm) and form.locked is not None:
             response.status_code = 429
             response["Retry-After"] = str(form.locked.retry_after)
         return response
@@ -66,7 +69,7 @@ CREATED_KEY_SESSION = "accounts.created_api_key"
 @never_cache
 @login_required
 @require_http_methods(["GET", "POST"])
-def api_keys(request: HttpRequest) -> HttpResponse:
+def api_keys(request: AuthenticatedHttpRequest) -> HttpResponse:
     """List the user's keys and create one. A created key redirects back here (a reload does not
     create a second one); its full value waits in the session for that one page, then is gone.
 
@@ -94,11 +97,11 @@ def api_keys(request: HttpRequest) -> HttpResponse:
                 request.session[CREATED_KEY_SESSION] = {"name": created.api_key.name, "key": created.key}
                 return redirect("accounts:api_keys")
     # Shown once: taken out of the session by the page that shows it.
-    created = request.session.pop(CREATED_KEY_SESSION, None) if request.method == "GET" else None
+    shown = request.session.pop(CREATED_KEY_SESSION, None) if request.method == "GET" else None
     response = render(
         request,
         "accounts/api_keys.html",
-        {"form": form, "created": created, "keys": api_key_list_for_user(user=request.user), "now": timezone.now()},
+        {"form": form, "created": shown, "keys": api_key_list_for_user(user=request.user), "now": timezone.now()},
         status=status,
     )
     if retry_after is not None:
@@ -108,7 +111,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def api_key_revoke_view(request: HttpRequest, api_key_id: int) -> HttpResponse:
+def api_key_revoke_view(request: AuthenticatedHttpRequest, api_key_id: int) -> HttpResponse:
     try:
         api_key = api_key_revoke(user=request.user, api_key_id=api_key_id)
     except ClientError as exc:
@@ -119,7 +122,7 @@ def api_key_revoke_view(request: HttpRequest, api_key_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def usage(request: HttpRequest) -> HttpResponse:
+def usage(request: AuthenticatedHttpRequest) -> HttpResponse:
     today = timezone.now().date()
     try:
         month = parse_month(request.GET.get("month"), today=today)
@@ -153,13 +156,14 @@ def usage(request: HttpRequest) -> HttpResponse:
             "last_day": summary.per_day[-1]["day"],
             "chart_height": CHART_HEIGHT,
             "tier": tier_for_user(user=request.user),
+            "figures": usage_figures(user=request.user),
         },
     )
 
 
 @login_required
 @require_GET
-def usage_statement(request: HttpRequest) -> HttpResponse:
+def usage_statement(request: AuthenticatedHttpRequest) -> HttpResponse:
     """The month's ledger as CSV: one line per generation, then the total."""
     try:
         month = parse_month(request.GET.get("month"), today=timezone.now().date())
@@ -209,7 +213,7 @@ def usage_statement(request: HttpRequest) -> HttpResponse:
 @never_cache
 @login_required
 @require_http_methods(["GET", "POST"])
-def settings_view(request: HttpRequest) -> HttpResponse:
+def settings_view(request: AuthenticatedHttpRequest) -> HttpResponse:
     """The person's custom instructions, default model and theme. Saved, it redirects (a reload
     does not post again) and says so once."""
     allowed = deployments_enabled_for_user(user=request.user)
@@ -220,10 +224,12 @@ def settings_view(request: HttpRequest) -> HttpResponse:
         "default_model": current.default_model,
         "theme": current.theme,
     }
-    form = UserSettingsForm(request.POST or None, initial=initial, models=[(d.name, d.label) for d in allowed])
+    # The public model names (deployments sharing one split its traffic: orchestration.routing).
+    models = sorted({d.public_model: d.label for d in allowed}.items())
+    form = UserSettingsForm(request.POST or None, initial=initial, models=models)
     if request.method == "POST" and form.is_valid():
         try:
-            user_settings_update(user=request.user, allowed_models={d.name for d in allowed}, **form.cleaned_data)
+            user_settings_update(user=request.user, allowed_models={name for name, _ in models}, **form.cleaned_data)
         except ClientError as exc:
             form.add_error(None, exc.message)
         else:

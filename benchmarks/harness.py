@@ -32,6 +32,10 @@ BENCHMARKS = {
     "cuts": "answer_cuts",
     "dtype": "engine_dtype",
     "interference": "core_interference",
+    "capacity": "capacity",
+    "peer": "peer",
+    "retrieval": "retrieval",
+    "semantic_cache": "semantic_cache",
 }
 
 _output = {"name": "", "json": False}

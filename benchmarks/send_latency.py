@@ -52,10 +52,11 @@ async def measure() -> None:
     from conversations import services as conversation_services
     from conversations.services import message_send
     from inference.execution import dispatch as dispatch_module
+    from inference.held import checked_after_commit
     from inference.models import Generation
     from inference.services import generation_claim, generation_finish
     from moderation.selectors import policy_for_user
-    from moderation.services import checked_after_commit, input_scorer, verdict_from_scores
+    from moderation.services import input_scorer, verdict_from_scores
 
     user, _ = await asyncio.to_thread(get_user_model().objects.get_or_create, username="benchmark-send")
     # The plan with the highest limits, so no send is refused over the run.

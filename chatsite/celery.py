@@ -33,6 +33,8 @@ def start_engines(sender, instance, **kwargs) -> None:
 
     worker_metrics_serve()
     queues = list(instance.app.amqp.queues.consume_from or {})
+    if queues and not any(queue.startswith("gpu.") for queue in queues):
+        return  # a worker for other queues only (documents) hosts no engine
     try:
         worker_runtime_start(queues=queues, name=str(sender), pool=instance.pool_cls)
     except RuntimeError as exc:

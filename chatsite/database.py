@@ -1,9 +1,8 @@
 """Database calls from async code: where they run.
 
 channels' `database_sync_to_async` runs every call of a process on one shared thread, so while a
-send's transaction waits for its input check or for PostgreSQL, every other socket's send and
-every other generation's claim queues behind it: eight messages sent at once came through one
-after another, about 30 ms apart, and the last one's answer started a quarter of a second late.
+send's transaction waits for PostgreSQL, every other socket's send and every other generation's
+claim queues behind it: messages sent together would be served one after another.
 
 On PostgreSQL, calls run instead in a bounded pool of threads, each holding its own connection,
 so calls from different sockets and different generations run side by side. A socket's own calls

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import re
 import uuid
+from collections.abc import Callable
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 # Where the request came from: "chat" (the chat page's socket), "conversations_api", "openai_api",
@@ -22,6 +23,20 @@ channel: contextvars.ContextVar[str] = contextvars.ContextVar("channel", default
 # break a log line or a header (a proxy's UUID, a trace id); anything else is replaced.
 _SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _CARRIED = (request_id, channel)
+# What else a carried context takes along: each entry, called in the caller's context, returns a
+# function that puts it back in the new one (observability/tracing.py adds the current trace there).
+_carriers: list[Callable[[], Callable[[], object]]] = []
+
+
+def carry_also(capture: Callable[[], Callable[[], object]]) -> None:
+    """Have `carried` contexts take along what `capture` reads from the caller's context."""
+    if capture not in _carriers:
+        _carriers.append(capture)
+
+
+def carry_no_more(capture: Callable[[], Callable[[], object]]) -> None:
+    if capture in _carriers:
+        _carriers.remove(capture)
 
 
 def request_id_new(incoming: str | None = None) -> str:
@@ -43,8 +58,16 @@ def carried() -> contextvars.Context:
     """A fresh context holding only the request's variables: for tasks that must not inherit the
     rest of the caller's context (see inference.execution.runner.Runner.submit_threadsafe)."""
     values = [(var, var.get()) for var in _CARRIED]
+    restores = [capture() for capture in _carriers]
+
+    def restore() -> None:
+        for var, value in values:
+            var.set(value)
+        for put_back in restores:
+            put_back()
+
     context = contextvars.Context()
-    context.run(lambda: [var.set(value) for var, value in values])
+    context.run(restore)
     return context
 
 

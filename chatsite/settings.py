@@ -75,6 +75,8 @@ INSTALLED_APPS = [
     "conversations",
     "inference",
     "moderation",
+    "orchestration",
+    "documents",
     "observability",
 ]
 
@@ -269,6 +271,15 @@ CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 32_000, minimum=1)
 # Whether the model writes each conversation's title after its first answer (a short, uncharged,
 # low-priority generation); off, a conversation is named after the first words of its first message.
 CHAT_TITLES_FROM_MODEL = env_bool("CHAT_TITLES_FROM_MODEL", True)
+# Whether a conversation's turns that fall out of the window are summarized (orchestration.memory,
+# by the deployment's utility model, in the background); off, they are dropped (the sliding window).
+CHAT_SUMMARIES = env_bool("CHAT_SUMMARIES", True)
+# The semantic response cache (orchestration.cache; on per deployment): how close a prompt's
+# sentence embedding must be to a cached one's (cosine similarity), how long an answer is kept, and
+# how many of a deployment's newest answers a prompt is compared with.
+RESPONSE_CACHE_SIMILARITY = env_float("RESPONSE_CACHE_SIMILARITY", 0.92, minimum=0.0)
+RESPONSE_CACHE_TTL_S = env_int("RESPONSE_CACHE_TTL_S", 24 * 3600, minimum=1)
+RESPONSE_CACHE_MAX_ENTRIES = env_int("RESPONSE_CACHE_MAX_ENTRIES", 2000, minimum=1)
 # A prompt longer than the window times this many characters is refused before it is tokenized or
 # moderated (accounts.services.request_size_check).
 PROMPT_MAX_CHARS_PER_TOKEN = env_int("PROMPT_MAX_CHARS_PER_TOKEN", 8, minimum=1, maximum=1000)
@@ -277,6 +288,9 @@ PROMPT_MAX_CHARS_PER_TOKEN = env_int("PROMPT_MAX_CHARS_PER_TOKEN", 8, minimum=1,
 MODERATION_CPU_THREADS = env_int("MODERATION_CPU_THREADS", 1, minimum=1)
 # How far below the web process's OS priority incoming messages are scored (docs/moderation.md).
 MODERATION_INPUT_NICE = env_int("MODERATION_INPUT_NICE", 10, minimum=0, maximum=19)
+# How long a message may wait for its scores at that priority before it is scored at the process's
+# own: ten times a pass on a busy machine, and about when the engine's first step is done.
+MODERATION_INPUT_LATE_S = env_float("MODERATION_INPUT_LATE_S", 0.5, minimum=0.0)
 # The moderation embedder's dtype: "auto" times float32 and bfloat16 (where the CPU has native bf16)
 # at load and keeps the faster, since which one wins differs from CPU to CPU.
 MODERATION_EMBEDDER_DTYPE = env_str("MODERATION_EMBEDDER_DTYPE", "auto").lower()
@@ -289,6 +303,21 @@ MODERATION_GUARD_URL = env_url("MODERATION_GUARD_URL", ("http", "https"))
 MODERATION_GUARD_MODEL = env_str("MODERATION_GUARD_MODEL", "meta-llama/Llama-Guard-3-8B")
 MODERATION_GUARD_API_KEY = env_str("MODERATION_GUARD_API_KEY", "")
 MODERATION_GUARD_TIMEOUT_S = env_float("MODERATION_GUARD_TIMEOUT_S", 2.0, minimum=0.1)
+
+# --- documents (docs/documents.md) ---------------------------------------------------------------
+# A plan's file limits where it has no row of its own (documents.TierDocumentLimits); 0: no limit.
+DOCUMENTS_MAX_FILE_BYTES = env_int("DOCUMENTS_MAX_FILE_BYTES", 10 * 1024 * 1024, minimum=0)
+DOCUMENTS_MAX_FILES = env_int("DOCUMENTS_MAX_FILES", 50, minimum=0)
+DOCUMENTS_MAX_TOTAL_BYTES = env_int("DOCUMENTS_MAX_TOTAL_BYTES", 100 * 1024 * 1024, minimum=0)
+# Where an upload is extracted, chunked and embedded: "thread" (in this process, the embedded
+# default) or "celery" (a task on the "documents" queue, for a `celery -Q documents` worker).
+DOCUMENTS_PROCESSING = env_str("DOCUMENTS_PROCESSING", "celery" if REDIS_URL else "thread").lower()
+if DOCUMENTS_PROCESSING not in {"thread", "celery"}:
+    raise ImproperlyConfigured(f"DOCUMENTS_PROCESSING must be 'thread' or 'celery', got {DOCUMENTS_PROCESSING!r}")
+if DOCUMENTS_PROCESSING == "celery" and not REDIS_URL:
+    raise ImproperlyConfigured("DOCUMENTS_PROCESSING=celery needs REDIS_URL (the Celery broker)")
+# How many passages of a user's files a message's prompt may quote, at most.
+DOCUMENTS_TOP_K = env_int("DOCUMENTS_TOP_K", 4, minimum=1, maximum=20)
 
 # --- celery --------------------------------------------------------------------------------------
 # Deliberate choices, explained in docs/production.md:

@@ -5,11 +5,14 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from conversations.apis import (
     ConversationBranchApi,
     ConversationDetailApi,
+    ConversationFileApi,
     ConversationListCreateApi,
+    MessageCitationsApi,
     MessageFeedbackApi,
     conversation_start_stream,
     message_send_stream,
 )
+from documents.apis import DocumentDetailApi, DocumentListCreateApi, DocumentSearchApi
 from inference.openai.apis import ModelListApi, chat_completions
 from inference.openai.completions import completions
 from inference.openai.embeddings import EmbeddingApi
@@ -50,6 +53,18 @@ urlpatterns = [
         MessageFeedbackApi.as_view(),
         name="api-message-feedback",
     ),
+    path(
+        "api/conversations/<int:conversation_id>/files/", ConversationFileApi.as_view(), name="api-conversation-files"
+    ),
+    path(
+        "api/conversations/<int:conversation_id>/messages/<int:message_id>/citations/",
+        MessageCitationsApi.as_view(),
+        name="api-message-citations",
+    ),
+    path("api/files/", DocumentListCreateApi.as_view(), name="api-files"),
+    path("api/files/search/", DocumentSearchApi.as_view(), name="api-files-search"),
+    path("api/files/<int:document_id>/", DocumentDetailApi.as_view(), name="api-file"),
+    path("files/", include("documents.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's start-up script as a file of its own: the CSP refuses inline scripts.
     path(

@@ -29,6 +29,7 @@ from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiRespo
 from rest_framework import exceptions, serializers, status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.pagination import CursorPagination
+from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -39,7 +40,12 @@ from accounts.models import ApiKey
 from chatsite.errors import ClientError, error_body, validated_json_body
 from chatsite.parsers import request_body
 from conversations.models import Conversation
-from conversations.selectors import conversation_get_for_user, conversation_list_for_user, message_branch
+from conversations.selectors import (
+    branch_summary,
+    conversation_get_for_user,
+    conversation_list_for_user,
+    message_branch,
+)
 from conversations.services import (
     ACTIVE_BRANCH,
     clean_message_content,
@@ -50,8 +56,12 @@ from conversations.services import (
     message_feedback_set,
     message_send,
 )
+from documents.apis import DocumentOutputSerializer, FileUploadSerializer, uploaded_file
+from documents.selectors import citation_json, citations_for_messages, documents_of_conversation
+from documents.services import document_upload
+from inference.held import checked_after_commit
 from inference.models import Generation
-from moderation.services import checked_after_commit
+from inference.selectors import generation_writer
 
 READ, WRITE, CHAT = ApiKey.Scope.CONVERSATIONS_READ, ApiKey.Scope.CONVERSATIONS_WRITE, ApiKey.Scope.CHAT
 
@@ -110,7 +120,7 @@ def _get_or_404(request: Request, conversation_id: int) -> Conversation:
 class ConversationOutputSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     title = serializers.CharField()
-    model = serializers.CharField(source="deployment.name")
+    model = serializers.CharField(help_text="The model its messages are routed by (a public name, or auto).")
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
 
@@ -127,11 +137,34 @@ class MessageOutputSerializer(serializers.Serializer):
         child=serializers.IntegerField(),
         help_text="The ids of this message and the edits or regenerations beside it, oldest first.",
     )
+    model = serializers.SerializerMethodField(help_text="An answer's: the deployment that wrote it.")
     created_at = serializers.DateTimeField()
+    citations = serializers.SerializerMethodField(
+        help_text="An answer's sources: the passages of your files its prompt quoted ({number, file, page, "
+        "heading, passage}, cited as [number]), and any the prompt-injection check left out (`withheld`)."
+    )
+
+    def get_citations(self, message: Any) -> list[dict[str, Any]]:
+        return [citation_json(c) for c in getattr(message, "citation_list", [])]
+
+    def get_model(self, message) -> str | None:
+        generation = message.generation if message.role == "assistant" else None
+        return generation_writer(generation) or None if generation is not None else None
+
+
+class SummaryOutputSerializer(serializers.Serializer):
+    text = serializers.CharField()
+    through = serializers.IntegerField(source="through_id", help_text="The last message it stands for.")
+    updated_at = serializers.DateTimeField()
 
 
 class ConversationWithMessagesSerializer(ConversationOutputSerializer):
     messages = MessageOutputSerializer(many=True, help_text="A branch of the conversation, root first.")
+    summary = SummaryOutputSerializer(
+        allow_null=True,
+        help_text="What the model is shown instead of the branch's messages up to `through`, once they no "
+        "longer fit its window; null while everything fits (or no summary is ready yet).",
+    )
 
     class Meta:
         ref_name = "ConversationWithMessages"
@@ -141,8 +174,16 @@ def _with_branch(conversation: Conversation, through: Any = None) -> dict[str, A
     branch = message_branch(conversation=conversation, through=through)
     if branch is None:
         raise ClientError("That message is not in this conversation.", code="invalid_message", param="branch")
+    sources = citations_for_messages(owner_id=conversation.user_id, message_ids=[m.id for m in branch.messages])
+    for message in branch.messages:
+        message.citation_list = sources.get(message.id, [])
     messages = MessageOutputSerializer(branch.messages, many=True).data
-    return {**ConversationOutputSerializer(conversation).data, "messages": messages}
+    summary = branch_summary(conversation=conversation, messages=branch.messages)
+    return {
+        **ConversationOutputSerializer(conversation).data,
+        "messages": messages,
+        "summary": SummaryOutputSerializer(summary).data if summary is not None else None,
+    }
 
 
 class ScopedApi(APIView):
@@ -329,6 +370,59 @@ class MessageFeedbackApi(ScopedApi):
         return Response(self.OutputSerializer(feedback).data)
 
 
+class ConversationFileApi(ScopedApi):
+    """GET lists the files attached to a conversation; POST attaches one (multipart, field `file`):
+    its passages serve this conversation's messages once it is `ready` (poll /api/files/<id>/)."""
+
+    method_scopes = {"GET": READ, "HEAD": READ, "OPTIONS": READ, "POST": WRITE}
+    parser_classes = [MultiPartParser]
+
+    @extend_schema(
+        operation_id="conversations_files_list",
+        summary="The files attached to a conversation",
+        responses=DocumentOutputSerializer(many=True),
+    )
+    def get(self, request: Request, conversation_id: int) -> Response:
+        conversation = _get_or_404(request, conversation_id)
+        documents = documents_of_conversation(user=request.user, conversation_id=conversation.id)
+        return Response(DocumentOutputSerializer(documents, many=True).data)
+
+    @extend_schema(
+        operation_id="conversations_files_upload",
+        summary="Attach a file to a conversation",
+        request={"multipart/form-data": FileUploadSerializer},
+        responses={
+            201: DocumentOutputSerializer,
+            400: OpenApiResponse(description="Unknown type, empty, encrypted or damaged, or over a limit."),
+            404: OpenApiResponse(description="No such conversation."),
+            413: OpenApiResponse(description="Larger than your plan allows."),
+        },
+    )
+    def post(self, request: Request, conversation_id: int) -> Response:
+        conversation = _get_or_404(request, conversation_id)
+        name, data = uploaded_file(request, user=request.user)
+        document = document_upload(user=request.user, name=name, data=data, conversation_id=conversation.id)
+        return Response(DocumentOutputSerializer(document).data, status=status.HTTP_201_CREATED)
+
+
+class MessageCitationsApi(ScopedApi):
+    """GET an answer's sources (what the chat page shows under it once it has ended)."""
+
+    method_scopes = {"GET": READ, "HEAD": READ, "OPTIONS": READ}
+
+    @extend_schema(
+        operation_id="conversations_message_citations",
+        summary="An answer's sources",
+        responses=inline_serializer("Citations", {"citations": serializers.ListField(child=serializers.DictField())}),
+    )
+    def get(self, request: Request, conversation_id: int, message_id: int) -> Response:
+        conversation = _get_or_404(request, conversation_id)
+        if not conversation.messages.filter(id=message_id).exists():
+            raise ClientError("That message does not exist.", code="not_found", status=404)
+        sources = citations_for_messages(owner_id=request.user.id, message_ids=[message_id])
+        return Response({"citations": [citation_json(c) for c in sources.get(message_id, [])]})
+
+
 # --- Sending a message: streamed over SSE ---------------------------------------------------------
 
 
@@ -475,6 +569,8 @@ async def _stream(sent):
                     "user_message": sent.user_message.id,
                     "assistant_message": sent.assistant_message.id,
                     "generation": generation_id,
+                    # The deployment its name was routed to (orchestration.routing): who writes it.
+                    "model": generation_writer(sent.generation),
                     "warning": sent.warning,
                     "replayed": sent.replayed,
                 },

@@ -8,7 +8,8 @@ Server → client: `conversation.created`, `message.accepted` (its `user_message
 `message.continuing` {assistant_message, generation, replayed?}, `generation.delta` {seq, text},
 `generation.done` {seq, status, finish_reason, usage}, `generation.error` {seq, code, message},
 `engine.status` {deployment, state}, `conversation.title` {conversation, title} when a title is
-written or changed, `conversation.message` {conversation, created, user_message, assistant_message?,
+written or changed, `conversation.summary` {conversation, through, text} when a summary of its earlier
+messages is ready, `conversation.message` {conversation, created, user_message, assistant_message?,
 generation?, blocked?} for a message another of the user's sockets sent, `message.blocked` {conversation, user_message, message} when
 moderation holds a message back (it is saved, flagged, and never reaches the model), and `error`
 {code, message, client_id?} for a refused request.
@@ -68,13 +69,14 @@ from conversations.services import (
     message_send,
 )
 from inference.execution.dispatch import backend, engine_state
+from inference.held import checked_after_commit
 from inference.models import Generation
 from inference.openai import wire
-from inference.selectors import generation_get_for_user
+from inference.selectors import generation_get_for_user, generation_writer
 from inference.services import generation_request_stop
 from inference.streaming.following import StreamFollower
 from inference.streaming.streams import ENGINE_STATUS_GROUP, TERMINAL_EVENTS, StreamPublisher
-from moderation.services import checked_after_commit, classifiers_prepare
+from moderation.services import classifiers_prepare
 
 logger = logging.getLogger(__name__)
 
@@ -277,10 +279,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             "user_message": user_message,
             "assistant_message": {"id": sent.assistant_message.id},
             "generation": str(sent.generation.id),
+            # The deployment its name was routed to (orchestration.routing): the model that writes it.
+            "model": generation_writer(sent.generation),
             "client_id": content.get("client_id"),
         }
         if sent.warning:
             accepted["warning"] = sent.warning
+        if sent.generation.cached:  # played back from the response cache (orchestration.cache)
+            accepted["cached"] = True
         self._started.add(str(sent.generation.id))
         await self.send_json(accepted)
         # A replayed send's answer may have ended long ago, its events gone from the buffer.
@@ -411,6 +417,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if not self._closed_for_access:
             await self.send_json(event)
 
+    async def conversation_summary(self, event: dict[str, Any]) -> None:
+        """A conversation of the user's has a new summary of its earlier messages (orchestration)."""
+        if not self._closed_for_access:
+            await self.send_json(event)
+
     async def user_access(self, event: dict[str, Any]) -> None:
         """The user's account or sessions changed (accounts.services.user_access_changed)."""
         if self._closed_for_access:
@@ -501,4 +512,4 @@ def _is_uuid(value: str) -> bool:
 
 
 def _usage(generation: Generation) -> dict[str, int]:
-    return wire.usage(generation.prompt_tokens, generation.completion_tokens)
+    return wire.usage(generation.prompt_tokens, generation.completion_tokens, generation.cached_tokens)

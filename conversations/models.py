@@ -18,7 +18,12 @@ class Conversation(models.Model):
         related_name="titled_conversation",
         help_text="The short generation asked to write the title, once one was asked for.",
     )
+    # The deployment its answers are routed to, kept from message to message (orchestration.routing)
+    # until it is drained or gone; `model_name` is the public name it was asked for ("auto" included).
     deployment = models.ForeignKey("inference.ModelDeployment", on_delete=models.PROTECT, related_name="conversations")
+    model_name = models.CharField(
+        max_length=64, blank=True, default="", help_text="The model asked for. Empty: its deployment's public name."
+    )
     # The leaf of the branch last shown or answered: what the page shows on a reload and what a send
     # without a `parent` continues. None (never set, or its message gone): the newest leaf.
     active_leaf = models.ForeignKey(
@@ -33,6 +38,11 @@ class Conversation(models.Model):
 
     def __str__(self) -> str:
         return self.title or f"Conversation {self.pk}"
+
+    @property
+    def model(self) -> str:
+        """The model its messages are routed by, as the picker shows it."""
+        return self.model_name or self.deployment.public_model
 
     @property
     def display_title(self) -> str:

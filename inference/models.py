@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import TypeAlias
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -23,7 +25,16 @@ class ModelDeployment(models.Model):
         # Served in the web process by the sentence-embedding backend (inference/openai_embeddings.py).
         EMBED = "embed", "Embeddings"
 
-    name = models.SlugField(max_length=64, unique=True, help_text="Public model name, e.g. in /v1/models.")
+    name = models.SlugField(
+        max_length=64, unique=True, help_text="The deployment's own name: its queue, its engine, its usage rows."
+    )
+    public_name = models.SlugField(
+        max_length=64,
+        blank=True,
+        db_index=True,
+        help_text="The model name clients ask for (/v1/models, the chat page's picker), shared by the deployments "
+        "that split its traffic by weight. Empty: its own name. 'auto' is reserved.",
+    )
     model = models.CharField(
         max_length=500,
         help_text="A folder under INFERENCE_MODELS_DIR, an absolute folder path, or a hub id.",
@@ -49,12 +60,43 @@ class ModelDeployment(models.Model):
     repetition_penalty = models.FloatField(default=1.2, validators=[MinValueValidator(0.5), MaxValueValidator(2.0)])
     system_prompt = models.TextField(blank=True, default="You are a helpful assistant.")
     engine_args = models.JSONField(default=dict, blank=True, help_text="Extra vLLM engine arguments.")
+    tool_parser = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        help_text="vLLM's tool call parser for the model's output (its --tool-call-parser, e.g. hermes). "
+        "Blank: the model cannot call tools, and requests with tools are refused.",
+    )
+    chat_template = models.TextField(
+        blank=True,
+        default="",
+        help_text="The chat template in place of the model's own (vLLM's --chat-template): a file name in "
+        "inference/chat_templates/, or the Jinja text. Blank: the model's own.",
+    )
     is_enabled = models.BooleanField(default=True)
-    weight = models.PositiveSmallIntegerField(default=100, help_text="Traffic share for blue-green roll-outs.")
+    weight = models.PositiveSmallIntegerField(
+        default=100,
+        help_text="Its share of its public name's new requests, against the other deployments serving that name "
+        "(blue-green, canary). 0 drains it: no new requests or conversations; running answers finish.",
+    )
     max_queued = models.PositiveIntegerField(
         default=64,
         validators=[MinValueValidator(1)],
         help_text="Admission control: new requests are refused while this many generations wait in the queue.",
+    )
+    utility_deployment = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The model that writes this one's summaries of long conversations (orchestration.memory). "
+        "Empty: this model itself.",
+    )
+    semantic_cache = models.BooleanField(
+        default=False,
+        help_text="Answer first messages without personal context from the semantic response cache "
+        "(orchestration.cache) when a close enough one was answered before.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -64,9 +106,29 @@ class ModelDeployment(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def clean(self) -> None:
+        """A parser vLLM knows and a template that is there: else every request with tools would fail."""
+        from inference.engine.tokenizers import chat_template_text
+        from inference.openai.tools import tool_parser_names
+
+        errors = {}
+        if self.tool_parser and self.tool_parser not in tool_parser_names():
+            errors["tool_parser"] = f"vLLM has no tool parser named {self.tool_parser!r}."
+        try:
+            chat_template_text(self.chat_template)
+        except ValueError as exc:
+            errors["chat_template"] = str(exc)
+        if errors:
+            raise ValidationError(errors)
+
     @property
     def label(self) -> str:
         return self.display_name or self.name
+
+    @property
+    def public_model(self) -> str:
+        """The model name clients ask for and see in lists; several deployments may share one."""
+        return self.public_name or self.name
 
     @property
     def model_path(self) -> str:
@@ -79,6 +141,10 @@ class ModelDeployment(models.Model):
     @property
     def queue_name(self) -> str:
         return f"gpu.{self.name}"
+
+
+# A generation's id as it travels: the row's UUID, or its text (in a task, a channel message, a runner's keys).
+GenerationId: TypeAlias = uuid.UUID | str
 
 
 class Generation(models.Model):
@@ -95,6 +161,9 @@ class Generation(models.Model):
         ANSWER = "answer"
         # A conversation's title, which the service asks for itself: not charged to the user.
         TITLE = "title"
+        # The running summary of a long conversation's oldest turns (orchestration.memory): the
+        # service's own request, paid for by the house (docs/conversations.md).
+        SUMMARY = "summary"
 
     FINISHED = (Status.COMPLETE, Status.STOPPED, Status.FAILED)
 
@@ -113,7 +182,13 @@ class Generation(models.Model):
     error_code = models.CharField(max_length=64, blank=True, default="")
     error_message = models.CharField(max_length=500, blank=True, default="")
     prompt_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(
+        default=0, help_text="Of the prompt's tokens, those the engine found in its prefix cache."
+    )
     completion_tokens = models.PositiveIntegerField(default=0)
+    routing_reason = models.CharField(
+        max_length=300, blank=True, default="", help_text="Why the router chose its deployment (orchestration.routing)."
+    )
     stop_requested = models.BooleanField(default=False)
     awaiting_verdict = models.BooleanField(
         default=False,
@@ -121,6 +196,10 @@ class Generation(models.Model):
     )
     worker = models.CharField(max_length=200, blank=True, default="")
     purpose = models.CharField(max_length=16, choices=Purpose.choices, default=Purpose.ANSWER)
+    cached = models.BooleanField(
+        default=False,
+        help_text="Answered from the semantic response cache: `text` is an earlier answer, played back; no engine ran.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -1,15 +1,18 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
+from django.db.models import Q
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
 from chatsite.errors import ClientError
 from inference.engine.host import EngineSpec
-from inference.models import Generation, ModelDeployment, ProcessHeartbeat
+from inference.models import Generation, GenerationId, ModelDeployment, ProcessHeartbeat
 
 # How a local process's name (the `worker` of the generations it claims) begins; a Celery worker's
 # never does.
@@ -50,6 +53,74 @@ def deployment_get(
     return deployment
 
 
+@dataclass(frozen=True)
+class Routed:
+    """The deployment chosen to serve one request, and why (recorded on its generation)."""
+
+    deployment: ModelDeployment
+    reason: str = ""
+
+
+class DeploymentRouter(Protocol):
+    def __call__(
+        self,
+        *,
+        user: Any,
+        model: str,
+        sticky: ModelDeployment | None = None,
+        prompt_tokens: Callable[[ModelDeployment], int] | None = None,
+    ) -> Routed: ...
+
+
+_router: list[DeploymentRouter] = []
+# Model names the router serves that no deployment has (`auto`), as /v1/models lists them.
+_routed_names: list[str] = []
+
+
+def deployment_router_install(router: DeploymentRouter, *, names: list[str]) -> None:
+    """Install the router that maps public model names to deployments: orchestration's, at start-up
+    (its AppConfig.ready), with the names it serves besides the deployments' own (`names`). inference
+    is below orchestration, so the OpenAI API reaches it this way."""
+    _router[:] = [router]
+    _routed_names[:] = names
+
+
+def models_listed(deployments: list[ModelDeployment]) -> list[tuple[str, ModelDeployment]]:
+    """The public model names these deployments serve, in their order, each with the first of its
+    deployments (what a list shows of it); the router's own names (`auto`) first, when any chat
+    deployment is among them that is not drained."""
+    named: dict[str, ModelDeployment] = {}
+    for deployment in deployments:
+        named.setdefault(deployment.public_model, deployment)
+    chat = [d for d in deployments if d.task == ModelDeployment.Task.GENERATE and d.weight > 0]
+    routed = [(name, chat[0]) for name in _routed_names if chat and name not in named]
+    return [*routed, *named.items()]
+
+
+def deployment_route(*, user: Any, model: str, prompt_tokens: Callable[[ModelDeployment], int] | None = None) -> Routed:
+    """The deployment that serves `user`'s request for the public `model` (orchestration.routing);
+    `prompt_tokens` measures the request's prompt with a deployment's tokenizer, for `auto`. Without
+    a router installed, the enabled deployment of that name, with its queue's length."""
+    if _router:
+        return _router[0](user=user, model=model, prompt_tokens=prompt_tokens)
+    return Routed(deployment_get(name=model, with_queue_length=True))
+
+
+def deployment_serving(*, model: str) -> ModelDeployment:
+    """A deployment serving the public `model` (the heaviest), for what needs its tokenizer before
+    the request is routed; the default one for a name no deployment serves (`auto`)."""
+    serving = ModelDeployment.objects.filter(is_enabled=True).filter(
+        Q(public_name=model) | Q(public_name="", name=model)
+    )
+    return serving.order_by("-weight", "name").first() or deployment_get()
+
+
+def generation_writer(generation: Generation) -> str:
+    """The deployment that writes a generation (the router's choice), where its row came with it;
+    never a query, so async code may ask."""
+    return generation.deployment.name if Generation.deployment.is_cached(generation) else ""
+
+
 def queue_length_annotation() -> RawSQL:
     """How many of the deployment's generations are queued, for a query that reads the deployment's
     row (itself or joined by `select_related`), so that a send's admission control needs no count
@@ -75,6 +146,12 @@ def deployment_get_cached(*, deployment_id: int) -> ModelDeployment:
 def deployment_cached(*, deployment_id: int) -> ModelDeployment | None:
     """The deployment if this process has read it already (`deployment_get_cached`); no query."""
     return _deployments.get(deployment_id)
+
+
+def deployment_cache_clear() -> None:
+    """Forget the deployments this process has read (`deployment_get_cached`). A process in service
+    never needs it: ids are never reused there. A test's rollback reuses them, so the tests clear it."""
+    _deployments.clear()
 
 
 _deployments: dict[int, ModelDeployment] = {}
@@ -121,16 +198,16 @@ def generation_queue_ordered(*, deployment: ModelDeployment, limit: int = 100) -
 
 def generation_tokens_reserved_for_user(*, user) -> int:
     """Tokens the user's unfinished generations may still use: prompt plus the answer's max_tokens.
-    Titles are not charged (accounts.services.usage_record), so they reserve nothing."""
+    Titles and summaries are not charged (accounts.services.usage_record), so they reserve nothing."""
     rows = (
         Generation.objects.filter(user_id=user.id, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING])
-        .exclude(purpose=Generation.Purpose.TITLE)
+        .exclude(purpose__in=[Generation.Purpose.TITLE, Generation.Purpose.SUMMARY])
         .values_list("prompt_tokens", "sampling")
     )
     return sum(prompt + int((sampling or {}).get("max_tokens") or 0) for prompt, sampling in rows)
 
 
-def generation_awaiting_verdict(*, generation_id: Any) -> bool | None:
+def generation_awaiting_verdict(*, generation_id: GenerationId) -> bool | None:
     """Whether a held generation still waits for its message's verdict; None when its row is gone
     (withdrawn)."""
     return Generation.objects.filter(id=generation_id).values_list("awaiting_verdict", flat=True).first()

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, cast
 
 from asgiref.sync import async_to_sync
 from django.conf import settings
@@ -12,11 +13,15 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from accounts.models import ApiKey, User
+from accounts.services import RequestLimits
 from chatsite.errors import ClientError
 from chatsite.queries import update_returning
-from inference.models import Generation, ModelDeployment, ProcessHeartbeat
-from inference.signals import generation_finished, generation_started, held_answer_unjudged
-from moderation.services import HeldForVerdict
+from inference.caching import CachedAnswer, response_cache_probe
+from inference.held import HeldAnswer
+from inference.models import Generation, GenerationId, ModelDeployment, ProcessHeartbeat
+from inference.signals import generation_finished, generation_started
+from moderation.services import InputCheck, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +50,7 @@ def generation_admit(*, deployment: ModelDeployment) -> None:
 
 def generation_create(
     *,
-    user: Any,
+    user: User,
     deployment: ModelDeployment,
     prompt_token_ids: list[int],
     sampling: dict[str, Any],
@@ -53,6 +58,8 @@ def generation_create(
     awaiting_verdict: bool = False,
     tier_id: int | None = None,
     purpose: str = Generation.Purpose.ANSWER,
+    routing_reason: str = "",
+    cached: CachedAnswer | None = None,
 ) -> Generation:
     """A queued generation; dispatched to an engine once the caller's transaction commits.
 
@@ -63,7 +70,10 @@ def generation_create(
 
     `tier_id`: the user's tier as the caller read it for this request (its limits). It goes to the
     engine with the order, and the answer's output moderation runs under that tier's policy: the
-    same tier its message's input check used, and no read of the user's tier in the worker."""
+    same tier its message's input check used, and no read of the user's tier in the worker.
+
+    `cached`: an earlier answer from the response cache (inference.caching), which the runner plays
+    back instead of asking the engine: the rest of the answer's path is the same."""
     from inference.execution.dispatch import generation_dispatch
 
     generation = Generation.objects.create(
@@ -76,6 +86,10 @@ def generation_create(
         prompt_tokens=len(prompt_token_ids),
         awaiting_verdict=awaiting_verdict,
         purpose=purpose,
+        routing_reason=routing_reason[:300],
+        cached=cached is not None,
+        text=cached.text if cached is not None else "",
+        completion_tokens=cached.completion_tokens if cached is not None else 0,
     )
     order = generation_order(generation, tier_id=tier_id)
     transaction.on_commit(
@@ -93,7 +107,7 @@ def generation_order(generation: Generation, *, tier_id: int | None = None) -> d
     step, instead of before it (Runner.run): the claim still decides who runs the generation, and no
     text is shown before it. Only fields that never change once the row is written are in it, and the
     tier the request was admitted under (`generation_create`), whose policy moderates the answer."""
-    return {
+    order = {
         "tier_id": tier_id,
         "prompt_token_ids": generation.prompt_token_ids,
         "sampling": generation.sampling,
@@ -102,9 +116,12 @@ def generation_order(generation: Generation, *, tier_id: int | None = None) -> d
         "user_id": generation.user_id,
         "awaiting_verdict": generation.awaiting_verdict,
     }
+    if generation.cached:
+        order["cached"] = {"text": generation.text, "completion_tokens": generation.completion_tokens}
+    return order
 
 
-def generation_from_order(*, generation_id: Any, order: dict[str, Any]) -> Generation:
+def generation_from_order(*, generation_id: GenerationId, order: dict[str, Any]) -> Generation:
     """The generation an order describes, unsaved and unclaimed: enough to start its engine request.
     Its `deployment` is for the caller to set (from the process's cache: no query here)."""
     return Generation(
@@ -116,10 +133,13 @@ def generation_from_order(*, generation_id: Any, order: dict[str, Any]) -> Gener
         priority=int(order["priority"]),
         prompt_tokens=len(order["prompt_token_ids"]),
         awaiting_verdict=bool(order["awaiting_verdict"]),
+        cached="cached" in order,
+        text=order["cached"]["text"] if "cached" in order else "",
+        completion_tokens=order["cached"]["completion_tokens"] if "cached" in order else 0,
     )
 
 
-def generation_claim(*, generation_id: Any, worker: str, again: bool = False) -> Generation | None:
+def generation_claim(*, generation_id: GenerationId, worker: str, again: bool = False) -> Generation | None:
     """Move a queued generation to running for `worker`; None when someone else already has it.
 
     The conditional update is the lock: of two deliveries of the same task only one claims it. One
@@ -159,12 +179,13 @@ def generation_mark_started(*, generation: Generation) -> None:
 @transaction.atomic
 def generation_finish(
     *,
-    generation_id: Any,
+    generation_id: GenerationId,
     status: str,
     text: str,
     finish_reason: str = "",
     prompt_tokens: int | None = None,
     completion_tokens: int = 0,
+    cached_tokens: int = 0,
     error_code: str = "",
     error_message: str = "",
     again: bool = False,
@@ -180,6 +201,7 @@ def generation_finish(
         "text": text,
         "finish_reason": finish_reason,
         "completion_tokens": completion_tokens,
+        "cached_tokens": cached_tokens,
         "error_code": error_code,
         "error_message": error_message[:500],
         "finished_at": timezone.now(),
@@ -199,36 +221,6 @@ def generation_finish(
         return None
     generation_finished.send(sender=Generation, generation=finished[0])
     return finished[0]
-
-
-def generation_release(*, generation_id: Any) -> bool:
-    """Let a held generation's text through: its runner shows it from now on. False when it was not
-    held any more (released or withdrawn already): of two verdicts racing, one decides."""
-    from inference.execution.dispatch import generation_gate_open
-
-    released = Generation.objects.filter(id=generation_id, awaiting_verdict=True).update(awaiting_verdict=False)
-    if released:
-        generation_gate_open(generation_id=generation_id)
-    return bool(released)
-
-
-def held_answer_judge(*, generation_id: Any) -> None:
-    """Have a held answer's message judged where the message lives, when the web process that saved
-    it never gave its verdict; withdrawn when no app owns such a message (`held_answer_unjudged`)."""
-    if not held_answer_unjudged.send(sender=Generation, generation_id=generation_id):
-        generation_withdraw(generation_id=generation_id)
-
-
-def generation_withdraw(*, generation_id: Any) -> bool:
-    """Take back a held generation that its message's verdict does not let through, as if it had
-    never been queued: the row goes (nothing of it was shown, nothing is charged), and once the
-    caller's transaction commits its engine request is aborted. False when it was not held any more."""
-    from inference.execution.dispatch import generation_abort
-
-    withdrawn, _ = Generation.objects.filter(id=generation_id, awaiting_verdict=True).delete()
-    if withdrawn:
-        transaction.on_commit(lambda: generation_abort(generation_id=generation_id))
-    return bool(withdrawn)
 
 
 def generation_request_stop(*, generation: Generation) -> Generation | None:
@@ -259,7 +251,7 @@ def generations_request_stop(*, generation_ids: list[Any]) -> None:
         generation_request_stop(generation=generation)
 
 
-def user_generations_stop(*, user_id: Any) -> list[Generation]:
+def user_generations_stop(*, user_id: int) -> list[Generation]:
     """Stop everything an account has queued or running: it was deactivated (accounts'
     `user_deactivated`). Those this ends itself (not begun yet) are announced to their followers
     here, as no runner will; a running one's engine announces its own end. Returns those."""
@@ -274,7 +266,7 @@ def user_generations_stop(*, user_id: Any) -> list[Generation]:
     async def announce() -> None:
         for generation in ended:
             publisher = await StreamPublisher.continuing(generation.id)
-            usage = wire.usage(generation.prompt_tokens, generation.completion_tokens)
+            usage = wire.usage(generation.prompt_tokens, generation.completion_tokens, generation.cached_tokens)
             await publisher.finish(status=generation.status, finish_reason=generation.finish_reason, usage=usage)
 
     if ended:
@@ -301,12 +293,24 @@ def process_heartbeats_forget(*, older_than_s: float) -> int:
 
 
 def newest_user_text(request: dict[str, Any]) -> str:
-    """What input moderation judges in a chat completion: its newest user message (validation ensures one)."""
-    return next(m["content"] for m in reversed(request["messages"]) if m["role"] == "user")
+    """What input moderation judges in a chat completion: its newest user message (validation
+    ensures one) and the tool results after it, the turn's new input from the client's tools."""
+    texts: list[str] = []
+    for message in reversed(request["messages"]):
+        if message["role"] == "user":
+            return "\n\n".join([message["content"], *reversed(texts)])
+        if message["role"] == "tool":
+            texts.append(message["content"])
+    raise ValueError("a chat completion without a user message")
 
 
 def completion_create(
-    *, user: Any, api_key: Any, request: dict[str, Any], verdict: Any = None, settle: bool = True
+    *,
+    user: User,
+    api_key: ApiKey | None,
+    request: dict[str, Any],
+    verdict: Verdict | InputCheck | None = None,
+    settle: bool = True,
 ) -> list[Generation] | _HeldCompletion:
     """Moderate the newest user message and queue the completion (see _completion_queue).
 
@@ -325,53 +329,26 @@ def completion_create(
         verdict = input_moderate(user=user, text=newest_user_text(request))
     queued = _completion_queue(user=user, api_key=api_key, request=request, verdict=verdict)
     if isinstance(queued, _HeldCompletion) and settle:
-        return queued.settle(verdict)
+        return queued.settle(cast(InputCheck, verdict))  # only a check's scores still coming hold it
     return queued
 
 
 @dataclass(frozen=True)
-class _HeldCompletion(HeldForVerdict):
-    """A completion's generations committed held, its verdict still to be taken (as message_send's)."""
+class _HeldCompletion(HeldAnswer[list[Generation]]):
+    """A completion's generations committed held (inference.held): passed, they are released;
+    blocked, they are withdrawn unseen and uncharged, and the request is refused as it would have
+    been had the verdict come first."""
 
-    generations: list[Generation]
-    admissions: list[Any]
-    tier_id: int | None
+    def passed(self, verdict: Verdict) -> list[Generation]:
+        return list(self.generations)
 
-    def settle(self, check: Any) -> list[Generation]:
-        return _held_completion_settle(held=self, check=check)
-
-
-def _held_completion_settle(*, held: _HeldCompletion, check: Any) -> list[Generation]:
-    """Take the verdict on a completion committed held, after the commit, and apply it: passed, its
-    generations are released; blocked (or scores that never come), they are withdrawn unseen and
-    uncharged, and the request is refused as it would have been had the verdict come first."""
-    try:
-        verdict = check.verdict(tier_id=held.tier_id)
-    except Exception:
-        _held_completion_withdraw(held=held)
-        raise
-    if verdict.blocks:
-        _held_completion_withdraw(held=held)
+    def blocked(self, verdict: Verdict, *, withdrawn: bool) -> list[Generation]:
         raise ClientError(verdict.explanation(), code="content_policy_violation", param="messages")
-    for generation in held.generations:
-        generation_release(generation_id=generation.id)
-        generation.awaiting_verdict = False
-    return held.generations
-
-
-def _held_completion_withdraw(*, held: _HeldCompletion) -> None:
-    from accounts.services import admission_refund
-
-    with transaction.atomic():
-        for generation in held.generations:
-            generation_withdraw(generation_id=generation.id)
-    for admission in held.admissions:
-        admission_refund(admission=admission)
 
 
 @transaction.atomic
 def _completion_queue(
-    *, user: Any, api_key: Any, request: dict[str, Any], verdict: Any
+    *, user: User, api_key: ApiKey | None, request: dict[str, Any], verdict: Verdict | InputCheck
 ) -> list[Generation] | _HeldCompletion:
     """Queue the generations of one OpenAI chat completion (`n` of them), after every check.
 
@@ -380,27 +357,45 @@ def _completion_queue(
     The same gate as the chat page applies: the plan's models, limits, quotas and the queue bound.
     The input check's verdict is taken once the prompt is rendered, which does not depend on it; if
     its scores are still coming then, the generations are queued held and the verdict is taken after
-    the commit (`_held_completion_settle`), as a chat message's is. A request that is both refused
+    the commit (`inference.held`), as a chat message's is. A request that is both refused
     and blocked is refused as blocked.
     """
     from accounts.services import request_limits, request_size_check
     from inference.engine.tokenizers import tokenizer_for
-    from inference.selectors import deployment_get
-    from moderation.services import InputCheck, verdict_under_tier
+    from inference.openai.tools import tools_check
+    from inference.selectors import deployment_route
+    from moderation.services import verdict_under_tier
 
-    deployment = deployment_get(name=request["model"], with_queue_length=True)  # 404 model_not_found
+    prompts: dict[int, list[int]] = {}  # by deployment: `auto` measures the prompt on each it weighs
+
+    def prompt_tokens(deployment: ModelDeployment) -> int:
+        # Past the size check's bound a prompt is not tokenized at all: it fits no window of this one.
+        if _prompt_chars(request) > deployment.max_context * settings.PROMPT_MAX_CHARS_PER_TOKEN:
+            return deployment.max_context * settings.PROMPT_MAX_CHARS_PER_TOKEN
+        return len(prompt_on(deployment))
+
+    def prompt_on(deployment: ModelDeployment) -> list[int]:
+        if deployment.pk not in prompts:
+            tokenizer = tokenizer_for(deployment.model_path)
+            prompts[deployment.pk] = _prompt_ids(tokenizer, request, deployment=deployment)
+        return prompts[deployment.pk]
+
+    # orchestration.routing: 404 model_not_found, 403 model_not_allowed, 503 when none can take it.
+    routed = deployment_route(user=user, model=request["model"], prompt_tokens=prompt_tokens)
+    deployment = routed.deployment
+    tools_check(request, deployment=deployment)
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)
     # Before the prompt is tokenized or its verdict asked for (which starts the scoring).
     request_size_check(chars=_prompt_chars(request), limits=limits)
     tokenizer = tokenizer_for(deployment.model_path)
-    prompt = _prompt_ids(tokenizer, request)
-    pending = None
+    prompt = prompt_on(deployment)
+    pending, taken = None, None
     if isinstance(verdict, InputCheck):
-        pending, verdict = verdict, verdict.verdict_if_scored(tier_id=limits.tier.id)
+        pending, taken = verdict, verdict.verdict_if_scored(tier_id=limits.tier.id)
     else:
-        verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
-    if verdict is not None and verdict.blocks:
-        raise ClientError(verdict.explanation(), code="content_policy_violation", param="messages")
+        taken = verdict_under_tier(verdict, tier_id=limits.tier.id)
+    if taken is not None and taken.blocks:
+        raise ClientError(taken.explanation(), code="content_policy_violation", param="messages")
     try:
         generations, admissions = _completion_generations(
             user=user,
@@ -410,32 +405,47 @@ def _completion_queue(
             limits=limits,
             prompt=prompt,
             vocab_size=len(tokenizer),
-            awaiting_verdict=verdict is None,
+            awaiting_verdict=taken is None,
+            routing_reason=routed.reason,
         )
     except ClientError:
-        verdict = verdict or pending.verdict(tier_id=limits.tier.id)
-        if verdict.blocks:
-            raise ClientError(verdict.explanation(), code="content_policy_violation", param="messages") from None
+        if taken is None and pending is not None:
+            taken = pending.verdict(tier_id=limits.tier.id)
+        if taken is not None and taken.blocks:
+            raise ClientError(taken.explanation(), code="content_policy_violation", param="messages") from None
         raise
-    if verdict is not None:
+    if taken is not None:
         return generations
-    return _HeldCompletion(generations=generations, admissions=admissions, tier_id=limits.tier.id)
+    # No app recovers a held completion for a runner's last resort (its client went with its web
+    # process): `text` is what was judged, for the record.
+    text = newest_user_text(request) if "messages" in request else request["prompt"]
+    return _HeldCompletion(
+        user=user,
+        text=text if isinstance(text, str) else "",
+        generations=generations,
+        admissions=admissions,
+        tier_id=limits.tier.id,
+    )
 
 
 def _prompt_chars(request: dict[str, Any]) -> int:
     if "prompt" in request:  # a text completion (/v1/completions): its prompt is text or token ids
         return len(request["prompt"])
-    return sum(len(m["content"]) for m in request["messages"])
+    calls = (c["function"]["arguments"] for m in request["messages"] for c in m.get("tool_calls") or ())
+    return sum(len(m["content"] or "") for m in request["messages"]) + sum(len(a) for a in calls)
 
 
-def _prompt_ids(tokenizer: Any, request: dict[str, Any]) -> list[int]:
-    """The prompt's token ids: a chat's messages in the chat template; a text completion's prompt as
-    it is (its client owns the whole text, special tokens included, as with vLLM), or its token ids,
-    which must be the model's."""
+def _prompt_ids(tokenizer: Any, request: dict[str, Any], *, deployment: ModelDeployment) -> list[int]:
+    """The prompt's token ids: a chat's messages (and tools) in the deployment's chat template; a
+    text completion's prompt as it is (its client owns the whole text, special tokens included, as
+    with vLLM), or its token ids, which must be the model's."""
     from inference.engine.tokenizers import render_chat
+    from inference.openai.tools import tools_in_prompt
 
     if "prompt" not in request:
-        return render_chat(tokenizer, request["messages"])
+        return render_chat(
+            tokenizer, request["messages"], tools=tools_in_prompt(request), chat_template=deployment.chat_template
+        )
     prompt = request["prompt"]
     if isinstance(prompt, str):
         return tokenizer(prompt)["input_ids"]
@@ -448,14 +458,15 @@ def _prompt_ids(tokenizer: Any, request: dict[str, Any]) -> list[int]:
 
 def _completion_generations(
     *,
-    user: Any,
-    api_key: Any,
+    user: User,
+    api_key: ApiKey | None,
     request: dict[str, Any],
     deployment: ModelDeployment,
-    limits: Any,
+    limits: RequestLimits,
     prompt: list[int],
     vocab_size: int,
     awaiting_verdict: bool,
+    routing_reason: str = "",
 ) -> tuple[list[Generation], list[Any]]:
     """The checks a completion's prompt must pass, then its `n` generations queued and charged (held
     until the verdict is in, with `awaiting_verdict`).
@@ -464,6 +475,7 @@ def _completion_generations(
     as OpenAI and vLLM allow (the chat page's shorter default budget is for people, not clients)."""
     from accounts.services import request_admit
     from inference.openai.fields import choice_seed, completion_sampling, token_ids_check
+    from inference.openai.tools import tool_sampling
 
     asked = request.get("max_completion_tokens") or request.get("max_tokens")
     needed = len(prompt) + (asked or settings.INFERENCE_MIN_OUTPUT_TOKENS)
@@ -479,6 +491,8 @@ def _completion_generations(
     token_ids_check(request, vocab_size=vocab_size, max_tokens=max_tokens)
     generation_admit(deployment=deployment)
     sampling = completion_sampling(request=request, deployment=deployment)
+    if "messages" in request:
+        sampling.update(tool_sampling(request, deployment=deployment))
     generations, admissions = [], []
     for i in range(request.get("n", 1)):
         seed = choice_seed(request.get("seed"), i)
@@ -490,22 +504,64 @@ def _completion_generations(
             max_tokens=max_tokens,
             limits=limits,
         )
+        choice_sampling = {**sampling, "max_tokens": admission.max_tokens, **({} if seed is None else {"seed": seed})}
+        cache = _cache_probe(user=user, request=request, deployment=deployment, sampling=choice_sampling)
         generations.append(
             generation_create(
                 user=user,
                 deployment=deployment,
                 prompt_token_ids=prompt,
-                sampling={**sampling, "max_tokens": admission.max_tokens, **({} if seed is None else {"seed": seed})},
+                sampling=choice_sampling,
                 priority=admission.priority,
                 awaiting_verdict=awaiting_verdict,
                 tier_id=limits.tier.id,
+                routing_reason=routing_reason,
+                cached=cache.hit if cache is not None else None,
             )
         )
+        if cache is not None:
+            cache.keep(generation_id=generations[-1].id)
         admissions.append(admission)
     return generations, admissions
 
 
-def generation_promote_waiting(*, now: Any = None) -> list[tuple[Any, int]]:
+# The chat completion fields a request answered from the response cache may have: those that shape
+# its answer are in its sampling (the cache's key); any other (a newer field, tools) makes it uncached.
+_CACHEABLE_FIELDS = {
+    "model",
+    "messages",
+    "stream",
+    "stream_options",
+    "n",
+    "max_tokens",
+    "max_completion_tokens",
+    "user",
+    "safety_identifier",
+    *("temperature", "top_p", "presence_penalty", "frequency_penalty", "stop", "seed", "logit_bias"),
+    *("response_format", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids"),
+}
+
+
+def _cache_probe(*, user: User, request: dict[str, Any], deployment: ModelDeployment, sampling: dict[str, Any]) -> Any:
+    """The response cache's answer (inference.caching) for a single-turn chat request: one user
+    message after at most a system message, one choice, no field outside _CACHEABLE_FIELDS."""
+    messages = request.get("messages") or []
+    roles = [m["role"] for m in messages]
+    if not deployment.semantic_cache or request.get("n", 1) != 1 or roles not in (["user"], ["system", "user"]):
+        return None
+    if any(value not in (None, False) for name, value in request.items() if name not in _CACHEABLE_FIELDS):
+        return None
+    return response_cache_probe(
+        deployment=deployment,
+        system_prompt=messages[0]["content"] if len(messages) == 2 else "",
+        user_text=messages[-1]["content"],
+        sampling=sampling,
+        max_tokens=sampling["max_tokens"],
+        user_id=user.id,
+    )
+
+
+def generation_promote_waiting(*, now: datetime | None = None) -> list[tuple[uuid.UUID, int]]:
     """Apply queue aging to generations waiting in the broker (see inference.execution.scheduling).
 
     Broker priorities alone are strict: a steady stream of paid work would keep a free request
@@ -528,7 +584,7 @@ def generation_promote_waiting(*, now: Any = None) -> list[tuple[Any, int]]:
     for generation in waiting.only("id", "priority", "queue_priority", "created_at", "deployment__name"):
         waited_s = (now - generation.created_at).total_seconds()
         target = max(0, effective_priority(priority=generation.priority, waited_s=waited_s, aging_s=aging_s))
-        if target >= generation.queue_priority:
+        if target >= (generation.queue_priority or 0):
             continue
         # Conditional: of several processes running this, one promotes each step.
         if Generation.objects.filter(
@@ -539,7 +595,7 @@ def generation_promote_waiting(*, now: Any = None) -> list[tuple[Any, int]]:
     return promoted
 
 
-def generations_redispatch_queued(*, before: Any) -> list[Any]:
+def generations_redispatch_queued(*, before: datetime) -> list[uuid.UUID]:
     """Send again the task of every generation still queued that was queued before `before`: for a
     broker that lost its queues (a Redis restarted without persistence), or never got the task (it
     was down at the dispatch). A task that survived after all is harmless: whichever copy comes
@@ -552,7 +608,7 @@ def generations_redispatch_queued(*, before: Any) -> list[Any]:
     sent = []
     for generation in queued.only("id", "queue_priority", "deployment__name"):
         generation_dispatch(
-            generation_id=generation.id, queue=generation.deployment.queue_name, priority=generation.queue_priority
+            generation_id=generation.id, queue=generation.deployment.queue_name, priority=generation.queue_priority or 0
         )
         sent.append(generation.id)
     return sent

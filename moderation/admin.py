@@ -8,10 +8,13 @@ record the reviewer and the time.
 
 from __future__ import annotations
 
+from typing import cast
+
 from django.contrib import admin, messages
 from django.http import HttpRequest, HttpResponseRedirect
 from django.utils.html import format_html, format_html_join
 
+from accounts.models import User
 from moderation.models import Flag, ModerationPolicy, PolicyRule
 from moderation.selectors import flag_context, flag_list_for_review
 from moderation.services import flag_confirm, flag_dismiss, flag_suspend_user, flag_warn_user
@@ -119,7 +122,7 @@ class FlagAdmin(admin.ModelAdmin):
         for name, (service, done) in DECISIONS.items():
             if name in request.POST:
                 try:
-                    service(flag=obj, reviewer=request.user, note=obj.decision_note)
+                    service(flag=obj, reviewer=cast(User, request.user), note=obj.decision_note)  # staff: signed in
                 except ValueError as exc:
                     self.message_user(request, str(exc), messages.ERROR)
                     return HttpResponseRedirect(request.path)

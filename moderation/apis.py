@@ -9,7 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.authentication import ApiKeyAuthentication, HasScope
+from accounts.authentication import ApiKeyAuthentication, HasScope, request_user
 from accounts.services import moderation_admit
 from chatsite.errors import ClientError
 from moderation.services import moderations_create
@@ -58,5 +58,5 @@ class ModerationCreateApi(APIView):
                 status=413,
                 param="input",
             )
-        moderation_admit(user=request.user, texts=texts)
+        moderation_admit(user=request_user(request), texts=texts)
         return Response(moderations_create(inputs=texts, model=serializer.validated_data.get("model")))

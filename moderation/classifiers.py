@@ -8,8 +8,8 @@ Three offline parts, combined per category:
   only signal for `sexual/minors` (the data set holds no examples of it, by design);
 - for prompt injection, known-pattern rules plus cosine similarity to `data/injections.txt`.
 
-The embedding model loads lazily, once per process, on first use (about 6 s on a CPU); after that one
-text takes about 10 ms on a CPU. Nothing here touches the database.
+The embedding model loads lazily, once per process, on first use (seconds, so processes start the
+load in the background at boot). Nothing here touches the database.
 """
 
 from __future__ import annotations
@@ -259,9 +259,8 @@ class _Profanity:
     """alt-profanity-check's model, evaluated directly.
 
     The package's `predict_prob` goes through scikit-learn's CalibratedClassifierCV (five calibrated
-    LinearSVCs) with its input validation, about 3 ms per call. The same arithmetic on the model's own
-    parameters takes a tenth of that: the TF-IDF vector, each SVM's decision value, its sigmoid
-    calibration, averaged. `tests/moderation/test_classifiers.py` checks it matches `predict_prob`.
+    LinearSVCs) and its input validation on every call, which costs more than the arithmetic itself:
+    here the TF-IDF vector, each SVM's decision value and its sigmoid calibration, averaged. `tests/moderation/test_classifiers.py` checks it matches `predict_prob`.
     """
 
     def __init__(self) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from django.core.cache import cache
 from django.db.models import Q, QuerySet
 
+from accounts.models import User
 from moderation.defaults import DEFAULT_RULES
 from moderation.models import Flag, ModerationPolicy
 
@@ -39,7 +40,7 @@ POLICY_CACHE_TIMEOUT_S = 60
 _snapshots: dict[str, tuple[float, PolicySnapshot]] = {}  # key -> (when read, snapshot)
 
 
-def policy_for_user(*, user: Any) -> PolicySnapshot:
+def policy_for_user(*, user: User) -> PolicySnapshot:
     """The active policy for the user's tier, else the active global one, else the built-in defaults.
 
     The user's tier is read fresh (an admin's change applies to the next message); the policy comes
@@ -48,7 +49,7 @@ def policy_for_user(*, user: Any) -> PolicySnapshot:
     return policy_for_user_id(user_id=user.id)
 
 
-def policy_for_user_id(*, user_id: Any) -> PolicySnapshot:
+def policy_for_user_id(*, user_id: int) -> PolicySnapshot:
     """`policy_for_user` by the user's id: for a caller holding a row that refers to the user."""
     from accounts.selectors import tier_for_user_id_or_none
 

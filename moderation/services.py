@@ -21,12 +21,13 @@ import uuid
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from accounts.models import User
 from accounts.services import user_deactivate
 from chatsite.batching import Batcher
 from chatsite.errors import ClientError
@@ -44,6 +45,17 @@ from moderation.models import ACTION_SEVERITY, Action, Flag
 from moderation.selectors import PolicySnapshot, policy_for_tier, policy_for_user, policy_for_user_id
 
 logger = logging.getLogger(__name__)
+
+# Texts in, their scores out in the same order: the classifiers' `score_many`, or a stand-in.
+ScoreMany = Callable[[list[str]], list[Scores]]
+
+
+class OwnedByUser(Protocol):
+    """A row of an app above this one (a generation) that names its user."""
+
+    @property
+    def user_id(self) -> int: ...
+
 
 MODERATION_MODEL = "chatsite-moderation-1"
 # OpenAI's finish_reason for an answer cut by the content filter.
@@ -137,7 +149,7 @@ def verdict_from_scores(*, scores: Scores, policy: PolicySnapshot) -> Verdict:
     )
 
 
-def input_moderate(*, user: Any, text: str) -> Verdict:
+def input_moderate(*, user: User, text: str) -> Verdict:
     """Classify a user's message under their policy before anything is dispatched."""
     policy = policy_for_user(user=user)
     if not policy.moderate_input:
@@ -148,18 +160,23 @@ def input_moderate(*, user: Any, text: str) -> Verdict:
 class InputCheck:
     """Input moderation for a send, its verdict taken under the tier the send's transaction reads.
 
-    The chat socket and the APIs make one per message (`deferred`, in `checked_after_commit`)
-    whose scoring begins only when the verdict is first asked for: the send's transaction, which
-    would otherwise share the process (and the interpreter's lock) with the scoring, runs alone,
-    commits the answer held and dispatches it, and the message is scored after the commit (off the
-    event loop, batched with messages sent together) while the engine starts on the answer; the
-    runner shows nothing of it until the verdict lets it through. A policy that does not check
+    The chat socket and the APIs make one per message (`deferred`, in `inference.held`) whose
+    scoring begins only when the verdict is first asked for: the send's transaction, which would
+    otherwise share the process (and the interpreter's lock) with the scoring, runs alone, commits
+    the answer held and dispatches it, and the message is scored after the commit (off the event
+    loop, batched with messages sent together) while the engine starts on the answer; the runner
+    shows nothing of it until the verdict lets it through. A policy that does not check
     input never starts the scoring (`verdict_if_scored`). Nothing in the scoring touches the
     database, and async callers wait for it on their event loop (`scored`), holding no database
     thread (on SQLite the process's only one).
     """
 
-    def __init__(self, scores: concurrent.futures.Future | None = None, *, begin: Any = None) -> None:
+    def __init__(
+        self,
+        scores: concurrent.futures.Future | None = None,
+        *,
+        begin: Callable[[], concurrent.futures.Future] | None = None,
+    ) -> None:
         self._scores = scores  # the scores, coming or come; None until `begin` has been called
         self._begin = begin  # what starts the scoring, the first time the verdict is asked for
         self._deadline: float | None = None  # when waiting for the scores gives up
@@ -215,6 +232,8 @@ class InputCheck:
 
     def _scores_begun(self) -> concurrent.futures.Future:
         if self._scores is None:
+            if self._begin is None:
+                raise RuntimeError("an InputCheck is given its scores or what begins them")
             self._scores = self._begin()
         if self._deadline is None:
             self._deadline = time.monotonic() + INPUT_CHECK_TIMEOUT_S
@@ -223,52 +242,6 @@ class InputCheck:
     def discard(self) -> None:
         if self._scores is not None:
             self._scores.cancel()
-
-
-class HeldForVerdict:
-    """What a service given an `InputCheck` and `settle=False` returns when it committed its work
-    held, the verdict still to be taken: `settle` takes it and applies it (releases or withdraws)."""
-
-    def settle(self, check: InputCheck) -> Any:
-        raise NotImplementedError
-
-
-_settling: set[asyncio.Future] = set()
-
-
-async def checked_after_commit(call: Callable, service: Callable[..., Any], *, text: str, **fields: Any) -> Any:
-    """`service(verdict=<an InputCheck of text>, settle=False, **fields)` from async code, run through
-    `call` (how the caller reaches the database from its loop), and its held work settled.
-
-    The service commits its work held and returns; the scores are then awaited here, on the event
-    loop, and the verdict applied in a second call. A service that waited for them itself would hold
-    a database thread meanwhile: on SQLite the process's only one, so a send kept its own answer's
-    claim waiting for its verdict, and the engine could not start on the answer while the message
-    was scored. Both calls run to their end even if the caller is cancelled (its socket closed), so a
-    committed answer is always released or withdrawn, as when all of it ran in one call.
-    """
-    check = InputCheck.deferred(text)
-
-    async def run() -> Any:
-        try:
-            result = await call(service)(verdict=check, settle=False, **fields)
-            if isinstance(result, HeldForVerdict):
-                await check.scored()
-                result = await call(result.settle)(check)
-            return result
-        finally:
-            check.discard()
-
-    task = asyncio.ensure_future(run())
-    _settling.add(task)  # a task nothing else holds could be collected mid-way
-    task.add_done_callback(_settled)
-    return await asyncio.shield(task)
-
-
-def _settled(task: asyncio.Future) -> None:
-    _settling.discard(task)
-    if not task.cancelled():
-        task.exception()  # retrieved: a caller that went away leaves no "never retrieved" warning
 
 
 def verdict_under_tier(verdict: Verdict | InputCheck, *, tier_id: int | None) -> Verdict:
@@ -293,7 +266,7 @@ def _input_scores_many(texts: list[str]) -> list[Scores]:
         return list(pool.map(combined_with_guard, scored, texts))
 
 
-def flag_create(*, user: Any, message: Any, source: str, text: str, verdict: Verdict) -> Flag:
+def flag_create(*, user: User, message: Any, source: str, text: str, verdict: Verdict) -> Flag:
     return Flag.objects.create(
         user=user,
         message=message,
@@ -316,8 +289,8 @@ MAX_UNSCORED_CHARS = 300
 MIN_SCORED_CHARS = 40
 # Each check also scores the seam with the text that passed before: this many characters either
 # side of it. The learned classifiers read a mean of the whole text they are given, so a harmful
-# sentence scored behind 200 characters of a harmless one is diluted below its threshold (measured
-# in docs/moderation.md); a short seam sees what is split across the checks without drowning it.
+# sentence scored behind a long harmless one is diluted below its threshold (docs/moderation.md);
+# a short seam sees what is split across the checks without drowning it.
 SEAM_CHARS = 40
 # The rules are patterns, which nothing dilutes: they read this much of what passed before (a
 # pattern may span up to 80 characters).
@@ -412,18 +385,9 @@ class BatchScorer:
     scored at once.
     """
 
-    def __init__(self, score: Any = None, *, nice: int = 0) -> None:
+    def __init__(self, score: ScoreMany | None = None) -> None:
         self._score = score  # texts -> their Scores, in order; None: the classifiers' score_many
         self._batcher: Batcher[str, Scores] = Batcher(self._score_in_a_thread)
-        # `nice`: score in a thread of its own, that much below the process's OS priority. The
-        # batcher runs one pass at a time, so one thread is all it needs.
-        self._executor = (
-            concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, initializer=_thread_nice_raise, initargs=(nice,), thread_name_prefix="scoring"
-            )
-            if nice
-            else None
-        )
 
     async def score(self, text: str) -> Scores:
         return await self._batcher.submit(text)
@@ -433,9 +397,77 @@ class BatchScorer:
         return list(await asyncio.gather(*(self._batcher.submit(text) for text in texts)))
 
     async def _score_in_a_thread(self, texts: list[str]) -> list[Scores | Exception]:
-        if self._executor is not None:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, self._score or score_many, texts)
-        return await asyncio.to_thread(self._score or score_many, texts)
+        return list(await asyncio.to_thread(self._score or score_many, texts))
+
+
+@dataclass(eq=False)
+class _Waiting:
+    """A message handed to the input scorer's low-priority lane."""
+
+    text: str
+    in_pass: bool = False  # taken into a low-priority pass
+    late: bool = False  # handed to the normal-priority lane before a low-priority pass took it
+
+
+class InputScorer:
+    """Scores incoming messages `nice` below the process's OS priority, and a message still unscored
+    `late_s` after it was handed in at the process's own.
+
+    The low priority lets the engine's first step run first where both share the CPU; but on a busy
+    machine a thread at nice 10 gets almost nothing, and the answer's first text waits for a verdict
+    that is not coming. So a late message moves to a second lane, a thread at the process's priority
+    (a thread cannot lower its nice value again without a privilege, hence two threads): if no
+    low-priority pass has taken it yet it leaves the low lane, and if a starved pass holds it, it is
+    scored again and the first scores to come are taken. Each lane batches what waits in it.
+    """
+
+    def __init__(self, score: ScoreMany, *, nice: int, late_s: float) -> None:
+        self._score = score
+        self._late_s = late_s
+        self._low: Batcher[_Waiting, Scores] = Batcher(self._low_pass)
+        self._normal: Batcher[str, Scores] = Batcher(self._normal_pass)
+        self._low_thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, initializer=_thread_nice_raise, initargs=(nice,), thread_name_prefix="scoring"
+        )
+        # Started from the event loop's thread, so at its priority.
+        self._normal_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="scoring-late")
+
+    async def score(self, text: str) -> Scores:
+        waiting = _Waiting(text)
+        low = asyncio.ensure_future(self._low.submit(waiting))
+        normal: asyncio.Future | None = None
+        try:
+            await asyncio.wait({low}, timeout=self._late_s)
+            if low.done():
+                return low.result()
+            if not waiting.in_pass:
+                waiting.late = True  # the low lane skips it
+                low.cancel()
+                return await self._normal.submit(text)
+            normal = asyncio.ensure_future(self._normal.submit(text))
+            done, _ = await asyncio.wait({low, normal}, return_when=asyncio.FIRST_COMPLETED)
+            return (normal if normal in done else low).result()
+        finally:
+            for task in (low, normal):
+                if task is not None and not task.done():
+                    task.cancel()
+
+    async def _low_pass(self, waiting: list[_Waiting]) -> list[Scores | Exception]:
+        taken = [item for item in waiting if not item.late]
+        for item in taken:
+            item.in_pass = True
+        scores = iter(await self._in(self._low_thread, [item.text for item in taken]) if taken else [])
+        # A message that moved lanes has no caller here any more: a placeholder stands for it.
+        return [_MOVED if item.late else next(scores) for item in waiting]
+
+    async def _normal_pass(self, texts: list[str]) -> list[Scores | Exception]:
+        return await self._in(self._normal_thread, texts)
+
+    async def _in(self, thread: concurrent.futures.Executor, texts: list[str]) -> list[Scores | Exception]:
+        return list(await asyncio.get_running_loop().run_in_executor(thread, self._score, texts))
+
+
+_MOVED = RuntimeError("scored in the normal-priority lane")
 
 
 def _thread_nice_raise(nice: int) -> None:
@@ -449,25 +481,33 @@ def _thread_nice_raise(nice: int) -> None:
 
 # Per event loop (the web server's in the embedded default, a worker's engine loop): a scorer for
 # answers' sentences and one for incoming messages (prompt-injection score and guard model included).
-_scorers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, BatchScorer]] = weakref.WeakKeyDictionary()
+_scorers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+LoopScorer = TypeVar("LoopScorer", BatchScorer, InputScorer)
 
 
-def _loop_scorer(kind: str, score: Any = None, *, nice: int = 0) -> BatchScorer:
+def _loop_scorer(kind: str, make: Callable[[], LoopScorer]) -> LoopScorer:
     per_loop = _scorers.setdefault(asyncio.get_running_loop(), {})
     if kind not in per_loop:
-        per_loop[kind] = BatchScorer(score=score, nice=nice)
+        per_loop[kind] = make()
     return per_loop[kind]
 
 
 def output_scorer() -> BatchScorer:
-    return _loop_scorer("output")
+    return _loop_scorer("output", BatchScorer)
 
 
-def input_scorer() -> BatchScorer:
+def input_scorer() -> BatchScorer | InputScorer:
     """Incoming messages' scorer. A message is scored while its answer's engine request starts
     (`InputCheck`), and its verdict is needed only by the first token: at MODERATION_INPUT_NICE, the
-    scoring gives way to that first step where the engine shares the CPU with the web process."""
-    return _loop_scorer("input", _input_scores_many, nice=settings.MODERATION_INPUT_NICE)
+    scoring gives way to that first step where the engine shares the CPU with the web process, and
+    past MODERATION_INPUT_LATE_S it is scored at the process's own priority (`InputScorer`)."""
+    nice = settings.MODERATION_INPUT_NICE
+    if not nice:
+        return _loop_scorer("input", lambda: BatchScorer(_input_scores_many))
+    return _loop_scorer(
+        "input", lambda: InputScorer(_input_scores_many, nice=nice, late_s=settings.MODERATION_INPUT_LATE_S)
+    )
 
 
 class _Unmonitored(OutputMonitor):
@@ -476,7 +516,7 @@ class _Unmonitored(OutputMonitor):
         self.passed_text = self.text
 
 
-def output_monitor_for(*, generation: Any, tier_id: int | None = None) -> OutputMonitor:
+def output_monitor_for(*, generation: OwnedByUser, tier_id: int | None = None) -> OutputMonitor:
     """A monitor for one generation's answer: under the policy of `tier_id`, the tier its request was
     admitted under (carried by its order: no query), else under its user's (one query, the user's tier)."""
     policy = policy_for_tier(tier_id=tier_id) if tier_id is not None else policy_for_user_id(user_id=generation.user_id)
@@ -484,7 +524,7 @@ def output_monitor_for(*, generation: Any, tier_id: int | None = None) -> Output
 
 
 @transaction.atomic
-def output_flag_create(*, generation_id: Any, user_id: Any, filtered: ContentFiltered) -> Flag:
+def output_flag_create(*, generation_id: uuid.UUID | str, user_id: int, filtered: ContentFiltered) -> Flag:
     """Flag an answer that was cut: the whole text the model wrote is kept on the flag for review."""
     # The message model through the flag's own foreign key: moderation imports nothing of the apps above it.
     message_model = Flag._meta.get_field("message").related_model
@@ -506,7 +546,7 @@ def output_flag_create(*, generation_id: Any, user_id: Any, filtered: ContentFil
 # --- review decisions ---------------------------------------------------------------------------
 
 
-def _decide(*, flag: Flag, reviewer: Any, state: str, note: str, user_action: str = "") -> Flag:
+def _decide(*, flag: Flag, reviewer: User, state: str, note: str, user_action: str = "") -> Flag:
     flag.review_state = state
     flag.reviewer = reviewer
     flag.reviewed_at = timezone.now()
@@ -518,28 +558,28 @@ def _decide(*, flag: Flag, reviewer: Any, state: str, note: str, user_action: st
 
 
 @transaction.atomic
-def flag_dismiss(*, flag: Flag, reviewer: Any, note: str = "") -> Flag:
+def flag_dismiss(*, flag: Flag, reviewer: User, note: str = "") -> Flag:
     """A false positive: nothing against the user."""
     return _decide(flag=flag, reviewer=reviewer, state=Flag.ReviewState.DISMISSED, note=note)
 
 
 @transaction.atomic
-def flag_confirm(*, flag: Flag, reviewer: Any, note: str = "") -> Flag:
+def flag_confirm(*, flag: Flag, reviewer: User, note: str = "") -> Flag:
     return _decide(flag=flag, reviewer=reviewer, state=Flag.ReviewState.CONFIRMED, note=note)
 
 
 @transaction.atomic
-def flag_warn_user(*, flag: Flag, reviewer: Any, note: str = "") -> Flag:
+def flag_warn_user(*, flag: Flag, reviewer: User, note: str = "") -> Flag:
     return _decide(
         flag=flag, reviewer=reviewer, state=Flag.ReviewState.CONFIRMED, note=note, user_action=Flag.UserAction.WARNED
     )
 
 
 @transaction.atomic
-def flag_suspend_user(*, flag: Flag, reviewer: Any, note: str = "") -> Flag:
+def flag_suspend_user(*, flag: Flag, reviewer: User, note: str = "") -> Flag:
     """Confirm the flag and deactivate the account: it can no longer log in, its sessions stop
     working, its open sockets close and its running answers stop (`user_deactivate`)."""
-    if flag.user_id == getattr(reviewer, "id", None):
+    if flag.user_id == reviewer.id:
         raise ValueError("A moderator cannot suspend their own account.")
     user_deactivate(user_id=flag.user_id)
     return _decide(
@@ -603,3 +643,38 @@ def sentence_token_counts(*, model: str, texts: list[str]) -> tuple[list[int], i
 def sentence_embeddings(*, model: str, texts: list[str]) -> Any:
     """Unit-length embeddings of `texts` (a float32 array, one row per text)."""
     return SENTENCE_MODELS[model].embed(texts)
+
+
+# --- files' passages, for documents ----------------------------------------------------------------
+
+# A passage at or above this prompt-injection score is left out of every prompt, whatever the tier's
+# policy says about messages: text inside a file is data, and one that reads as instructions to the
+# model is held back from it. The built-in input policy blocks messages from 0.8.
+PASSAGE_INJECTION_THRESHOLD = 0.8
+
+
+@dataclass(frozen=True)
+class PassageVerdicts:
+    """What moderation makes of a file's passages: which read as prompt injection (left out of
+    prompts), and the verdict the owner's input policy gives the file's other content."""
+
+    injection: list[bool]
+    content: Verdict
+
+
+def passages_moderate(*, user_id: Any, texts: list[str]) -> PassageVerdicts:
+    """Score a file's passages as input moderation scores a message (one embedding batch), under
+    the owner's policy for everything but prompt injection; injection under
+    PASSAGE_INJECTION_THRESHOLD. The content verdict is the most severe of the passages'."""
+    scored = score_many(texts, injection=True) if texts else []
+    injection = [s.injection >= PASSAGE_INJECTION_THRESHOLD for s in scored]
+    policy = policy_for_user_id(user_id=user_id)
+    content = ALLOW
+    if policy.moderate_input:
+        rules = {c: rule for c, rule in policy.rules.items() if c != PROMPT_INJECTION}
+        content_policy = PolicySnapshot(policy_id=policy.policy_id, name=policy.name, rules=rules)
+        for scores in scored:
+            verdict = verdict_from_scores(scores=scores, policy=content_policy)
+            if ACTION_SEVERITY[Action(verdict.action)] > ACTION_SEVERITY[Action(content.action)]:
+                content = verdict
+    return PassageVerdicts(injection=injection, content=content)

@@ -2,8 +2,9 @@
 
 Each process records what it does: a web process its requests, refusals, live sockets and streams;
 the process hosting an engine (the web process in the embedded default, each GPU worker in
-production) its generations' timings and tokens, and vLLM's own figures when a deployment turns
-them on (`engine_args: {"disable_log_stats": false}`). Where several processes serve, set
+production) its generations' timings and tokens, and vLLM's own figures (its stat loggers register
+them in this process's default registry; `engine_args: {"disable_log_stats": true}` turns them
+off). Where several processes serve, set
 PROMETHEUS_MULTIPROC_DIR (an empty folder per host, emptied at start): prometheus-client then keeps
 values in files there and /metrics adds up every process's (docs/observability.md).
 

@@ -19,7 +19,7 @@ from django.dispatch import receiver
 import chatsite.request_context as request_context
 from accounts.signals import request_refused
 from inference.signals import generation_finished, generation_first_token
-from observability import metrics, store
+from observability import metrics, store, tracing
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,17 @@ def generation_measured(sender: Any, generation: Any, **kwargs: Any) -> None:
         f"{ttft:.3f}" if ttft is not None else "-",
         generation.completion_tokens,
         figures["e2e_s"],
+    )
+
+    tracing.generation_span(
+        generation_id=str(generation.id),
+        deployment=deployment_name,
+        start_s=started if started is not None else created,
+        end_s=finished,
+        first_token_s=first_at,
+        outcome=outcome,
+        prompt_tokens=generation.prompt_tokens,
+        completion_tokens=generation.completion_tokens,
     )
 
     def record() -> None:

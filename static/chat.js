@@ -43,6 +43,42 @@
     errorBanner.hidden = !text;
   }
 
+  // The deployment that writes an answer (the router's choice): said under it when it is not the
+  // model picked by that name (a fallback, a canary, auto's choice).
+  function answeredBy(el, model) {
+    el.dataset.model = model;
+    if (modelSelect && model === modelSelect.value) return;
+    const line = document.createElement("div");
+    line.className = "answered-by";
+    line.textContent = "Answered by " + model;
+    el.appendChild(line);
+  }
+
+  // Where a long conversation's summary begins (orchestration's memory): put after the last message it
+  // stands for when that message is on screen, replacing the one shown before. Its text is the model's,
+  // so it is set as text, never as markup.
+  function showSummary(msg) {
+    if (msg.conversation !== conversationId) return;
+    const through = messages.querySelector('article[data-message="' + msg.through + '"]');
+    if (!through) return;  // another branch is on screen
+    const old = document.getElementById("memory-summary");
+    if (old) old.remove();
+    const marker = document.createElement("details");
+    marker.className = "memory-summary";
+    marker.id = "memory-summary";
+    marker.dataset.through = String(msg.through);
+    const label = document.createElement("summary");
+    label.textContent = "Earlier messages are summarized: the model sees this summary instead of the messages above.";
+    const text = document.createElement("div");
+    text.className = "summary-text";
+    msg.text.split("\n").forEach((line, i) => {
+      if (i) text.appendChild(document.createElement("br"));
+      text.appendChild(document.createTextNode(line));
+    });
+    marker.append(label, text);
+    through.after(marker);
+  }
+
   function addMessage(role, text, status) {
     const empty = document.getElementById("empty");
     if (empty) empty.remove();
@@ -57,9 +93,9 @@
     return el;
   }
 
-  function addNote(el, text, isError) {
+  function addNote(el, text, isError, kind) {
     const note = document.createElement("div");
-    note.className = "note" + (isError ? " error" : "");
+    note.className = "note" + (isError ? " error" : "") + (kind ? " " + kind : "");
     note.textContent = text;
     el.appendChild(note);
   }
@@ -185,6 +221,9 @@
         engineBanner.hidden = msg.state === "ready";
         engineBanner.textContent = ENGINE_STATES[msg.state] || ENGINE_STATES.loading;
         break;
+      case "conversation.summary":
+        showSummary(msg);
+        break;
       case "conversation.created": {
         if (conversationId === msg.conversation.id) break;  // told again in answer to a retry
         conversationId = msg.conversation.id;
@@ -204,6 +243,8 @@
           sending.assistantEl.dataset.newestGeneration = msg.generation;
           sending.assistantEl.dataset.message = msg.assistant_message.id;
           if (msg.warning) addNote(sending.userEl, msg.warning, false);
+          if (msg.model) answeredBy(sending.assistantEl, msg.model);
+          if (msg.cached) addNote(sending.assistantEl, "Answered from the cache", false, "cached");
           follow(msg.generation, sending.assistantEl, 0);
           sending = null;
         }

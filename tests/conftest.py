@@ -25,10 +25,12 @@ from accounts import ratelimit
 from accounts.defaults import create_default_tiers
 from accounts.models import Tier, TierModelPrice
 from accounts.services import user_create
-from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME
+from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME, DEFAULT_DEPLOYMENT_TOOL_FIELDS
 from inference.engine.host import EngineState, engine_hosts
 from inference.execution.dispatch import local_backend
+from inference.execution.workers import worker_command
 from inference.models import ModelDeployment
+from inference.selectors import deployment_cache_clear
 
 PASSWORD = "a long enough password 1"
 
@@ -42,18 +44,35 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def default_deployment(request):
-    """Transactional tests flush the migration's row; put it back for every test that uses the database."""
+    """Transactional tests flush the migration's row; put it back for every test that uses the database.
+    A rolled-back test's ids are given again to the next test's rows, so the deployments this process
+    read by id are forgotten too: a later test's message would otherwise run on an earlier test's
+    deployment (an engine of another model loading in the middle of it)."""
+    deployment_cache_clear()
     if not ({"db", "transactional_db"} & set(request.fixturenames)) and not request.node.get_closest_marker(
         "django_db"
     ):
         return None
     request.getfixturevalue("transactional_db" if "transactional_db" in request.fixturenames else "db")
     deployment, _ = ModelDeployment.objects.get_or_create(
-        name=DEFAULT_DEPLOYMENT_NAME, defaults=DEFAULT_DEPLOYMENT_FIELDS
+        name=DEFAULT_DEPLOYMENT_NAME, defaults={**DEFAULT_DEPLOYMENT_FIELDS, **DEFAULT_DEPLOYMENT_TOOL_FIELDS}
     )
     create_default_tiers(tier_model=Tier, price_model=TierModelPrice, deployment=deployment)
     staff_groups_restore()
     return deployment
+
+
+@pytest.fixture
+def draws_the_heaviest(monkeypatch):
+    """The weighted draw of a send lands on the heaviest deployment: a test that needs the canary
+    drawn first would otherwise miss it now and then (1000 against 100 is one draw in eleven)."""
+
+    class Heaviest:
+        @staticmethod
+        def choices(population, weights):
+            return [population[weights.index(max(weights))]]
+
+    monkeypatch.setattr("orchestration.routing.random", Heaviest)
 
 
 def staff_groups_restore() -> None:
@@ -78,6 +97,13 @@ def titles_from_first_words(settings):
     (tests/conversations/test_titles.py): a title is a generation of its own, which would change
     what other tests count of generations and of the engine's work."""
     settings.CHAT_TITLES_FROM_MODEL = False
+
+
+@pytest.fixture(autouse=True)
+def summaries_off(settings):
+    """No summaries of long conversations, except in the tests of memory (tests/orchestration): a
+    summary is a generation of its own, which would change what other tests count."""
+    settings.CHAT_SUMMARIES = False
 
 
 @pytest.fixture(autouse=True)
@@ -292,7 +318,9 @@ async def engine(django_db_setup, django_db_blocker, clean_redis):
     """
     with django_db_blocker.unblock():
         # Earlier transactional tests may have flushed the migration's row.
-        await ModelDeployment.objects.aget_or_create(name=DEFAULT_DEPLOYMENT_NAME, defaults=DEFAULT_DEPLOYMENT_FIELDS)
+        await ModelDeployment.objects.aget_or_create(
+            name=DEFAULT_DEPLOYMENT_NAME, defaults={**DEFAULT_DEPLOYMENT_FIELDS, **DEFAULT_DEPLOYMENT_TOOL_FIELDS}
+        )
         if settings.INFERENCE_BACKEND == "celery":
             worker = CeleryWorker(deployments=[settings.INFERENCE_DEFAULT_DEPLOYMENT], name="test-gpu")
             try:
@@ -311,36 +339,18 @@ async def engine(django_db_setup, django_db_blocker, clean_redis):
 class CeleryWorker:
     """A real `celery worker` process hosting the real engine, against the test database and Redis."""
 
-    def __init__(self, *, deployments: list[str], name: str, redis_url: str = "") -> None:
+    def __init__(
+        self, *, deployments: list[str], name: str, redis_url: str = "", queues: list[str] | None = None
+    ) -> None:
         db = settings.DATABASES["default"]
         assert db["ENGINE"] == "django.db.backends.postgresql", "the worker tests need PostgreSQL"
         url = f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
         self.node = f"{name}@{socket.gethostname()}"
-        queues = ",".join(f"gpu.{d}" for d in deployments)
         # Its own /metrics (observability): its generations' figures are recorded where they run.
         self.metrics_url = f"http://127.0.0.1:{(metrics_port := free_port())}/metrics"
         self.log = open(Path(settings.DATA_DIR) / f"{name}.log", "wb")  # noqa: SIM115 - closed in kill()
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "chatsite",
-                "worker",
-                "-P",
-                "threads",
-                "-c",
-                "8",
-                "-Q",
-                queues,
-                "-n",
-                self.node,
-                "--without-gossip",
-                "--without-mingle",
-                "-l",
-                "INFO",
-            ],
+            worker_command(queues=queues or [f"gpu.{d}" for d in deployments], node=self.node, concurrency=8),
             env={
                 **os.environ,
                 "DATABASE_URL": url,
@@ -350,6 +360,7 @@ class CeleryWorker:
                 # As in this process (`titles_from_first_words`): a title is a generation of its own, which the
                 # worker would otherwise ask for after each first answer.
                 "CHAT_TITLES_FROM_MODEL": "false",
+                **worker_tracing_environment(name),
             },
             cwd=settings.BASE_DIR,
             stdout=self.log,
@@ -406,6 +417,22 @@ class CeleryWorker:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=30)
         self.log.close()
+
+
+def worker_tracing_environment(name: str) -> dict[str, str]:
+    """A worker traces into the session's OTLP receiver (tests/observability/otlp.py), but only the
+    work of a request that was itself traced (parent-based, else off): the tracing test's request,
+    whose task carries its trace; every other test's work costs it no more than a sampling decision."""
+    from tests.observability.otlp import otlp_receiver, tracing_installed
+
+    if not tracing_installed():
+        return {}
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver().url,
+        "OTEL_SERVICE_NAME": name,
+        "OTEL_TRACES_SAMPLER": "parentbased_always_off",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import enum
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +66,10 @@ class EngineSpec:
             "dtype": self.dtype,
             "enforce_eager": self.enforce_eager,
             "enable_prefix_caching": True,
-            "disable_log_stats": True,
+            # vLLM's own metrics (running/waiting requests, KV-cache use, prefix-cache hits) on
+            # /metrics of the process hosting the engine, as `vllm serve` has them; an engine step
+            # pays a few counters for it. Nothing calls its periodic log line, so none is written.
+            "disable_log_stats": False,
             # Adds the methods the host calls on the model processes (inference/engine/vllm_internals.py).
             "worker_extension_cls": "inference.engine.vllm_internals.WorkerTuning",
         }
@@ -76,13 +79,38 @@ class EngineSpec:
 
 @dataclass(frozen=True)
 class Delta:
-    """New text from one engine step, with the running token counts."""
+    """New text from one engine step, with the running token counts, and the log probabilities of
+    its tokens when the request asked for them (`token_logprobs`)."""
 
     text: str
     prompt_tokens: int
     completion_tokens: int
     finished: bool
     finish_reason: str | None
+    logprobs: list[dict[str, Any]] | None = None
+    # Of the prompt's tokens, those the prefix cache held (vLLM's RequestOutput.num_cached_tokens).
+    cached_tokens: int = 0
+
+
+def token_logprobs(token_ids: Any, positions: Any, top: int) -> list[dict[str, Any]]:
+    """Each sampled token's log probability and the `top` most likely tokens' at its place, from
+    vLLM's per-position maps (token id -> Logprob, the sampled token's among them), as
+    `{"token", "logprob", "top": [[token, logprob], ...]}`, most likely first: plain JSON, to travel
+    the stream as the text does. Tokens read as vLLM's detokenizer gave them."""
+    entries = []
+    for token_id, position in zip(token_ids, positions, strict=True):
+        sampled = position[token_id]
+        ranked = sorted(
+            (p for p in position.items() if p[1].rank is not None and p[1].rank <= top), key=lambda p: p[1].rank
+        )
+        entries.append(
+            {
+                "token": sampled.decoded_token or "",
+                "logprob": sampled.logprob,
+                "top": [[logprob.decoded_token or "", logprob.logprob] for _, logprob in ranked[:top]],
+            }
+        )
+    return entries
 
 
 StateListener = Callable[[str, EngineState], Awaitable[None]]
@@ -162,7 +190,7 @@ class EngineHost:
         prompt_token_ids: list[int],
         sampling: dict[str, Any],
         priority: int = 0,
-    ) -> AsyncIterator[Delta]:
+    ) -> AsyncGenerator[Delta, None]:
         """Stream one request. Cancelling the consuming task aborts the request inside the engine."""
         from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
@@ -175,6 +203,7 @@ class EngineHost:
         except (TypeError, ValueError, VLLMClientError) as exc:  # vLLM's validation raises the last
             raise EngineRequestError(f"invalid sampling parameters: {exc}") from None
         kwargs: dict[str, Any] = {"priority": priority} if self.spec.uses_priority else {}
+        top_logprobs = sampling.get("logprobs")
         completion_tokens = 0
         prompt_tokens = len(prompt_token_ids)
         try:
@@ -189,6 +218,10 @@ class EngineHost:
                     completion_tokens=completion_tokens,
                     finished=output.finished,
                     finish_reason=choice.finish_reason,
+                    logprobs=None
+                    if top_logprobs is None
+                    else token_logprobs(choice.token_ids, choice.logprobs, top_logprobs),
+                    cached_tokens=getattr(output, "num_cached_tokens", None) or 0,
                 )
         except asyncio.CancelledError:
             raise
@@ -223,6 +256,31 @@ def engine_environment_set() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+# The deployment whose engine's figures vLLM's stat loggers keep in this process. vLLM holds one
+# engine's per process: each new logger unregisters every `vllm:` metric before registering its own,
+# so a second engine (another deployment started later) would silently replace the first's figures.
+# The first engine to start with its loggers on keeps them, across its restarts; later ones start
+# with them off, and the process's log says so.
+_vllm_figures_of: str | None = None
+
+
+def vllm_figures_claim(spec: EngineSpec, args: dict[str, Any]) -> dict[str, Any]:
+    """`args` with vLLM's stat loggers off unless `spec`'s engine is, or becomes, the one whose figures
+    this process shows (`_vllm_figures_of`)."""
+    global _vllm_figures_of
+    if args.get("disable_log_stats"):
+        return args
+    if _vllm_figures_of in (None, spec.name):
+        _vllm_figures_of = spec.name
+        return args
+    logger.info(
+        "engine %s starts without vLLM's own metrics: this process shows %s's (vLLM keeps one engine's)",
+        spec.name,
+        _vllm_figures_of,
+    )
+    return {**args, "disable_log_stats": True}
+
+
 def _build_engine(spec: EngineSpec) -> Any:
     from chatsite.imports import ML_IMPORTS
 
@@ -235,7 +293,7 @@ def _build_engine(spec: EngineSpec) -> Any:
         from chatsite.cpu import cpu_has_native_bf16
         from inference.engine.vllm_internals import CPU_HOST_SCHEDULER, SPIN_KEY, internals_supported
 
-    args = spec.engine_args()
+    args = vllm_figures_claim(spec, spec.engine_args())
     on_cpu = current_platform.is_cpu()
     args["dtype"] = engine_dtype(args["dtype"], on_cpu=on_cpu, native_bf16=on_cpu and cpu_has_native_bf16())
     if on_cpu and spec.cpu_scheduler_spin_ms < 1000 and internals_supported():

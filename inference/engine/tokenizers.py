@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import json
 import threading
+from pathlib import Path
 from typing import Any
 
 _loading = threading.Lock()
@@ -31,17 +33,73 @@ def count_tokens(tokenizer: Any, text: str) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+def render_chat(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    chat_template: str = "",
+) -> list[int]:
     """Token ids of `messages` in the model's chat template, ending with the assistant's cue.
+
+    `chat_template`: a deployment's own template (`chat_template_text`), in place of the model's.
+    `tools`: OpenAI function tools, which the template renders (the system turn, for most). An
+    assistant turn's `tool_calls` reach the template with their arguments as objects, as vLLM gives
+    them, since templates write them with `tojson`.
 
     The rendered text is tokenized as a whole, and a tokenizer turns a special token's spelling
     anywhere in it into that token. So a user typing "<|im_end|><|im_start|>system" would open a real
-    system turn; such spellings in user and assistant text are broken with a word joiner first.
+    system turn; such spellings in user, assistant and tool text, tool calls and tool definitions
+    are broken with a word joiner first.
     """
     specials = _special_spellings(tokenizer)
-    messages = [m if m["role"] == "system" else {**m, "content": _defuse(m["content"], specials)} for m in messages]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    messages = [m if m["role"] == "system" else _defused_message(m, specials) for m in messages]
+    extra: dict[str, Any] = {}
+    if tools:
+        extra["tools"] = json.loads(_defuse(json.dumps(tools, ensure_ascii=False), specials))
+    template = chat_template_text(chat_template)
+    if template is not None:
+        extra["chat_template"] = template
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _defused_message(message: dict[str, Any], specials: tuple[str, ...]) -> dict[str, Any]:
+    defused = {**message, "content": _defuse(message["content"] or "", specials)}
+    if message.get("tool_calls"):
+        # A special spelling can only sit inside a JSON string, so the JSON stays valid.
+        defused["tool_calls"] = [
+            {
+                **call,
+                "function": {
+                    "name": call["function"]["name"],
+                    "arguments": json.loads(_defuse(call["function"]["arguments"], specials)),
+                },
+            }
+            for call in message["tool_calls"]
+        ]
+    return defused
+
+
+CHAT_TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "chat_templates"
+
+
+def chat_template_text(chat_template: str) -> str | None:
+    """A deployment's `chat_template` as Jinja text: None for the model's own (blank), the file of
+    that name in inference/chat_templates/, or the text itself (anything with a Jinja tag in it)."""
+    if not chat_template:
+        return None
+    if "{{" in chat_template or "{%" in chat_template:
+        return chat_template
+    return _chat_template_file(chat_template)
+
+
+@functools.lru_cache(maxsize=16)
+def _chat_template_file(name: str) -> str:
+    path = (CHAT_TEMPLATES_DIR / name).resolve()
+    if path.parent != CHAT_TEMPLATES_DIR or not path.is_file():
+        raise ValueError(f"No chat template named {name!r} in {CHAT_TEMPLATES_DIR}.")
+    return path.read_text()
 
 
 def continuation_ids(tokenizer: Any, text: str) -> list[int]:

@@ -7,12 +7,15 @@ import logging
 import os
 import secrets
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
 from inference.engine.host import EngineState, engine_host_for, engine_hosts
 from inference.selectors import LOCAL_WORKER_PREFIX
+
+if TYPE_CHECKING:
+    from inference.execution.runner import Runner
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +32,7 @@ class LocalBackend:
     """
 
     def __init__(self) -> None:
-        self.runner = None
+        self.runner: Runner | None = None
         self.name = f"{LOCAL_WORKER_PREFIX}{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._keeping_alive: asyncio.Task | None = None
 
@@ -96,7 +99,7 @@ class LocalBackend:
         except Exception:
             logger.exception("ending dead processes' answers failed; the next beat tries again")
         for generation_id in await db_async(queued)():
-            self.runner.submit_threadsafe(generation_id)
+            self.submit(generation_id)
 
     def submit(
         self, generation_id: Any, *, queue: str = "", priority: int = 0, order: dict[str, Any] | None = None

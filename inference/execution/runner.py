@@ -16,7 +16,6 @@ import concurrent.futures
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -25,6 +24,8 @@ from django.conf import settings
 import chatsite.request_context as request_context
 from chatsite.database import db_async, reconnecting
 from inference.engine.host import EngineRequestError, EngineUnavailable, engine_host_for
+from inference.execution.replay import replay_stream
+from inference.held import AnswerWithdrawn, HeldGates, held_verdict_wait
 from inference.models import Generation
 from inference.openai import wire
 from inference.selectors import deployment_cached, deployment_get_cached, engine_spec_for
@@ -36,15 +37,8 @@ from moderation.services import CONTENT_FILTER, ContentFiltered, output_flag_cre
 logger = logging.getLogger(__name__)
 
 
-# How long a stop or a release that came before its stream began is kept for it (see Runner.abort).
+# How long a stop that came before its stream began is kept for it (see Runner.abort).
 EARLY_STOP_KEPT_S = 30.0
-# How often a runner holding an answer's text for its message's verdict looks for that verdict in the
-# database, in case the release it was sent was lost on the way (see Runner._verdict).
-VERDICT_POLL_S = 0.5
-
-
-class AnswerWithdrawn(Exception):
-    """The held answer's message was blocked (or never judged): its row is gone, its text unshown."""
 
 
 class NotClaimed(Exception):
@@ -58,11 +52,10 @@ class Runner:
         self._streams: dict[str, asyncio.Task] = {}
         # Generations this runner is running, from the task's arrival to its end (see `run`).
         self._runs: set[str] = set()
-        # Stops and releases that came before their stream began (generation id -> when): see `abort`.
+        # Stops that came before their stream began (generation id -> when): see `abort`.
         self._early_stops: dict[str, float] = {}
-        self._early_releases: dict[str, float] = {}
-        # Held answers' gates, set when their message's verdict lets them through.
-        self._gates: dict[str, asyncio.Event] = {}
+        # Held answers' gates, set when their message's verdict lets them through (inference.held).
+        self.held = HeldGates()
 
     @property
     def active(self) -> int:
@@ -100,17 +93,8 @@ class Runner:
         self.loop.call_soon_threadsafe(self.release, str(generation_id))
 
     def release(self, generation_id: str) -> bool:
-        """Show a held answer's text from now on; True when this runner was holding it.
-
-        Like a stop, a release can come before the stream has begun (the web process judged the
-        message while the task was on its way): it is kept a while, and the stream begins released."""
-        key = str(generation_id)
-        gate = self._gates.get(key)
-        if gate is None:
-            _remember(self._early_releases, key)
-            return False
-        gate.set()
-        return True
+        """Show a held answer's text from now on; True when this runner was holding it."""
+        return self.held.release(generation_id)
 
     def abort(self, generation_id: str) -> bool:
         """Stop a generation's stream; True when this runner had it streaming.
@@ -174,10 +158,7 @@ class Runner:
         order's), else its user's tier's."""
         key = str(generation.id)
         # Held for its message's verdict, unless the release came while the task was on its way.
-        gate = None
-        if generation.awaiting_verdict and self._early_releases.pop(key, None) is None:
-            gate = self._gates[key] = asyncio.Event()
-        run = GenerationRun(generation, claim, gate=gate, tier_id=tier_id, verdict=self._verdict)
+        run = GenerationRun(generation, claim, gate=self.held.hold(generation), tier_id=tier_id)
         stream = asyncio.create_task(run.stream(), name=f"generation-{key}")
         self._streams[key] = stream
         if self._early_stops.pop(key, None) is not None:
@@ -187,7 +168,7 @@ class Runner:
             status, error_code, error_message = await run.ending(stream)
         finally:
             self._streams.pop(key, None)
-            self._gates.pop(key, None)
+            self.held.forget(key)
 
         if await asyncio.shield(claim) is None:  # a claim that failed with an error raises here
             logger.info("generation %s was already claimed or ended; its engine request was dropped", key)
@@ -204,35 +185,6 @@ class Runner:
                 withdrawn=not run.released,
             )
         )
-
-    async def _verdict(self, generation: Generation, gate: asyncio.Event) -> None:
-        """Wait until the held answer's message passes input moderation; its first text waits here.
-
-        The web process that saved the message releases it (`release`, through the release channel
-        on a worker); a release lost on the way is found in the database within VERDICT_POLL_S. A
-        verdict that blocks withdraws the answer: its stop cancels this wait, or the row is found
-        gone (AnswerWithdrawn). If no verdict comes within INFERENCE_VERDICT_WAIT_S, the web process
-        died between saving the message and judging it, and the runner judges the message itself.
-        """
-        from inference.selectors import generation_awaiting_verdict
-        from inference.services import held_answer_judge
-
-        deadline = self.loop.time() + settings.INFERENCE_VERDICT_WAIT_S
-        while not gate.is_set():
-            try:
-                await asyncio.wait_for(gate.wait(), VERDICT_POLL_S)
-                return
-            except TimeoutError:
-                pass
-            awaiting = await db_async(generation_awaiting_verdict)(generation_id=generation.id)
-            if awaiting is None:
-                raise AnswerWithdrawn
-            if not awaiting:
-                return
-            if self.loop.time() >= deadline:
-                logger.warning("generation %s: no verdict on its message came; judging it here", generation.id)
-                await db_async(held_answer_judge)(generation_id=generation.id)
-                deadline = float("inf")  # judged: the next look finds it released or withdrawn
 
     async def _finish(
         self, publisher, generation, status, progress, error_code, error_message, *, filtered=None, withdrawn=False
@@ -251,6 +203,7 @@ class Runner:
             finish_reason=progress["finish_reason"],
             prompt_tokens=progress["prompt_tokens"],
             completion_tokens=progress["completion_tokens"],
+            cached_tokens=progress["cached_tokens"],
             error_code=error_code,
             error_message=error_message,
         )
@@ -270,7 +223,7 @@ class Runner:
             await publisher.finish(
                 status=status,
                 finish_reason=progress["finish_reason"],
-                usage=wire.usage(progress["prompt_tokens"], progress["completion_tokens"]),
+                usage=wire.usage(progress["prompt_tokens"], progress["completion_tokens"], progress["cached_tokens"]),
                 text=text if filtered is not None else None,
             )
 
@@ -294,25 +247,26 @@ class GenerationRun:
         *,
         gate: asyncio.Event | None,
         tier_id: int | None,
-        verdict: Callable[[Generation, asyncio.Event], Awaitable[None]],
     ) -> None:
         self.generation = generation
         self.claim = claim
-        self._host = engine_host_for(engine_spec_for(generation.deployment))
+        # An answer from the response cache is played back (inference.caching): no engine runs it.
+        self._host = None if generation.cached else engine_host_for(engine_spec_for(generation.deployment))
         self.gate = gate
-        self._verdict = verdict
         self.publisher = StreamPublisher(generation.id)
-        self.progress = {
+        self.progress: dict[str, Any] = {
             "prompt_tokens": len(generation.prompt_token_ids),
             "completion_tokens": 0,
+            "cached_tokens": 0,
             "finish_reason": "",
         }
         self.filtered: ContentFiltered | None = None
         self.released = gate is None  # whether the text may be shown: a held answer's, once its verdict passes
         # Output moderation: scores each completed sentence; raises ContentFiltered to cut the answer.
-        # Its policy is read while the engine works on the first token, not before the request starts.
+        # Its policy is read while the engine works on the first token, not before the request starts;
+        # a read, retried on a fresh connection: one the database dropped would fail the answer.
         self._monitor_loading = asyncio.ensure_future(
-            db_async(output_monitor_for)(generation=generation, tier_id=tier_id)
+            db_async(reconnecting(output_monitor_for))(generation=generation, tier_id=tier_id)
         )
         # An answer that ends before its first token (a stop, an engine error) never awaits it.
         self._monitor_loading.add_done_callback(lambda future: future.cancelled() or future.exception())
@@ -322,21 +276,29 @@ class GenerationRun:
         generation = self.generation
         # aclosing: leaving the loop early (a content-filter cut) closes the stream, which aborts
         # the request inside vLLM just as a cancelled consumer does.
-        async with aclosing(
-            self._host.stream(
+        source = (
+            replay_stream(
+                text=generation.text,
+                prompt_tokens=len(generation.prompt_token_ids),
+                completion_tokens=generation.completion_tokens,
+            )
+            if self._host is None
+            else self._host.stream(
                 request_id=str(generation.id),
                 prompt_token_ids=generation.prompt_token_ids,
                 sampling=generation.sampling,
                 priority=generation.priority,
             )
-        ) as deltas:
+        )
+        async with aclosing(source) as deltas:
             monitor = None
             async for delta in deltas:
                 if monitor is None:
                     monitor = await self._first_text_may_show()
                 self.progress["completion_tokens"] = delta.completion_tokens
+                self.progress["cached_tokens"] = max(self.progress["cached_tokens"], delta.cached_tokens)
                 await monitor.feed(delta.text, final=delta.finished)
-                await self.publisher.add_text(delta.text)
+                await self.publisher.add_text(delta.text, logprobs=delta.logprobs)
                 if delta.finished:
                     self.progress["finish_reason"] = delta.finish_reason or "stop"
                     # The last words go out once they have passed their check, not after the
@@ -349,7 +311,7 @@ class GenerationRun:
         row = await self._claimed()
         if not self.released:
             assert self.gate is not None
-            await self._verdict(self.generation, self.gate)
+            await held_verdict_wait(self.generation, self.gate)
             self.released = True
             _mark_started(row)
         monitor = await self._monitor_loading
@@ -415,13 +377,13 @@ def _mark_started(claimed: Generation) -> None:
 
 
 def _remember(early: dict[str, float], key: str) -> None:
-    """Note a stop or release for a stream not begun yet, forgetting those kept long enough."""
+    """Note a stop for a stream not begun yet, forgetting those kept long enough."""
     now = time.monotonic()
     for old_key in [k for k, t in early.items() if now - t >= EARLY_STOP_KEPT_S]:
         del early[old_key]
     early[key] = now
 
 
-def _log_failure(future: concurrent.futures.Future) -> None:
+def _log_failure(future: concurrent.futures.Future | asyncio.Future) -> None:
     if not future.cancelled() and future.exception() is not None:
         logger.error("generation runner crashed", exc_info=future.exception())

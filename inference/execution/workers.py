@@ -20,16 +20,20 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
 from chatsite.database import db_async, reconnecting
 from chatsite.heap import heap_freeze_when_warm, heap_frozen_count
 from chatsite.redis_clients import redis_async_client, redis_client
+
+if TYPE_CHECKING:
+    from inference.execution.runner import Runner
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +65,7 @@ class WorkerRuntime:
         self.name = name
         self.deployments = deployments
         self.loop = asyncio.new_event_loop()
-        self.runner = None
+        self.runner: Runner | None = None
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="engine-loop", daemon=True)
         self._tasks: list[asyncio.Task] = []
@@ -109,9 +113,14 @@ class WorkerRuntime:
             self.loop.create_task(reap_forever()),
         ]
 
+    def _runner(self) -> Runner:
+        if self.runner is None:
+            raise RuntimeError("the worker's engine loop has not started")
+        return self.runner
+
     def run(self, generation_id: str, *, order: dict[str, Any] | None = None) -> None:
         """Run one generation to its end, blocking the calling (Celery) thread meanwhile."""
-        self.runner.submit_threadsafe(generation_id, order=order).result()
+        self._runner().submit_threadsafe(generation_id, order=order).result()
 
     def status(self) -> dict[str, Any]:
         """What the heartbeat publishes. It runs on the engine loop every second, so nothing here may
@@ -163,9 +172,9 @@ class WorkerRuntime:
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
                         if message["channel"].decode() == RELEASE_CHANNEL:
-                            self.runner.release(message["data"].decode())
+                            self._runner().release(message["data"].decode())
                         else:
-                            self.runner.abort(message["data"].decode())
+                            self._runner().abort(message["data"].decode())
                     elif message.get("type") == "subscribe" and message["channel"].decode() == ABORT_CHANNEL:
                         delay = 0.0
                         await self._abort_stops_missed()
@@ -184,13 +193,13 @@ class WorkerRuntime:
         the database before it publishes one: so the stops missed before are all in the database."""
         from inference.selectors import generation_ids_stop_requested
 
-        streaming = self.runner.streaming_ids()
+        streaming = self._runner().streaming_ids()
         if streaming:
             for generation_id in await db_async(generation_ids_stop_requested)(ids=streaming):
                 logger.info(
                     "generation %s: applying a stop published while the abort listener reconnected", generation_id
                 )
-                self.runner.abort(generation_id)
+                self._runner().abort(generation_id)
 
     def stop(self) -> None:
         from inference.engine.host import engine_hosts
@@ -206,6 +215,16 @@ class WorkerRuntime:
 
 
 _runtime: WorkerRuntime | None = None
+
+
+def worker_command(*, queues: list[str], node: str, concurrency: int, loglevel: str = "INFO") -> list[str]:
+    """The command line of a GPU worker, as the Procfile starts one: the threads pool (one engine per
+    process, which a prefork child could not start), no gossip or mingle (workers share nothing but
+    Redis). For the processes the tests and benchmarks start themselves."""
+    return [
+        *(sys.executable, "-m", "celery", "-A", "chatsite", "worker", "-P", "threads", "-c", str(concurrency)),
+        *("-Q", ",".join(queues), "-n", node, "--without-gossip", "--without-mingle", "-l", loglevel),
+    ]
 
 
 def worker_runtime_start(*, queues: list[str], name: str = "", pool: Any = None) -> WorkerRuntime:
@@ -272,10 +291,11 @@ def release_broadcast(generation_id: Any) -> None:
 
 
 def worker_engine_state(deployment: str) -> str:
-    """ready if any worker's engine for it is ready, else loading if one is loading, else offline."""
+    """ready if any live worker's engine for it is ready, else loading if one is loading, else failed
+    if one failed to load, else offline (no live worker serves it)."""
     client = _redis()
     since = time.time() - settings.INFERENCE_WORKER_HEARTBEAT_TTL_S
-    for state in ("ready", "loading"):
+    for state in ("ready", "loading", "failed"):
         if client.zcount(ENGINE_STATE_KEY.format(deployment=deployment, state=state), since, "+inf"):
             return state
     return "offline"

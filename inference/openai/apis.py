@@ -8,8 +8,8 @@ so the official client raises its own exception types.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from contextlib import aclosing
 from typing import Any
 
 from django.conf import settings
@@ -23,19 +23,23 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.authentication import ApiKeyAuthentication, HasScope, require_scope
+from accounts.authentication import ApiKeyAuthentication, HasScope, api_key_caller
 from chatsite.database import db_async
 from chatsite.errors import ClientError, validated_json_body
 from chatsite.parsers import request_body
-from inference.openai import wire
+from inference.held import checked_after_commit
+from inference.openai import responding, wire
 from inference.openai.fields import SamplingFieldsSerializer
+from inference.openai.tools import (
+    ToolFieldsSerializer,
+    tool_call_readers,
+    tool_fields_check,
+    tool_message_fields,
+)
 from inference.services import completion_create, newest_user_text
-from inference.streaming.following import FOLLOW_TIMEOUT_MESSAGE, follow_streams, stopped_if_abandoned
-from inference.streaming.streams import ServerRestarting
-from moderation.services import checked_after_commit
 
 
-class ChatCompletionInputSerializer(SamplingFieldsSerializer):
+class ChatCompletionInputSerializer(SamplingFieldsSerializer, ToolFieldsSerializer):
     model = serializers.CharField(max_length=100)
     messages = serializers.ListField(child=serializers.DictField(), min_length=1, max_length=512)
     stream = serializers.BooleanField(default=False)
@@ -51,13 +55,19 @@ class ChatCompletionInputSerializer(SamplingFieldsSerializer):
     frequency_penalty = serializers.FloatField(min_value=-2, max_value=2, required=False, allow_null=True)
     user = serializers.CharField(max_length=256, required=False, allow_blank=True)
 
-    def validate_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+    def validate_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         cleaned = []
         for message in messages:
             role = message.get("role")
-            if role not in ("system", "developer", "user", "assistant"):
-                raise serializers.ValidationError("Each message needs a role: system, developer, user or assistant.")
+            if role not in ("system", "developer", "user", "assistant", "tool"):
+                raise serializers.ValidationError(
+                    "Each message needs a role: system, developer, user, assistant or tool."
+                )
+            calls = tool_message_fields(message)
             content = message.get("content")
+            if content is None and calls.get("tool_calls"):  # an assistant's turn that only called tools
+                cleaned.append({"role": role, "content": None, **calls})
+                continue
             if isinstance(content, list):  # content parts: text only
                 if not all(
                     isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
@@ -68,8 +78,8 @@ class ChatCompletionInputSerializer(SamplingFieldsSerializer):
                 raise serializers.ValidationError("Each message's content must be a string or a list of text parts.")
             if "\x00" in content:
                 raise serializers.ValidationError("Message content cannot contain NUL characters.")
-            cleaned.append({"role": "system" if role == "developer" else role, "content": content})
-        if sum(len(m["content"]) for m in cleaned) > settings.API_MAX_PROMPT_CHARS:
+            cleaned.append({"role": "system" if role == "developer" else role, "content": content, **calls})
+        if sum(len(m["content"] or "") for m in cleaned) > settings.API_MAX_PROMPT_CHARS:
             raise serializers.ValidationError(
                 f"The messages are longer than {settings.API_MAX_PROMPT_CHARS} characters."
             )
@@ -95,6 +105,9 @@ class ChatCompletionInputSerializer(SamplingFieldsSerializer):
             raise serializers.ValidationError("include_usage must be a boolean.")
         return options
 
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        return tool_fields_check(super().validate(data))
+
 
 def _error(exc: ClientError) -> JsonResponse:
     response = JsonResponse(
@@ -105,35 +118,12 @@ def _error(exc: ClientError) -> JsonResponse:
     return response
 
 
-def _authenticate(request: HttpRequest) -> tuple[Any, Any]:
-    """The API key's owner and the key, or a 401/403 ClientError. Keys only: no cookies on /v1."""
-    drf_request = Request(request)
-    try:
-        result = ApiKeyAuthentication().authenticate(drf_request)
-    except exceptions.AuthenticationFailed as exc:
-        raise ClientError(str(exc.detail), code="invalid_api_key", status=401) from None
-    if result is None:
-        raise ClientError(
-            "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
-            code="invalid_api_key",
-            status=401,
-        )
-    drf_request.user, drf_request.auth = result
-    try:
-        require_scope(drf_request, "chat")
-    except exceptions.PermissionDenied as exc:
-        raise ClientError(str(exc.detail), code="insufficient_scope", status=403) from None
-    if not result[0].is_active:
-        raise ClientError("This account is disabled.", code="account_disabled", status=403)
-    return result
-
-
 @csrf_exempt
 async def chat_completions(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _error(ClientError("Use POST.", code="method_not_allowed", status=405))
     try:
-        user, api_key = await db_async(_authenticate)(request)
+        user, api_key = await db_async(api_key_caller)(request, scope="chat")
         data = validated_json_body(request_body(request), ChatCompletionInputSerializer)
         # Scored once the completion is committed held: the engine starts on it meanwhile.
         generations = await checked_after_commit(
@@ -142,111 +132,33 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     except ClientError as exc:
         return _error(exc)
     ids = [str(g.id) for g in generations]
-    meta = {"completion_id": f"chatcmpl-{generations[0].id.hex}", "created": int(time.time()), "model": data["model"]}
+    include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
+    # Loads vLLM's parser the first time (seconds): off the event loop.
+    readers = await asyncio.to_thread(tool_call_readers, data, deployment=generations[0].deployment, n=len(ids))
+    # Played back from the response cache (inference.caching): said in a header and in the body.
+    cached = all(g.cached for g in generations)
+    # The model that writes it: the deployment its name was routed to (orchestration.routing).
+    shape = responding.ChatShape(
+        completion_id=f"chatcmpl-{generations[0].id.hex}",
+        created=int(time.time()),
+        model=generations[0].deployment.name,
+        include_usage=data["stream"] and include_usage,
+        logprobs=data.get("logprobs") is not None,
+        readers=readers,
+        cached=cached,
+    )
+    response: HttpResponse
     if data["stream"]:
-        include_usage = bool(data["stream_options"].get("include_usage")) if data.get("stream_options") else False
-        response = StreamingHttpResponse(_stream(ids, meta, include_usage), content_type="text/event-stream")
+        response = StreamingHttpResponse(
+            responding.streamed(ids, shape, include_usage=include_usage), content_type="text/event-stream"
+        )
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
-        return response
-    return await _complete(ids, meta)
-
-
-async def _stream(ids: list[str], meta: dict[str, Any], include_usage: bool):
-    def chunk(i: int, **delta: Any) -> bytes:
-        return wire.sse(wire.chunk(**meta, choices=[wire.delta_choice(i, **delta)], include_usage=include_usage))
-
-    index = {generation_id: i for i, generation_id in enumerate(ids)}
-    sent = [""] * len(ids)
-    # A choice's role goes out with its first text, not before prefill: a client timing its first
-    # token times the answer's, as from OpenAI and vLLM.
-    started = [False] * len(ids)
-
-    def text_chunk(i: int, text: str) -> bytes:
-        role = None if started[i] else "assistant"
-        started[i] = True
-        return chunk(i, role=role, content=text)
-
-    usage = wire.usage(0, 0)
-    try:
-        async with stopped_if_abandoned(ids) as following:
-            async with aclosing(follow_streams(ids)) as events:
-                async for event in events:
-                    i = index[event["generation"]]
-                    if event["type"] == "generation.delta":
-                        sent[i] += event["text"]
-                        yield text_chunk(i, event["text"])
-                    elif event["type"] == "generation.done":
-                        # An end made from the row carries the whole text (`ends_from_rows`): send
-                        # what the deltas did not.
-                        rest = _unsent(sent[i], event.get("text"))
-                        if rest or not started[i]:
-                            yield text_chunk(i, rest)
-                        yield chunk(i, finish=wire.finish_reason(event.get("finish_reason")))
-                        usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
-                    else:  # a failed choice ends the response; the others are stopped
-                        yield wire.sse(_failure_body(event))
-                        return
-            following.ended = True
-    except TimeoutError:
-        yield wire.sse(wire.error_body(message=FOLLOW_TIMEOUT_MESSAGE, status=504, code="timeout"))
-        return
-    except ServerRestarting:
-        # An OpenAI stream cannot be resumed: it ends with an error, and its answers are stopped
-        # (charged for what they had generated), as when its client goes away.
-        yield wire.sse(wire.error_body(message=SERVER_RESTARTING_MESSAGE, status=503, code="server_restarting"))
-        return
-    if include_usage:
-        yield wire.sse(wire.chunk(**meta, choices=[], usage=usage, include_usage=True))
-    yield wire.sse("[DONE]")
-
-
-async def _complete(ids: list[str], meta: dict[str, Any]) -> JsonResponse:
-    index = {generation_id: i for i, generation_id in enumerate(ids)}
-    texts, reasons = [""] * len(ids), ["stop"] * len(ids)
-    usage = wire.usage(0, 0)
-    try:
-        async with stopped_if_abandoned(ids) as following, aclosing(follow_streams(ids)) as events:
-            async for event in events:
-                i = index[event["generation"]]
-                if event["type"] == "generation.delta":
-                    texts[i] += event["text"]
-                elif event["type"] == "generation.done":
-                    # The text a `done` carries replaces the deltas': a content filter's cut, or the
-                    # whole answer when its end came from its row (`ends_from_rows`).
-                    texts[i] = event.get("text", texts[i])
-                    reasons[i] = wire.finish_reason(event.get("finish_reason"))
-                    usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
-                else:  # a failed choice fails the request; the others are stopped
-                    return JsonResponse(_failure_body(event), status=500)
-            following.ended = True
-    except TimeoutError:
-        return JsonResponse(wire.error_body(message=FOLLOW_TIMEOUT_MESSAGE, status=504, code="timeout"), status=504)
-    except ServerRestarting:
-        body = wire.error_body(message=SERVER_RESTARTING_MESSAGE, status=503, code="server_restarting")
-        return JsonResponse(body, status=503)
-    return JsonResponse(wire.completion(**meta, texts=texts, reasons=reasons, usage=usage))
-
-
-def _unsent(sent: str, whole: str | None) -> str:
-    """What of `whole`, an answer's text as its `done` gives it, the deltas have not sent: nothing
-    when it is not a continuation of what they sent (a cut cannot take back what a stream sent)."""
-    if whole is None or not whole.startswith(sent):
-        return ""
-    return whole[len(sent) :]
-
-
-SERVER_RESTARTING_MESSAGE = "The server is restarting. Try the request again."
-
-
-def _failure_body(event: dict[str, Any]) -> dict[str, Any]:
-    return wire.error_body(message=event.get("message", "The generation failed."), status=500, code=event.get("code"))
-
-
-def _add_usage(total: dict[str, int], usage: dict[str, int], *, first: bool) -> dict[str, int]:
-    """n choices share one prompt: count its tokens once, every choice's completion."""
-    prompt = usage.get("prompt_tokens", 0) if first else 0
-    return wire.usage(total["prompt_tokens"] + prompt, total["completion_tokens"] + usage.get("completion_tokens", 0))
+    else:
+        response = await responding.whole(ids, shape)
+    if cached:
+        response["X-Cache"] = "hit"
+    return response
 
 
 class ChatCompletionApi(APIView):
@@ -291,18 +203,23 @@ class ModelListApi(APIView):
     required_scope = "models:read"
 
     class OutputSerializer(serializers.Serializer):
-        id = serializers.CharField(source="name")
+        """One public model name (inference.selectors.models_listed): (name, its first deployment)."""
+
+        id = serializers.SerializerMethodField()
         object = serializers.SerializerMethodField()
         created = serializers.SerializerMethodField()
         owned_by = serializers.SerializerMethodField()
 
-        def get_object(self, deployment) -> str:
+        def get_id(self, listed) -> str:
+            return listed[0]
+
+        def get_object(self, listed) -> str:
             return "model"
 
-        def get_created(self, deployment) -> int:
-            return int(deployment.created_at.timestamp())
+        def get_created(self, listed) -> int:
+            return int(listed[1].created_at.timestamp())
 
-        def get_owned_by(self, deployment) -> str:
+        def get_owned_by(self, listed) -> str:
             return "chatsite"
 
     @extend_schema(
@@ -314,10 +231,10 @@ class ModelListApi(APIView):
     def get(self, request: Request) -> Response:
         from accounts.selectors import deployments_allowed_for_user
         from accounts.services import action_admit
-        from inference.selectors import deployment_list_enabled
+        from inference.selectors import deployment_list_enabled, models_listed
 
         action_admit(user=request.user, action="model_list")
         enabled = deployment_list_enabled(task=None)  # embedding models too
         deployments = deployments_allowed_for_user(user=request.user, deployments=enabled)
-        data = self.OutputSerializer(deployments, many=True).data
+        data = self.OutputSerializer(models_listed(deployments), many=True).data
         return Response({"object": "list", "data": data})

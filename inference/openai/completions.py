@@ -4,13 +4,13 @@ The chat completion's path with a raw prompt: the same key, plan, limits, quotas
 moderation (the prompt is judged as a chat's newest user message is), the same generations and
 ledger rows; only the prompt (text or token ids, not rendered in the chat template) and the wire
 shape (`text_completion`, `choices[].text`) differ. Fields OpenAI has and this service cannot honour
-(`echo`, `logprobs`, `best_of` above `n`, `suffix`) are refused with a 400 naming them.
+(`echo`, `best_of` above `n`, `suffix`) are refused with a 400 naming them; `logprobs` (the number
+of most likely tokens to give beside each sampled one) is vLLM's, in the legacy shape.
 """
 
 from __future__ import annotations
 
 import time
-from contextlib import aclosing
 from typing import Any
 
 from django.conf import settings
@@ -28,12 +28,10 @@ from accounts.authentication import ApiKeyAuthentication, HasScope, api_key_call
 from chatsite.database import db_async
 from chatsite.errors import ClientError, validated_json_body
 from chatsite.parsers import request_body
-from inference.openai import wire
-from inference.openai.apis import SERVER_RESTARTING_MESSAGE, _add_usage, _failure_body, _unsent
+from inference.held import checked_after_commit
+from inference.openai import responding, wire
+from inference.openai.fields import MAX_TOP_LOGPROBS
 from inference.services import completion_create
-from inference.streaming.following import FOLLOW_TIMEOUT_MESSAGE, follow_streams, stopped_if_abandoned
-from inference.streaming.streams import ServerRestarting
-from moderation.services import checked_after_commit
 
 # OpenAI's default for this endpoint (and vLLM's): a text completion is a short continuation.
 DEFAULT_MAX_TOKENS = 16
@@ -54,7 +52,7 @@ class CompletionInputSerializer(serializers.Serializer):
     presence_penalty = serializers.FloatField(min_value=-2, max_value=2, required=False, allow_null=True)
     frequency_penalty = serializers.FloatField(min_value=-2, max_value=2, required=False, allow_null=True)
     echo = serializers.BooleanField(required=False, allow_null=True)
-    logprobs = serializers.IntegerField(required=False, allow_null=True)
+    logprobs = serializers.IntegerField(min_value=0, max_value=MAX_TOP_LOGPROBS, required=False, allow_null=True)
     suffix = serializers.CharField(required=False, allow_null=True, allow_blank=True)
     user = serializers.CharField(max_length=256, required=False, allow_blank=True)
 
@@ -111,11 +109,6 @@ class CompletionInputSerializer(serializers.Serializer):
             raise serializers.ValidationError("echo is not supported.")
         return echo
 
-    def validate_logprobs(self, logprobs: int | None) -> int | None:
-        if logprobs is not None:
-            raise serializers.ValidationError("logprobs is not supported on this endpoint.")
-        return logprobs
-
     def validate_suffix(self, suffix: str | None) -> str | None:
         if suffix:
             raise serializers.ValidationError("suffix (insertion) is not supported.")
@@ -144,9 +137,9 @@ def _moderated_text(data: dict[str, Any]) -> str:
     if isinstance(prompt, str):
         return prompt
     from inference.engine.tokenizers import tokenizer_for
-    from inference.selectors import deployment_get
+    from inference.selectors import deployment_serving
 
-    deployment = deployment_get(name=data["model"])
+    deployment = deployment_serving(model=data["model"])
     return tokenizer_for(deployment.model_path).decode(prompt, skip_special_tokens=True)
 
 
@@ -171,103 +164,22 @@ async def completions(request: HttpRequest) -> HttpResponseBase:
     except ClientError as exc:
         return _error(exc)
     ids = [str(g.id) for g in generations]
-    meta = {"completion_id": f"cmpl-{generations[0].id.hex}", "created": int(time.time()), "model": data["model"]}
+    include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
+    # The model that writes it: the deployment its name was routed to (orchestration.routing).
+    shape = responding.TextShape(
+        completion_id=f"cmpl-{generations[0].id.hex}",
+        created=int(time.time()),
+        model=generations[0].deployment.name,
+        include_usage=data["stream"] and include_usage,
+        logprobs=data.get("logprobs") is not None,
+    )
     if data["stream"]:
-        include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
-        response = StreamingHttpResponse(_stream(ids, meta, include_usage), content_type="text/event-stream")
+        stream = responding.streamed(ids, shape, include_usage=include_usage)
+        response = StreamingHttpResponse(stream, content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
         return response
-    return await _complete(ids, meta)
-
-
-def text_chunk(
-    *,
-    completion_id: str,
-    created: int,
-    model: str,
-    choices: list[dict[str, Any]],
-    usage: Any = ...,
-    include_usage: bool,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": completion_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "system_fingerprint": None,
-        "choices": choices,
-    }
-    if include_usage:
-        body["usage"] = None if usage is ... else usage
-    return body
-
-
-def text_choice(index: int, text: str, finish: str | None = None) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
-
-
-async def _stream(ids: list[str], meta: dict[str, Any], include_usage: bool):
-    def chunk(i: int, text: str, finish: str | None = None) -> bytes:
-        return wire.sse(text_chunk(**meta, choices=[text_choice(i, text, finish)], include_usage=include_usage))
-
-    index = {generation_id: i for i, generation_id in enumerate(ids)}
-    sent = [""] * len(ids)
-    usage = wire.usage(0, 0)
-    try:
-        async with stopped_if_abandoned(ids) as following, aclosing(follow_streams(ids)) as events:
-            async for event in events:
-                i = index[event["generation"]]
-                if event["type"] == "generation.delta":
-                    sent[i] += event["text"]
-                    yield chunk(i, event["text"])
-                elif event["type"] == "generation.done":
-                    yield chunk(i, _unsent(sent[i], event.get("text")), wire.finish_reason(event.get("finish_reason")))
-                    usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
-                else:  # a failed choice ends the response; the others are stopped
-                    yield wire.sse(_failure_body(event))
-                    return
-            following.ended = True
-    except TimeoutError:
-        yield wire.sse(wire.error_body(message=FOLLOW_TIMEOUT_MESSAGE, status=504, code="timeout"))
-        return
-    except ServerRestarting:
-        yield wire.sse(wire.error_body(message=SERVER_RESTARTING_MESSAGE, status=503, code="server_restarting"))
-        return
-    if include_usage:
-        yield wire.sse(text_chunk(**meta, choices=[], usage=usage, include_usage=True))
-    yield wire.sse("[DONE]")
-
-
-async def _complete(ids: list[str], meta: dict[str, Any]) -> JsonResponse:
-    index = {generation_id: i for i, generation_id in enumerate(ids)}
-    texts, reasons = [""] * len(ids), ["stop"] * len(ids)
-    usage = wire.usage(0, 0)
-    try:
-        async with stopped_if_abandoned(ids) as following, aclosing(follow_streams(ids)) as events:
-            async for event in events:
-                i = index[event["generation"]]
-                if event["type"] == "generation.delta":
-                    texts[i] += event["text"]
-                elif event["type"] == "generation.done":
-                    texts[i] = event.get("text", texts[i])
-                    reasons[i] = wire.finish_reason(event.get("finish_reason"))
-                    usage = _add_usage(usage, event.get("usage") or {}, first=i == 0)
-                else:
-                    return JsonResponse(_failure_body(event), status=500)
-            following.ended = True
-    except TimeoutError:
-        return JsonResponse(wire.error_body(message=FOLLOW_TIMEOUT_MESSAGE, status=504, code="timeout"), status=504)
-    except ServerRestarting:
-        body = wire.error_body(message=SERVER_RESTARTING_MESSAGE, status=503, code="server_restarting")
-        return JsonResponse(body, status=503)
-    body = text_chunk(
-        **meta,
-        choices=[text_choice(i, text, reason) for i, (text, reason) in enumerate(zip(texts, reasons, strict=True))],
-        usage=usage,
-        include_usage=True,
-    )
-    return JsonResponse(body)
+    return await responding.whole(ids, shape)
 
 
 class CompletionApi(APIView):

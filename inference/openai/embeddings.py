@@ -23,7 +23,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.authentication import ApiKeyAuthentication, HasScope
+from accounts.authentication import ApiKeyAuthentication, HasScope, request_user
 from accounts.models import ApiKey
 from accounts.services import admission_refund, api_request_admit, embedding_record
 from chatsite.errors import ClientError
@@ -108,14 +108,14 @@ class EmbeddingApi(APIView):
             )
         tokens = sum(_token_counts(deployment, texts))
         admission = api_request_admit(
-            user=request.user, deployment=deployment, tokens=tokens, api_key=_api_key(request)
+            user=request_user(request), deployment=deployment, tokens=tokens, api_key=_api_key(request)
         )
         try:
             vectors = sentence_embeddings(model=deployment.model, texts=texts)
         except BaseException:
             admission_refund(admission=admission)
             raise
-        embedding_record(user=request.user, deployment=deployment, tokens=tokens)
+        embedding_record(user=request_user(request), deployment=deployment, tokens=tokens)
         encode = _base64 if data["encoding_format"] == "base64" else _floats
         return Response(
             {

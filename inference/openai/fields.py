@@ -38,9 +38,15 @@ SUPPORTED = frozenset(
         "frequency_penalty",
         "logit_bias",
         "response_format",
+        "logprobs",
+        "top_logprobs",
         # An end-user id for abuse monitoring: it changes nothing in the answer, at OpenAI either.
         "user",
         "safety_identifier",
+        # Tool calling (inference/openai/tools.py): refused there by a deployment without a parser.
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
     }
 )
 
@@ -59,12 +65,11 @@ def _truthy(value: Any) -> bool:
 # OpenAI's fields this service cannot honour: each with the test of a value that asks for something
 # (a value that asks for nothing, such as `logprobs: false`, is accepted) and why it is refused.
 REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "tools": (_truthy, "Tool calling is not supported by this server yet."),
-    "tool_choice": (lambda v: v not in (None, "none"), "Tool calling is not supported by this server yet."),
-    "functions": (_truthy, "Function calling is not supported by this server yet."),
-    "function_call": (lambda v: v not in (None, "none"), "Function calling is not supported by this server yet."),
-    "logprobs": (_truthy, "Log probabilities are not supported by this server yet."),
-    "top_logprobs": (lambda v: v not in (None, 0), "Log probabilities are not supported by this server yet."),
+    "functions": (_truthy, "The deprecated function calling fields are not supported: use 'tools'."),
+    "function_call": (
+        lambda v: v not in (None, "none"),
+        "The deprecated function calling fields are not supported: use 'tool_choice'.",
+    ),
     "audio": (_present, "Audio output is not supported."),
     "modalities": (lambda v: v not in (None, ["text"]), "Only text output is supported."),
     "prediction": (_present, "Predicted outputs are not supported."),
@@ -75,8 +80,6 @@ REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "metadata": (_truthy, "Completions are not stored, so they take no metadata."),
     "service_tier": (lambda v: v not in (None, "auto", "default"), "Only the default service tier exists."),
     "prompt_cache_key": (_present, "Prompt caching is automatic here and takes no key."),
-    # Without tools it asks for nothing; with tools the request is refused for `tools` anyway.
-    "parallel_tool_calls": (lambda v: v is not None and not isinstance(v, bool), "Must be a boolean."),
 }
 
 
@@ -134,6 +137,8 @@ def completion_sampling(*, request: dict[str, Any], deployment: Any) -> dict[str
         sampling["stop"] = request["stop"]
     if request.get("logit_bias"):
         sampling["logit_bias"] = request["logit_bias"]
+    if request.get("logprobs") is not None:
+        sampling["logprobs"] = request["logprobs"]
     structured = response_format_structured_outputs(request.get("response_format"))
     if structured is not None:
         sampling["structured_outputs"] = structured
@@ -148,6 +153,9 @@ def choice_seed(seed: int | None, index: int) -> int | None:
     return (seed + index + 2**63) % 2**64 - 2**63
 
 
+# The most alternatives to a sampled token a request may ask the log probabilities of: vLLM's
+# `max_logprobs` (an engine argument, 20 unless a deployment sets it), and OpenAI's limit.
+MAX_TOP_LOGPROBS = 20
 # Each key a token id: `logit_bias` is keyed by strings in JSON.
 LOGIT_BIAS_MAX_ENTRIES = 300
 STOP_TOKEN_IDS_MAX = 64
@@ -155,13 +163,20 @@ SCHEMA_MAX_CHARS = 50_000
 
 
 class SamplingFieldsSerializer(serializers.Serializer):
-    """The fields beyond the basics that reach vLLM: `logit_bias`, `response_format` and vLLM's
-    extras. A base of the chat completion serializer, which also runs the field check above."""
+    """The fields beyond the basics that reach vLLM: `logit_bias`, `response_format`, the log
+    probabilities and vLLM's extras. A base of the chat completion serializer, which also runs the
+    field check above.
+
+    Validated, `logprobs` is the number of most likely tokens to give beside each sampled one (chat's
+    `top_logprobs`, 0 when left out), or absent when no log probabilities were asked for: the text
+    completion's `logprobs` means the same, and vLLM's `SamplingParams(logprobs=...)` too."""
 
     logit_bias = serializers.DictField(
         child=serializers.FloatField(min_value=-100, max_value=100), required=False, allow_null=True
     )
     response_format = serializers.JSONField(required=False, allow_null=True)
+    logprobs = serializers.BooleanField(required=False, allow_null=True)
+    top_logprobs = serializers.IntegerField(min_value=0, max_value=MAX_TOP_LOGPROBS, required=False, allow_null=True)
     safety_identifier = serializers.CharField(max_length=256, required=False, allow_blank=True)
     top_k = serializers.IntegerField(min_value=-1, max_value=10**6, required=False, allow_null=True)
     min_p = serializers.FloatField(min_value=0, max_value=1, required=False, allow_null=True)
@@ -176,6 +191,15 @@ class SamplingFieldsSerializer(serializers.Serializer):
         if isinstance(data, dict):
             data = request_fields_check(data, strict=settings.OPENAI_API_STRICT_FIELDS)
         return super().to_internal_value(data)
+
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        data = super().validate(data)
+        top = data.pop("top_logprobs", None)
+        if data.pop("logprobs", None):
+            data["logprobs"] = top or 0
+        elif top:
+            raise serializers.ValidationError({"top_logprobs": ["top_logprobs needs logprobs: true."]})
+        return data
 
     def validate_logit_bias(self, bias: dict[str, float] | None) -> dict[str, float] | None:
         if not bias:

@@ -8,12 +8,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.authentication import ApiKeyAuthentication, HasScope
+from accounts.authentication import ApiKeyAuthentication, HasScope, request_user
 from accounts.selectors import deployments_allowed_for_user
 from accounts.services import action_admit
 from chatsite.errors import ClientError
 from inference.openai.apis import ModelListApi
-from inference.selectors import deployment_list_enabled
+from inference.selectors import deployment_list_enabled, models_listed
 
 
 class ModelDetailApi(APIView):
@@ -30,11 +30,13 @@ class ModelDetailApi(APIView):
         summary="Retrieve one model your plan includes",
     )
     def get(self, request: Request, model_id: str) -> Response:
-        action_admit(user=request.user, action="model_list")
-        enabled = [d for d in deployment_list_enabled(task=None) if d.name == model_id]
-        allowed = deployments_allowed_for_user(user=request.user, deployments=enabled)
-        if not allowed:
+        action_admit(user=request_user(request), action="model_list")
+        allowed = deployments_allowed_for_user(
+            user=request_user(request), deployments=deployment_list_enabled(task=None)
+        )
+        listed = [entry for entry in models_listed(allowed) if entry[0] == model_id]
+        if not listed:
             raise ClientError(
                 f"The model '{model_id}' does not exist.", code="model_not_found", status=404, param="model"
             )
-        return Response(ModelListApi.OutputSerializer(allowed[0]).data)
+        return Response(ModelListApi.OutputSerializer(listed[0]).data)

@@ -19,11 +19,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.authentication import ApiKeyAuthentication, HasScope
+from accounts.authentication import ApiKeyAuthentication, HasScope, request_user
 from accounts.models import ApiKey
 from accounts.services import api_request_admit
 from chatsite.errors import ClientError
-from inference.engine.tokenizers import render_chat, tokenizer_for
+from inference.engine.tokenizers import chat_template_text, render_chat, tokenizer_for
 from inference.models import ModelDeployment
 from inference.openai.apis import ChatCompletionInputSerializer
 from inference.selectors import deployment_get
@@ -72,7 +72,7 @@ class DetokenizeInputSerializer(_StrictSerializer):
 def _deployment_for(request: Request, model: str | None) -> ModelDeployment:
     """The chat deployment named (or the default one), admitted against the caller's plan."""
     deployment = deployment_get(name=model or None)
-    api_request_admit(user=request.user, deployment=deployment, tokens=0, api_key=_api_key(request))
+    api_request_admit(user=request_user(request), deployment=deployment, tokens=0, api_key=_api_key(request))
     return deployment
 
 
@@ -102,9 +102,15 @@ class TokenizeApi(APIView):
         tokenizer = tokenizer_for(deployment.model_path)
         if "messages" in data:
             if data["add_generation_prompt"]:
-                tokens = render_chat(tokenizer, data["messages"])
+                tokens = render_chat(tokenizer, data["messages"], chat_template=deployment.chat_template)
             else:
-                text = tokenizer.apply_chat_template(data["messages"], tokenize=False, add_generation_prompt=False)
+                template = chat_template_text(deployment.chat_template)
+                text = tokenizer.apply_chat_template(
+                    [{**m, "content": m["content"] or ""} for m in data["messages"]],
+                    tokenize=False,
+                    add_generation_prompt=False,
+                    **({} if template is None else {"chat_template": template}),
+                )
                 tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
         else:
             tokens = tokenizer(data["prompt"], add_special_tokens=data["add_special_tokens"])["input_ids"]

@@ -156,7 +156,7 @@ class RedisReplayBuffer:
         return [event for event in events if event["seq"] > after_seq]
 
 
-async def _in_one_pipeline(client: Any, batch: list[list[tuple]]) -> list[None]:
+async def _in_one_pipeline(client: Any, batch: list[list[tuple]]) -> list[None | Exception]:
     """Send each caller's commands, together and in order, in one pipeline."""
     async with client.pipeline(transaction=False) as pipe:
         for commands in batch:
@@ -203,6 +203,8 @@ class StreamPublisher:
         self.seq = 0
         self.text = ""
         self._pending = ""
+        # The pending text's tokens' log probabilities, for a request that asked for them.
+        self._pending_logprobs: list[dict[str, Any]] = []
         self._last_sent = 0.0
         self._layer = get_channel_layer()
         self._buffer = replay_buffer()
@@ -223,23 +225,29 @@ class StreamPublisher:
         publisher.text = "".join(event.get("text", "") for event in events if event["type"] == "generation.delta")
         return publisher
 
-    async def add_text(self, text: str) -> None:
-        if not text:
+    async def add_text(self, text: str, *, logprobs: list[dict[str, Any]] | None = None) -> None:
+        """Add an engine step's text and, when asked for, its tokens' log probabilities (a step can
+        bring tokens and no text yet: the end-of-text token, half of a character)."""
+        if not text and not logprobs:
             return
         self.text += text
         self._pending += text
+        self._pending_logprobs += logprobs or []
         now = time.monotonic()
         if self.seq == 0 or now - self._last_sent >= self.coalesce_s or len(self._pending) >= self.coalesce_chars:
             await self.flush()
 
     async def flush(self) -> None:
-        if not self._pending:
+        if not self._pending and not self._pending_logprobs:
             return
-        text, self._pending = self._pending, ""
+        event: dict[str, Any] = {"type": "generation.delta", "text": self._pending}
+        if self._pending_logprobs:
+            event["logprobs"] = self._pending_logprobs
+        self._pending, self._pending_logprobs = "", []
         self._last_sent = time.monotonic()
-        await self._publish({"type": "generation.delta", "text": text})
+        await self._publish(event)
 
-    async def finish(self, *, status: str, finish_reason: str, usage: dict[str, int], text: str | None = None) -> None:
+    async def finish(self, *, status: str, finish_reason: str, usage: dict[str, Any], text: str | None = None) -> None:
         """End the stream. `text`, when given, replaces what the client has shown (a content-filter cut)."""
         await self.flush()
         event: dict[str, Any] = {
@@ -284,7 +292,7 @@ def final_event_from_row(generation: Any, *, seq: int) -> dict[str, Any]:
             "type": "generation.done",
             "status": generation.status,
             "finish_reason": generation.finish_reason,
-            "usage": wire.usage(generation.prompt_tokens, generation.completion_tokens),
+            "usage": wire.usage(generation.prompt_tokens, generation.completion_tokens, generation.cached_tokens),
         }
     return {**event, "generation": str(generation.id), "seq": seq, "text": generation.text}
 

@@ -149,7 +149,8 @@ def test_failed_answers_do_not_count_against_the_quota(alice):
 
 def test_the_model_picker_offers_only_the_models_the_plan_includes(client, alice, bob, put_on_tier, big_model):
     client.force_login(alice)
-    assert [d.name for d in client.get("/").context["deployments"]] == ["smollm2-135m"]
+    # The public names (orchestration.routing): `auto` picks among those the plan includes.
+    assert [name for name, _ in client.get("/").context["models"]] == ["auto", "smollm2-135m"]
     put_on_tier(bob, "enterprise")
     client.force_login(bob)
-    assert [d.name for d in client.get("/").context["deployments"]] == ["big-model", "smollm2-135m"]
+    assert [name for name, _ in client.get("/").context["models"]] == ["auto", "big-model", "smollm2-135m"]

@@ -3,13 +3,15 @@
     composition   chatsite.settings, urls, asgi, celery (wires the apps together)
     observability metrics, health, the operations page (reads every app below it)
     conversations chats, messages, the chat page and its socket
+    documents     uploaded files, their chunks and index, retrieval with citations
+    orchestration routing, fallback and roll-outs; conversation memory; caching
     inference     deployments, generations, engines, workers, streaming, the OpenAI API
     moderation    classifiers, policies, flags and the review queue
     accounts      users, tiers, keys, limits and the ledger
     shared        the rest of chatsite (database, Redis, errors, parsing, security)
 
 Where a lower layer needs something done above it, it sends a signal the upper layer receives
-(`inference.signals.held_answer_unjudged`, `accounts.signals.quota_tokens_reserved`). Every import
+(`inference.held.held_answer_unjudged`, `accounts.signals.quota_tokens_reserved`). Every import
 counts, at the top of a module or inside a function, migrations and management commands included.
 """
 
@@ -19,7 +21,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ["accounts", "moderation", "inference", "conversations", "observability"]
+APPS = ["accounts", "moderation", "inference", "orchestration", "documents", "conversations", "observability"]
 COMPOSITION = {"chatsite.settings", "chatsite.urls", "chatsite.asgi", "chatsite.celery", "chatsite.wsgi"}
 LAYERS = ["shared", *APPS, "composition"]
 

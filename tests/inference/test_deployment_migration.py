@@ -27,5 +27,27 @@ def test_the_default_deployment_moves_to_auto_and_an_operators_choice_stays(late
     executor = MigrationExecutor(connection)
     executor.migrate(AFTER)
 
-    dtypes = dict(ModelDeployment.objects.values_list("name", "dtype"))
+    # Only the rows this test made: other deployments (the embedding one) may exist beside them.
+    named = ModelDeployment.objects.filter(name__in=[DEFAULT_DEPLOYMENT_NAME, "chosen-bf16", "chosen-fp16"])
+    dtypes = dict(named.values_list("name", "dtype"))
     assert dtypes == {DEFAULT_DEPLOYMENT_NAME: "auto", "chosen-bf16": "bfloat16", "chosen-fp16": "float16"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_default_deployment_gets_its_tool_parser_and_another_stays_without(latest_schema_after):
+    before = [("inference", "0009_deployment_task")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps.get_model("inference", "ModelDeployment")
+    old.objects.update_or_create(name=DEFAULT_DEPLOYMENT_NAME, defaults=DEFAULT_DEPLOYMENT_FIELDS)
+    old.objects.create(name="another", model="SmolLM2-135M-Instruct")
+
+    after = [("inference", "0010_deployment_tool_parser")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(after)
+
+    # The model as that migration left it (later ones add columns this schema has not yet).
+    new = executor.loader.project_state(after).apps.get_model("inference", "ModelDeployment")
+    parsers = dict(new.objects.values_list("name", "tool_parser"))
+    assert (parsers[DEFAULT_DEPLOYMENT_NAME], parsers["another"]) == ("hermes", "")
+    assert new.objects.get(name=DEFAULT_DEPLOYMENT_NAME).chat_template == "chatml_hermes_tools.jinja"

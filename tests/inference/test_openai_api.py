@@ -180,7 +180,8 @@ async def test_models_lists_what_the_plan_includes(chat_server, alice, key_for):
     key = await database_sync_to_async(key_for)(alice)
     models = await client_for(chat_server, key).models.list()
     # The chat model, and the migration's embedding model where no earlier test's flush removed it.
-    assert [m.id for m in models.data if m.id != "all-minilm-l6-v2"] == [MODEL]
+    # `auto` first: the router picks one of the plan's models per request (orchestration.routing).
+    assert [m.id for m in models.data if m.id != "all-minilm-l6-v2"] == ["auto", MODEL]
     assert all(m.object == "model" for m in models.data)
     no_scope = await database_sync_to_async(key_for)(alice, scopes=["chat"])
     with pytest.raises(openai.PermissionDeniedError):
@@ -214,16 +215,19 @@ async def test_moderations_answer_in_the_openai_shape(chat_server, alice, key_fo
         await client.moderations.create(input=[])
 
 
-META = {"completion_id": "chatcmpl-t", "created": 0, "model": MODEL}
+def chat_shape():
+    from inference.openai.responding import ChatShape
+
+    return ChatShape(completion_id="chatcmpl-t", created=0, model=MODEL)
 
 
 async def test_a_completion_stream_closed_before_its_first_token_stops_the_generation(unclaimed_generation):
     """A client may leave before any token: a response closed at its opening chunk stops the
     generation too."""
-    from inference.openai import apis
+    from inference.openai import responding
 
     generation = unclaimed_generation
-    stream = apis._stream([str(generation.id)], META, False)
+    stream = responding.streamed([str(generation.id)], chat_shape(), include_usage=False)
     waiting = asyncio.ensure_future(anext(stream))
     await asyncio.sleep(0.3)
     assert not waiting.done()  # nothing goes out before the first text, not even the role
@@ -239,10 +243,10 @@ async def test_a_completion_stream_closed_before_its_first_token_stops_the_gener
 async def test_a_completion_stream_that_hears_nothing_ends_with_a_timeout_error_and_stops(
     unclaimed_generation, followers_give_up_at_once
 ):
-    from inference.openai import apis
+    from inference.openai import responding
 
     generation = unclaimed_generation
-    chunks = [chunk async for chunk in apis._stream([str(generation.id)], META, False)]
+    chunks = [chunk async for chunk in responding.streamed([str(generation.id)], chat_shape(), include_usage=False)]
     assert not any(b'"assistant"' in chunk for chunk in chunks)
     last = json.loads(chunks[-1].decode().removeprefix("data: "))
     assert last["error"]["code"] == "timeout"
@@ -252,10 +256,10 @@ async def test_a_completion_stream_that_hears_nothing_ends_with_a_timeout_error_
 
 
 async def test_a_completion_that_hears_nothing_is_a_504_and_is_stopped(unclaimed_generation, followers_give_up_at_once):
-    from inference.openai import apis
+    from inference.openai import responding
 
     generation = unclaimed_generation
-    response = await apis._complete([str(generation.id)], META)
+    response = await responding.whole([str(generation.id)], chat_shape())
     assert response.status_code == 504
     assert json.loads(response.content)["error"]["code"] == "timeout"
     generation = await Generation.objects.aget(id=generation.id)
@@ -265,11 +269,11 @@ async def test_a_completion_that_hears_nothing_is_a_504_and_is_stopped(unclaimed
 async def test_a_completion_stream_closed_at_one_of_its_yields_stops_the_generation(unclaimed_generation):
     """A client that goes away ends the response either by cancelling it inside the stream or by
     closing it at the chunk it waits to send: either way the generation is stopped."""
-    from inference.openai import apis
+    from inference.openai import responding
     from inference.streaming.streams import StreamPublisher
 
     generation = unclaimed_generation
-    stream = apis._stream([str(generation.id)], META, False)
+    stream = responding.streamed([str(generation.id)], chat_shape(), include_usage=False)
     first = asyncio.ensure_future(anext(stream))
     await asyncio.sleep(0.1)
     await StreamPublisher(generation.id, coalesce_ms=0).add_text("Hello")

@@ -47,16 +47,11 @@ def nothing_runs(monkeypatch):
 
 # --- refused and unknown fields ----------------------------------------------------------------------
 
-TOOL = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}
-
 
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("tools", [TOOL]),
-        ("tool_choice", "required"),
-        ("logprobs", True),
-        ("top_logprobs", 3),
+        ("functions", [{"name": "weather", "parameters": {"type": "object", "properties": {}}}]),
         ("audio", {"voice": "alloy", "format": "mp3"}),
         ("modalities", ["text", "audio"]),
         ("store", True),
@@ -92,7 +87,12 @@ def test_unknown_fields_are_dropped_when_strictness_is_relaxed():
 
 
 def test_refused_fields_that_ask_for_nothing_are_accepted():
-    payload = {"logprobs": False, "tool_choice": "none", "store": False, "modalities": ["text"], "top_logprobs": 0}
+    payload = {
+        "function_call": "none",
+        "store": False,
+        "modalities": ["text"],
+        "service_tier": "auto",
+    }
     assert request_fields_check(payload, strict=True) == {}
 
 

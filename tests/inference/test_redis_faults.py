@@ -212,8 +212,11 @@ async def web_process(fault_workers, connection_renewed_after):
 
 # A client hears how its answer ended within this many seconds of the answer's row ending.
 TOLD_WITHIN_S = 10
-# A new message, once the fault is over, is answered within this many seconds.
-ANSWERED_WITHIN_S = 30
+# A new message, once the fault is over, is answered within this many seconds. Generous: the two
+# workers' engines share this machine's cores, and a fresh engine's first batch is slow (on a 2-core
+# 2.5 GHz Xeon, one worker's first two answers had no token 30 s after its engine was ready while the
+# other's had begun); a stuck answer is stuck for minutes.
+ANSWERED_WITHIN_S = 60
 # A dead worker's answers end within this many seconds: its heartbeat expiring (or, after a Redis
 # restart, Redis up for as long), the reaper's next round, and the end written.
 REAPED_WITHIN_S = settings.INFERENCE_WORKER_HEARTBEAT_TTL_S + 2 * 2.0 + 2
@@ -297,7 +300,13 @@ class Chat:
 
 
 async def chats_streaming(url: str, users: list[Any], content: str = PROMPT) -> list[Chat]:
-    """Each user's chat page sends `content`; returns once every answer has streamed some text."""
+    """Each user's chat page sends `content`; returns once every answer has begun (its first text
+    has arrived) and at least one still streams, for the fault to strike.
+
+    Each answer must begin within ANSWERED_WITHIN_S, as any answer must. Nothing more even is
+    promised: an answer's length is the model's to choose, and two workers sharing a loaded machine
+    start theirs some seconds apart, so a short answer may end before another begins. It counts as
+    begun, and the outcomes hold it to its end like any other."""
     from channels.db import database_sync_to_async
     from django.test import Client
 
@@ -308,12 +317,15 @@ async def chats_streaming(url: str, users: list[Any], content: str = PROMPT) -> 
         chat = Chat(url=url, user=user, cookie=client.cookies["sessionid"].value)
         await chat.send(content)
         chats.append(chat)
-    deadline = time.monotonic() + 60
-    while not all(chat.first("generation.delta") for chat in chats):
-        for chat in chats:
-            assert chat.ended_at is None, f"{chat.user.username}'s answer ended before the fault: {chat.events[-3:]}"
-        assert time.monotonic() < deadline, "some answers had not begun after 60 s"
+    deadline = time.monotonic() + ANSWERED_WITHIN_S
+    while waiting := [chat for chat in chats if not (chat.first("generation.delta") or chat.ended_at)]:
+        names = [chat.user.username for chat in waiting]
+        assert time.monotonic() < deadline, f"{names}' answers had not begun within {ANSWERED_WITHIN_S} s"
         await asyncio.sleep(0.05)
+    for chat in chats:
+        if chat.ended_at is not None:  # ended already: answered, not refused
+            assert chat.events[-1]["type"] == "generation.done", f"{chat.user.username}: {chat.events[-3:]}"
+    assert any(chat.ended_at is None for chat in chats), "every answer ended before the fault could strike"
     return chats
 
 
@@ -433,17 +445,28 @@ async def database_connections_terminated() -> None:
     assert await asyncio.to_thread(_database_connections_terminate) > 0
 
 
-@pytest.mark.fault_scenario
-@pytest.mark.engine
-async def test_answers_streaming_when_redis_restarts_go_on_and_every_client_hears_its_end(
-    web_process, own_redis, alice, bob, mallory
-):
-    await _on_the_pro_tier(bob)
+@pytest.fixture
+async def answers_streaming(web_process, alice, bob, mallory):
+    """What every scenario strikes: alice's, bob's and mallory's chat pages, each with an answer
+    streaming (bob on a paying tier, so that what is charged shows in the ledger's costs). Their
+    sockets close after the test, before the web process stops."""
+    await User.objects.filter(id=bob.id).aupdate(tier=await Tier.objects.aget(name="pro"))
     chats = await chats_streaming(web_process, [alice, bob, mallory])
-    seqs, fault_at = [chat.last_seq() for chat in chats], time.time()
-    own_redis.restart()
+    try:
+        yield chats
+    finally:
+        for chat in chats:
+            await chat.close()
 
-    # The answers in flight go on (a stale connection costs a retry, not an answer) and obey a stop.
+
+def fault_strikes(chats: list[Chat]) -> tuple[list[int], float]:
+    """Where each answer stood as the fault struck (its last `seq`), and when (time.time())."""
+    return [chat.last_seq() for chat in chats], time.time()
+
+
+async def answers_go_on_and_every_client_hears_its_end(chats: list[Chat], *, seqs: list[int], fault_at: float) -> None:
+    """What a fault every worker lives through must leave: the answers in flight go on and obey a
+    stop, the outcomes hold (`outcomes_hold`), none failed, and new messages are answered."""
     went_on = await streaming_on(chats, seqs=seqs)
     # Each answer goes on past the fault, or had its last words out as it struck (then it ended, and
     # the outcomes below hold it to its end like any other).
@@ -453,44 +476,41 @@ async def test_answers_streaming_when_redis_restarts_go_on_and_every_client_hear
     generations = await outcomes_hold(chats, fault_at=fault_at)
     assert {(g.status, g.error_code) for g in generations} <= {("stopped", ""), ("complete", "")}
     await answered_after_recovery(chats)
+
+
+@pytest.mark.fault_scenario
+@pytest.mark.engine
+async def test_answers_streaming_when_redis_restarts_go_on_and_every_client_hears_its_end(answers_streaming, own_redis):
+    seqs, fault_at = fault_strikes(answers_streaming)
+    own_redis.restart()
+    # A stale connection costs a retry, not an answer.
+    await answers_go_on_and_every_client_hears_its_end(answers_streaming, seqs=seqs, fault_at=fault_at)
 
 
 @pytest.mark.fault_scenario
 @pytest.mark.engine
 async def test_answers_streaming_when_the_database_drops_every_connection_go_on_and_every_client_hears_its_end(
-    web_process, alice, bob, mallory
+    answers_streaming,
 ):
-    await _on_the_pro_tier(bob)
-    chats = await chats_streaming(web_process, [alice, bob, mallory])
-    seqs, fault_at = [chat.last_seq() for chat in chats], time.time()
+    seqs, fault_at = fault_strikes(answers_streaming)
     await database_connections_terminated()
-
     # The calls nothing would repeat (a claim, an end, a stop) are retried on a new connection.
-    went_on = await streaming_on(chats, seqs=seqs)
-    # Each answer goes on past the fault, or had its last words out as it struck (then it ended, and
-    # the outcomes below hold it to its end like any other).
-    assert went_on and all(chat in went_on or chat.ended_at for chat in chats)
-    for chat in chats:
-        await chat.stop()
-    generations = await outcomes_hold(chats, fault_at=fault_at)
-    assert {(g.status, g.error_code) for g in generations} <= {("stopped", ""), ("complete", "")}
-    await answered_after_recovery(chats)
+    await answers_go_on_and_every_client_hears_its_end(answers_streaming, seqs=seqs, fault_at=fault_at)
 
 
 @pytest.mark.fault_scenario
 @pytest.mark.engine
 async def test_redis_restarting_the_database_dropping_and_a_worker_killed_at_once(
-    web_process, fault_workers, own_redis, alice, bob, mallory
+    answers_streaming, fault_workers, own_redis
 ):
     """At once the worker answering most is killed (-9), Redis restarts empty, and PostgreSQL drops
     every connection. The killed worker's answers end as lost; the other's go on, and stop when
     asked; the other answers new messages."""
-    await _on_the_pro_tier(bob)
-    chats = await chats_streaming(web_process, [alice, bob, mallory])
+    chats = answers_streaming
     running = [g.worker async for g in Generation.objects.filter(status=Generation.Status.RUNNING)]
     answering = {worker: sum(name.startswith(f"{worker.node}:") for name in running) for worker in fault_workers}
     victim, survivor = sorted(fault_workers, key=lambda worker: -answering[worker])
-    seqs, fault_at = [chat.last_seq() for chat in chats], time.time()
+    seqs, fault_at = fault_strikes(chats)
     victim.kill()
     own_redis.restart()
     await database_connections_terminated()
@@ -508,11 +528,6 @@ async def test_redis_restarting_the_database_dropping_and_a_worker_killed_at_onc
     assert survivor.process.poll() is None, "the other worker exited"
     log = open(survivor.log.name, "rb").read().decode(errors="replace")  # noqa: SIM115, ASYNC230
     assert "Unrecoverable error" not in log
-
-
-async def _on_the_pro_tier(user: Any) -> None:
-    """A paying user, so that what is charged shows in the ledger's costs."""
-    await User.objects.filter(id=user.id).aupdate(tier=await Tier.objects.aget(name="pro"))
 
 
 @pytest.fixture

@@ -93,6 +93,36 @@ async def test_an_ordered_run_streams_and_records_the_answer_once_claimed(engine
     assert events[-1]["type"] == "generation.done"
 
 
+async def test_a_run_whose_policy_read_meets_a_dropped_connection_reads_it_again(
+    engine, alice, default_deployment, monkeypatch
+):
+    """A database that dropped its connections (a restart, a failover) fails the first query on each
+    one: the output-moderation policy is read on the way to the first text, and its read is tried
+    again on a fresh connection rather than failing the answer. (SQLite drops nothing: the first
+    read raises as PostgreSQL's terminated connection does.)"""
+    from django.db import OperationalError
+
+    read = runner_module.output_monitor_for
+    reads = []
+
+    def dropped_once(**kwargs):
+        reads.append(kwargs)
+        if len(reads) == 1:
+            raise OperationalError("terminating connection due to administrator command")
+        return read(**kwargs)
+
+    monkeypatch.setattr(runner_module, "output_monitor_for", dropped_once)
+    generation = await _queued(alice, default_deployment, max_tokens=8)
+
+    # No tier in the order (a title's, a re-sent answer's): the policy is the user's, read from the row.
+    order = generation_order(generation)
+    await asyncio.wait_for(local_backend.runner.run(generation.id, order=order), timeout=60)
+
+    await generation.arefresh_from_db()
+    assert (generation.status, generation.error_code, generation.completion_tokens) == ("complete", "", 8)
+    assert len(reads) == 2
+
+
 async def test_an_answers_last_words_are_out_before_its_end_is_recorded(
     engine, alice, default_deployment, settings, monkeypatch
 ):

@@ -232,3 +232,20 @@ def test_the_embedded_default_keeps_one_replay_buffer_for_the_process(settings):
 
     settings.REDIS_URL = ""
     assert replay_buffer() is replay_buffer()
+
+
+async def test_log_probabilities_are_coalesced_with_their_text_and_kept_in_the_buffer():
+    """A step may bring a token and no text (the end of text, half a character): its log
+    probability still goes out, with the next text or at the flush."""
+    publisher = StreamPublisher(uuid.uuid4(), coalesce_ms=10_000, coalesce_chars=10_000)
+    hello = {"token": "Hello", "logprob": -0.1, "top": []}
+    there = {"token": " there", "logprob": -0.2, "top": [[" there", -0.2]]}
+    end = {"token": "<|im_end|>", "logprob": -0.3, "top": []}
+    await publisher.add_text("Hello", logprobs=[hello])  # the first text goes out at once
+    await publisher.add_text(" there", logprobs=[there])
+    await publisher.add_text("", logprobs=[end])
+    await publisher.flush()
+    await publisher.add_text("")  # nothing: no event
+    await publisher.flush()
+    events = await replay_buffer().read(publisher.generation_id, 0)
+    assert [(e["text"], e["logprobs"]) for e in events] == [("Hello", [hello]), (" there", [there, end])]

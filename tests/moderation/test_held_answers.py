@@ -291,7 +291,7 @@ async def test_the_end_of_a_withdrawn_answer_is_logged_as_such_not_as_a_duplicat
     caplog.set_level(logging.INFO, logger="inference.execution.runner")
     runner = Runner(worker_name="test", loop=asyncio.get_running_loop())
     gone = Generation(id=uuid.uuid4())  # no row: withdrawn
-    progress = {"prompt_tokens": 4, "completion_tokens": 0, "finish_reason": "abort"}
+    progress = {"prompt_tokens": 4, "completion_tokens": 0, "cached_tokens": 0, "finish_reason": "abort"}
     for withdrawn in (True, False):
         publisher = StreamPublisher(gone.id)  # nothing was published, nor will be
         await runner._finish(publisher, gone, Generation.Status.STOPPED, progress, "", "", withdrawn=withdrawn)

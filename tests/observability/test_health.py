@@ -63,3 +63,45 @@ async def test_readiness_needs_a_ready_engine_for_every_enabled_deployment(engin
 def test_readiness_details_are_for_internal_callers_only(client):
     public = client.get("/readyz", REMOTE_ADDR="8.8.4.4")
     assert set(public.json()) == {"ready"}
+
+
+async def _wait_ready(*args: str) -> tuple[int, str]:
+    """scripts/wait_ready.py run as `make topology` and deployment scripts run it (its own process,
+    while this loop goes on serving the probes)."""
+    import asyncio
+    import sys
+
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(settings.BASE_DIR / "scripts" / "wait_ready.py"),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), timeout=120)
+    return process.returncode, out.decode()
+
+
+@pytest.mark.engine
+@pytest.mark.django_db(transaction=True)
+async def test_the_readiness_wait_says_when_the_service_can_take_messages_and_why_not(engine, chat_server):
+    procfile = (settings.BASE_DIR / "Procfile").read_text()
+    assert "scripts/wait_ready.py http://${HOST:-127.0.0.1}:${PORT:-8000}/readyz --watch" in procfile
+
+    spare = await ModelDeployment.objects.acreate(name="spare", model="nowhere")
+    code, out = await _wait_ready(f"{chat_server}/readyz", "--timeout", "2")
+    assert code == 1, out
+    assert "not ready after 2 s" in out and "no ready engine for spare" in out
+
+    spare.is_enabled = False
+    await spare.asave()
+    code, out = await _wait_ready(f"{chat_server}/readyz", "--timeout", "30")
+    assert code == 0, out
+    assert out.startswith("ready after") and "engines" in out and "database" in out
+
+
+async def test_the_readiness_wait_gives_up_on_a_service_that_does_not_answer():
+    from tests.conftest import free_port
+
+    code, out = await _wait_ready(f"http://127.0.0.1:{free_port()}/readyz", "--timeout", "1")
+    assert code == 1 and "unreachable" in out

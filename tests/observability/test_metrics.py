@@ -127,3 +127,55 @@ def test_with_a_token_only_its_bearer_reads_metrics(client, settings):
     response = client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-metrics-token", REMOTE_ADDR="8.8.4.4")
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
+
+
+@pytest.mark.engine
+async def test_vllms_own_figures_are_on_the_metrics_of_the_process_hosting_the_engine(engine, chat_server, alice):
+    """vLLM's stat loggers register in the process that hosts the engine: the web process in the
+    embedded default, the GPU worker's own endpoint in the production topology. The same prompt
+    twice: the second finds the first's blocks in the prefix cache."""
+    engine_url = engine_metrics_url(engine, chat_server)
+    before = await scrape(engine_url)
+    key = await database_sync_to_async(lambda: api_key_create(user=alice, name="v", scopes=["chat"]).key)()
+    client = openai.AsyncOpenAI(base_url=f"{chat_server}/v1", api_key=key, max_retries=0, timeout=120)
+    # Long enough to fill several whole KV blocks, which is what the prefix cache keeps.
+    prompt = "Repeat after me: " + " ".join(f"word{i}" for i in range(200))
+    for _ in range(2):
+        await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=4)
+    after = await scrape(engine_url)
+
+    labels = {"model_name": MODEL}
+    for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        shown = {dict(key).get("model_name") for key in after.get(gauge, {})}
+        assert MODEL in shown, (gauge, shown)
+    assert 0 <= total(after, "vllm:kv_cache_usage_perc", **labels) <= 1
+    assert (
+        total(after, "vllm:request_success_total", **labels)
+        >= total(before, "vllm:request_success_total", **labels) + 2
+    )
+    queries = total(after, "vllm:prefix_cache_queries_total", **labels) - total(
+        before, "vllm:prefix_cache_queries_total", **labels
+    )
+    hits = total(after, "vllm:prefix_cache_hits_total", **labels) - total(
+        before, "vllm:prefix_cache_hits_total", **labels
+    )
+    assert queries >= 400, queries  # both prompts' tokens were looked up
+    assert hits > 0, hits  # the second prompt's whole blocks were found
+
+
+def test_the_first_engine_of_a_process_keeps_vllms_figures_and_later_ones_start_without(monkeypatch):
+    """vLLM keeps one engine's figures per process (each new stat logger unregisters the others'):
+    a second deployment started later must not silently replace the first's."""
+    from inference.engine import host
+    from inference.engine.host import EngineSpec, vllm_figures_claim
+
+    monkeypatch.setattr(host, "_vllm_figures_of", None)
+    first, second = (
+        EngineSpec(name="first", model_path="m", max_context=64),
+        EngineSpec(name="second", model_path="m", max_context=64),
+    )
+    off = EngineSpec(name="off", model_path="m", max_context=64, extra_args={"disable_log_stats": True})
+    assert vllm_figures_claim(off, off.engine_args())["disable_log_stats"] is True  # claims nothing
+    assert vllm_figures_claim(first, first.engine_args())["disable_log_stats"] is False
+    assert vllm_figures_claim(second, second.engine_args())["disable_log_stats"] is True
+    assert vllm_figures_claim(first, first.engine_args())["disable_log_stats"] is False  # its restart

@@ -1,0 +1,1 @@
+"""Documents: files people upload, their chunks and index, and retrieval with citations."""

@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+
+
+class Document(models.Model):
+    """A file a user uploaded: into one conversation (`conversation`), or into their library
+    (`library`), which every conversation of theirs draws on. Its bytes are kept in the row, so a
+    worker on another host processes it from the database alone; its chunks go when it goes."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        PROCESSING = "processing"
+        READY = "ready"
+        FAILED = "failed"
+
+    class Kind(models.TextChoices):
+        TEXT = "text", "Plain text"
+        MARKDOWN = "markdown", "Markdown"
+        PDF = "pdf", "PDF"
+        HTML = "html", "HTML"
+        DOCX = "docx", "Word (DOCX)"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="documents")
+    # A lazy reference: documents sits below conversations and never imports it.
+    conversation = models.ForeignKey(
+        "conversations.Conversation",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="documents",
+        help_text="The conversation it was attached to; empty for a library file.",
+    )
+    library = models.BooleanField(default=False, help_text="In its owner's library: used by every conversation.")
+    name = models.CharField(max_length=255)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    size = models.PositiveBigIntegerField(help_text="Bytes, as uploaded.")
+    sha256 = models.CharField(max_length=64)
+    data = models.BinaryField(editable=False)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    progress = models.PositiveSmallIntegerField(default=0, help_text="Per cent of the processing done.")
+    error = models.TextField(blank=True, default="", help_text="Why processing failed, for its owner.")
+    pages = models.PositiveIntegerField(default=0)
+    chunk_count = models.PositiveIntegerField(default=0)
+    withheld_count = models.PositiveIntegerField(
+        default=0, help_text="Chunks the prompt-injection check held back: never put into a prompt."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["owner", "status"]),
+            models.Index(fields=["conversation", "status"]),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_ready(self) -> bool:
+        return self.status == self.Status.READY
+
+
+class Chunk(models.Model):
+    """A passage of a document, where it was (page, heading), and its sentence embedding (float32
+    little-endian bytes, unit length). `owner` repeats the document's, so every search filters on
+    one indexed column. Flagged chunks (`injection`) stay for the owner to see, never for a prompt."""
+
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="chunks")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    ordinal = models.PositiveIntegerField()
+    page = models.PositiveIntegerField(null=True, blank=True)
+    heading = models.CharField(max_length=300, blank=True, default="")
+    text = models.TextField()
+    embedding = models.BinaryField()
+    injection = models.BooleanField(default=False, help_text="The prompt-injection check flagged it.")
+
+    class Meta:
+        ordering = ["document_id", "ordinal"]
+        indexes = [models.Index(fields=["owner", "document"])]
+        constraints = [models.UniqueConstraint(fields=["document", "ordinal"], name="chunk_ordinal_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.document_id}#{self.ordinal}"
+
+
+class Citation(models.Model):
+    """A passage that went into an answer's prompt, numbered as the prompt numbered it ([1], [2] …),
+    or one the prompt-injection check left out (`withheld`, no text kept). The file's name and the
+    passage are copied, so an answer keeps its sources after the file is deleted."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    message = models.ForeignKey("conversations.Message", on_delete=models.CASCADE, related_name="citations")
+    document = models.ForeignKey(Document, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    number = models.PositiveSmallIntegerField(default=0)
+    file_name = models.CharField(max_length=255)
+    page = models.PositiveIntegerField(null=True, blank=True)
+    heading = models.CharField(max_length=300, blank=True, default="")
+    passage = models.TextField(blank=True, default="")
+    withheld = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["message_id", "withheld", "number", "id"]
+        indexes = [models.Index(fields=["owner", "message"])]
+
+    def __str__(self) -> str:
+        return f"[{self.number}] {self.file_name}"
+
+
+class TierDocumentLimits(models.Model):
+    """What a plan allows in files. A tier with no row gets the DOCUMENTS_* settings' defaults; an
+    empty field means no limit."""
+
+    tier = models.OneToOneField("accounts.Tier", on_delete=models.CASCADE, related_name="document_limits")
+    max_file_bytes = models.PositiveBigIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    max_files = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    max_total_bytes = models.PositiveBigIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+
+    class Meta:
+        verbose_name_plural = "tier document limits"
+
+    def __str__(self) -> str:
+        return f"Document limits of {self.tier}"

@@ -1,0 +1,83 @@
+"""Reads: a user's files (never another's: every query filters by owner), their storage, and the
+sources of answers."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Count, Q, QuerySet, Sum
+
+from documents.models import Citation, Document
+
+# Every column but the file's bytes: lists and pages never need them.
+LISTED = ("data",)
+
+
+def document_list_for_user(*, user: Any) -> QuerySet[Document]:
+    return Document.objects.filter(owner=user).defer(*LISTED)
+
+
+def document_get_for_user(*, user: Any, document_id: Any) -> Document | None:
+    """The user's own file, or None: another user's file looks exactly like a missing one."""
+    if not isinstance(document_id, int) or isinstance(document_id, bool) or not 0 < document_id < 2**63:
+        return None
+    return document_list_for_user(user=user).filter(id=document_id).first()
+
+
+def documents_of_conversation(*, user: Any, conversation_id: int) -> QuerySet[Document]:
+    return document_list_for_user(user=user).filter(conversation_id=conversation_id)
+
+
+def documents_in_scope(*, owner_id: int, conversation_id: int | None) -> list[tuple[int, str]]:
+    """(id, name) of the ready files a message in `conversation_id` draws on: the conversation's own
+    and the owner's library."""
+    scope = Q(library=True)
+    if conversation_id is not None:
+        scope |= Q(conversation_id=conversation_id)
+    return list(
+        Document.objects.filter(scope, owner_id=owner_id, status=Document.Status.READY).values_list("id", "name")
+    )
+
+
+@dataclass(frozen=True)
+class Storage:
+    files: int
+    bytes: int
+
+
+def storage_for_user(*, user: Any) -> Storage:
+    held = Document.objects.filter(owner=user).aggregate(files=Count("id"), bytes=Sum("size"))
+    return Storage(files=held["files"], bytes=held["bytes"] or 0)
+
+
+def citations_for_messages(*, owner_id: int, message_ids: Iterable[int]) -> dict[int, list[Citation]]:
+    """Each message's sources, numbered, then what was left out of its prompt: one query."""
+    found: dict[int, list[Citation]] = defaultdict(list)
+    ids = list(message_ids)
+    if ids:
+        for citation in Citation.objects.filter(owner_id=owner_id, message_id__in=ids):
+            found[citation.message_id].append(citation)
+    return dict(found)
+
+
+def citation_json(citation: Citation) -> dict[str, Any]:
+    return {
+        "number": citation.number,
+        "file": citation.file_name,
+        "document": citation.document_id,
+        "page": citation.page,
+        "heading": citation.heading,
+        "passage": citation.passage,
+        "withheld": citation.withheld,
+    }
+
+
+def usage_storage_figures(user: Any) -> list[tuple[str, str]]:
+    """The usage page's line for files: how many, and the storage they take."""
+    from django.template.defaultfilters import filesizeformat
+
+    held = storage_for_user(user=user)
+    return [("files", f"{held.files} · {filesizeformat(held.bytes)}")]

@@ -1,0 +1,93 @@
+"""Files on the chat page, in a real browser: attach, watch it process, ask, and see the answer's
+source with its file, its passage opening on a click."""
+
+from __future__ import annotations
+
+import pytest
+from django.conf import settings
+
+from documents.models import Citation, Document
+from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
+from inference.engine.tokenizers import tokenizer_for
+from inference.models import Generation
+from tests.browser.conftest import BROWSER_MARKS, sign_up
+
+pytestmark = BROWSER_MARKS
+
+FACT = "The harbour master of Port Aldwin in 1903 was Eliza Quennell, who kept the tide tables."
+
+
+@pytest.fixture(autouse=True)
+def processed_in_this_process(settings):
+    # Whatever the run's topology, the test's server processes uploads itself (no documents worker runs).
+    settings.DOCUMENTS_PROCESSING = "thread"
+
+
+async def test_an_attached_file_answers_a_question_and_its_passage_is_cited(page):
+    await sign_up(page, "nora")
+    # A new chat has no conversation yet: the file goes into the library, which every chat uses.
+    await page.set_input_files(
+        "#attach-input",
+        files=[
+            {"name": "harbour.md", "mimeType": "text/markdown", "buffer": f"# Harbour history\n\n{FACT}\n".encode()}
+        ],
+    )
+    chip = page.locator("#attachments .chip")
+    await chip.locator(".chip-name").filter(has_text="harbour.md").wait_for()
+    await page.wait_for_selector('#attachments .chip[data-status="ready"]', timeout=120_000)
+    assert await chip.locator(".chip-status").text_content() == "ready"
+
+    await page.fill("#input", "Who was the harbour master of Port Aldwin in 1903?")
+    await page.keyboard.press("Enter")
+    answer = page.locator("article.message.assistant").last
+    await page.wait_for_selector("article.message.assistant[data-status=complete] aside.sources details.source")
+    summary = answer.locator("details.source summary").first
+    assert (await summary.text_content()).startswith("[1] harbour.md")
+    passage = answer.locator("details.source blockquote").first
+    assert not await passage.is_visible()
+    await summary.click()
+    assert await passage.is_visible() and await passage.text_content() == FACT
+
+    # The passage was in the answer's prompt, marked as quoted material, and the citation is stored.
+    generation = await Generation.objects.alatest("created_at")
+    tokenizer = tokenizer_for(str(settings.INFERENCE_MODELS_DIR / DEFAULT_DEPLOYMENT_FIELDS["model"]))
+    prompt = tokenizer.decode(generation.prompt_token_ids)
+    assert FACT in prompt and "quoted material" in prompt
+    assert await Citation.objects.filter(number=1, file_name="harbour.md", passage=FACT).aexists()
+
+    # After a reload the page draws the same source itself.
+    await page.reload()
+    await page.locator("article.message.assistant aside.sources details.source").first.wait_for()
+    assert await page.locator("article.message.assistant details.source summary").first.text_content() == (
+        "[1] harbour.md · Harbour history"
+    )
+
+
+async def test_a_file_dropped_on_a_conversation_is_attached_to_it(page):
+    await sign_up(page, "otto")
+    await page.fill("#input", "Hello")
+    await page.keyboard.press("Enter")
+    await page.wait_for_selector(
+        "article.message.assistant[data-status=complete], article.message.assistant[data-status=failed]"
+    )
+    await page.evaluate(
+        """() => {
+          const data = new DataTransfer();
+          data.items.add(new File(["# Notes\\n\\nOtters hold hands while they sleep."], "otters.md", {type: "text/markdown"}));
+          const chat = document.getElementById("chat");
+          chat.dispatchEvent(new DragEvent("dragover", {dataTransfer: data, bubbles: true, cancelable: true}));
+          chat.dispatchEvent(new DragEvent("drop", {dataTransfer: data, bubbles: true, cancelable: true}));
+        }"""
+    )
+    await page.wait_for_selector('#attachments .chip[data-status="ready"]', timeout=120_000)
+    document = await Document.objects.aget(name="otters.md")
+    assert document.conversation_id is not None and not document.library
+
+
+async def test_an_unreadable_file_says_why(page):
+    await sign_up(page, "pia")
+    await page.set_input_files(
+        "#attach-input", files=[{"name": "tool.exe", "mimeType": "application/octet-stream", "buffer": b"MZ"}]
+    )
+    await page.wait_for_selector("#request-error:not([hidden])")
+    assert "cannot be read here" in await page.locator("#request-error").text_content()

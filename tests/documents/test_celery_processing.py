@@ -1,0 +1,51 @@
+"""The production topology's path for an uploaded file: the API saves it and, once that commits,
+sends a task to the "documents" queue; a real `celery worker -Q documents` process (as the Procfile's
+`documents` starts it) extracts, chunks, moderates, embeds and indexes it, and the owner's search
+then finds its passage, which another user's does not."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.conf import settings
+
+from documents.models import Chunk, Document
+from tests.conftest import CeleryWorker
+from tests.documents.test_answering import FACT
+from tests.documents.test_apis import a_file, client_for
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        settings.DOCUMENTS_PROCESSING != "celery", reason="the Celery documents queue (the production topology)"
+    ),
+]
+
+
+@pytest.fixture
+def documents_worker():
+    worker = CeleryWorker(deployments=[], name="test-documents", queues=["documents"])
+    yield worker
+    worker.kill()
+
+
+def test_a_file_uploaded_through_the_api_is_processed_by_a_documents_worker(alice, bob, documents_worker):
+    client = client_for(alice)
+    response = client.post("/api/files/", {"file": a_file()}, format="multipart")
+    assert response.status_code == 201, response.json()
+    document_id = response.json()["id"]
+
+    # The worker's first task loads the embedding model; a slow machine takes a while.
+    deadline = time.monotonic() + 180
+    while Document.objects.get(id=document_id).status in ("queued", "processing"):
+        assert documents_worker.process.poll() is None, f"the worker exited; see {documents_worker.log.name}"
+        assert time.monotonic() < deadline, f"not processed in 180 s; see {documents_worker.log.name}"
+        time.sleep(0.5)
+
+    detail = client.get(f"/api/files/{document_id}/").json()
+    assert (detail["status"], detail["progress"], detail["chunk_count"]) == ("ready", 100, 1)
+    assert Chunk.objects.filter(document_id=document_id, owner=alice).count() == 1
+    found = client.get("/api/files/search/", {"q": "harbour master"}).json()["results"]
+    assert [r["file"] for r in found] == ["harbour.md"] and found[0]["passage"] == FACT
+    assert client_for(bob).get("/api/files/search/", {"q": "harbour master"}).json() == {"results": []}
