@@ -35,10 +35,52 @@ from inference.selectors import deployment_cache_clear
 PASSWORD = "a long enough password 1"
 
 
+# The modules about what the production topology changes: PostgreSQL's concurrent writers and dropped
+# connections, Redis as channel layer, replay buffer, cache, limits and broker, and the Celery workers
+# that host the engines. They are marked `topology`, with every test marked `redis` or `fault`; the
+# production-topology run of `make test` runs these (the embedded run runs everything), so the suite
+# runs once in full and not twice.
+TOPOLOGY_MODULES = frozenset(
+    {
+        "tests.accounts.test_admission",
+        "tests.accounts.test_rate_limits",
+        "tests.accounts.test_socket_revocation",
+        "tests.chatsite.test_batching",
+        "tests.chatsite.test_cache",
+        "tests.chatsite.test_database",
+        "tests.conversations.test_consumers",
+        "tests.conversations.test_cross_tab",
+        "tests.conversations.test_services",
+        "tests.documents.test_celery_processing",
+        "tests.inference.test_admission",
+        "tests.inference.test_dispatch",
+        "tests.inference.test_lifespan",
+        "tests.inference.test_openai_clients",
+        "tests.inference.test_priorities",
+        "tests.inference.test_redis_faults",
+        "tests.inference.test_services",
+        "tests.inference.test_streaming",
+        "tests.inference.test_worker_clients",
+        "tests.inference.test_workers",
+        "tests.observability.test_health",
+        "tests.observability.test_metrics",
+        "tests.orchestration.test_routing",
+    }
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Fault tests first: they run a worker on a Redis of their own, and the session's worker (the
-    `engine` fixture, started by the first test that needs it) would take that worker's running
-    answers for orphans, its heartbeat being on the other Redis."""
+    """Mark the topology's tests (above), and run the fault tests first: they run a worker on a Redis
+    of their own, and the session's worker (the `engine` fixture, started by the first test that
+    needs it) would take that worker's running answers for orphans, its heartbeat being on the other
+    Redis."""
+    for item in items:
+        if (
+            item.module.__name__ in TOPOLOGY_MODULES
+            or item.get_closest_marker("redis")
+            or item.get_closest_marker("fault")
+        ):
+            item.add_marker(pytest.mark.topology)
     items.sort(key=lambda item: item.get_closest_marker("fault") is None)
 
 
