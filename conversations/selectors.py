@@ -67,6 +67,13 @@ def message_tree(*, conversation: Conversation) -> Tree:
     return Tree.of(message_list(conversation=conversation))
 
 
+def message_tree_for_prompt(*, conversation: Conversation) -> Tree:
+    """Every message of the conversation, every branch, without its generation: what a send reads to
+    place its message and build its prompt. Each generation holds its whole prompt's token ids, so
+    joining them would read the conversation again for every answer in it."""
+    return Tree.of(conversation.messages.all())
+
+
 @dataclass(frozen=True)
 class Branch:
     """A branch of a conversation as a reader sees it: its messages, root first, each with

@@ -33,7 +33,7 @@ from conversations.selectors import (
     conversation_get_for_user,
     conversation_has_message_in_progress,
     default_model_for_user,
-    message_tree,
+    message_tree_for_prompt,
 )
 from conversations.titles import (
     TITLE_MAX_TOKENS,
@@ -539,7 +539,7 @@ def _message_save_allowed(
                 status=409,
             )
         # Every branch, to find the one the message goes on.
-        tree = message_tree(conversation=conversation)
+        tree = message_tree_for_prompt(conversation=conversation)
         parent_id = _parent_resolve(tree=tree, conversation=conversation, parent=parent)
         # The model switches when `model` names another, and its gate comes next (`request_limits`
         # refuses a model the plan excludes): a refused send rolls the switch back.
@@ -775,7 +775,7 @@ def message_regenerate(*, user: User, message_id: Any, replaces: Any = None) -> 
         newest = Message.objects.select_related("generation").get(id=newest_id)
         return Regenerated(newest, newest.generation, replayed=True, siblings=[i for i, _ in siblings])
     _no_answer_in_progress(conversation)
-    tree = message_tree(conversation=conversation)
+    tree = message_tree_for_prompt(conversation=conversation)
     path = tree.path_to(answer.parent_id)
     routed = _conversation_route(
         user=user, conversation=conversation, model=None, prompt_tokens=_prompt_measure(path=path, content="")
@@ -823,7 +823,7 @@ def message_continue(*, user: User, message_id: Any, replaces: Any = None) -> Re
         return Regenerated(answer, answer.generation, replayed=True)
     _no_answer_in_progress(conversation)
     answer.refresh_from_db()
-    tree = message_tree(conversation=conversation)
+    tree = message_tree_for_prompt(conversation=conversation)
     if answer.finish_reason != "length" or answer.status != Message.Status.COMPLETE or tree.children.get(answer.id):
         raise ClientError(
             "Only the last answer of a branch that stopped at its length limit can be continued.",
@@ -863,7 +863,7 @@ def message_continue(*, user: User, message_id: Any, replaces: Any = None) -> Re
 def conversation_branch_select(*, conversation: Conversation, message_id: Any) -> int:
     """Show the branch through `message_id` (its newest leaf) from now on, on every page and for a
     send that names no parent. Returns the leaf's id; a message not in the conversation is a 400."""
-    tree = message_tree(conversation=conversation)
+    tree = message_tree_for_prompt(conversation=conversation)
     if not _is_row_id(message_id) or message_id not in tree.by_id:
         raise ClientError("That message is not in this conversation.", code="invalid_message", param="message")
     leaf = tree.newest_leaf_under(message_id)

@@ -194,7 +194,7 @@ def prompt_assemble(
             used += turns[start].token_count + 8
         while turns[start].role != "user" and start < last:
             start += 1
-        ids = ids_from(start)
+        ids = newest_only if start == last else ids_from(start)  # a first message: rendered already
         while len(ids) > budget and start < last:
             start += 1
             while turns[start].role != "user" and start < last:

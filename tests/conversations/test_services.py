@@ -60,6 +60,24 @@ def test_a_message_into_a_conversation_reads_and_locks_it_with_its_queue_in_one_
     assert counts == reads  # the queue's length read with the conversation's deployment
 
 
+def test_a_message_into_a_conversation_reads_none_of_its_earlier_prompts(alice):
+    # Every generation holds its whole prompt's token ids: reading them to place a message would
+    # read the conversation again for each answer in it, more with every turn.
+    first = message_send(user=alice, content="Hello there")
+    _finish(first.conversation)
+    for text in ("And again", "Once more"):
+        message_send(user=alice, content=text, conversation_id=first.conversation.id)
+        _finish(first.conversation)
+    with CaptureQueriesContext(connection) as send:
+        sent = message_send(user=alice, content="And the last", conversation_id=first.conversation.id)
+    reads = [q["sql"] for q in send.captured_queries if q["sql"].lstrip().upper().startswith("SELECT")]
+    assert not [sql for sql in reads if "prompt_token_ids" in sql]
+    # The prompt still holds the whole branch: the three turns before it and their answers.
+    generation = Generation.objects.get(id=sent.generation.id)
+    assert len(generation.prompt_token_ids) > len(first.generation.prompt_token_ids) + 20
+    assert Message.objects.filter(conversation=first.conversation).count() == 8
+
+
 @pytest.mark.parametrize("content", ["", "   ", None, 42, "a\x00b", "x" * 40_000])
 def test_bad_messages_are_refused_and_leave_nothing_behind(alice, content):
     with pytest.raises(ClientError):
