@@ -82,15 +82,13 @@ test: install-dev model
 	@if $(PY) -c "import psycopg, redis, sys; psycopg.connect(sys.argv[1], connect_timeout=3).close(); \
 			redis.Redis.from_url(sys.argv[2], socket_connect_timeout=3).ping()" "$(TEST_DATABASE_URL)" "$(TEST_REDIS_URL)" 2>/dev/null; then \
 		echo "== the tests about the production topology (PostgreSQL, Redis, Celery GPU worker processes) =="; \
-		DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m "topology and not browser and not fault_scenario" --durations=20; \
+		DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m "topology and not browser" --durations=20; \
 	elif [ -n "$$CI" ]; then echo "PostgreSQL ($(TEST_DATABASE_URL)) or Redis ($(TEST_REDIS_URL)) is not reachable, and CI must test on them"; exit 1; \
 	else echo "PostgreSQL ($(TEST_DATABASE_URL)) or Redis ($(TEST_REDIS_URL)) is not reachable: skipped the production-topology run"; fi
 
 # The fault-injection tests alone (-m fault), in the production topology: a Redis of their own
 # restarted, PostgreSQL's connections ended, a worker killed, while answers stream
-# (docs/production.md, "Faults"). `make test` runs them too, first in its production-topology run,
-# except the three whole-fault scenarios (-m fault_scenario), which run only here for now: on two
-# shared cores their two workers' first answers do not always begin within the tests' 60 s.
+# (docs/production.md, "Faults"). `make test` runs them too, first in its production-topology run.
 fault-test: install-dev model
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m fault
 

@@ -382,8 +382,17 @@ class CeleryWorker:
     """A real `celery worker` process hosting the real engine, against the test database and Redis."""
 
     def __init__(
-        self, *, deployments: list[str], name: str, redis_url: str = "", queues: list[str] | None = None
+        self,
+        *,
+        deployments: list[str],
+        name: str,
+        redis_url: str = "",
+        queues: list[str] | None = None,
+        cores: str = "",
     ) -> None:
+        """`cores`: the CPUs its engines compute on (VLLM_CPU_OMP_THREADS_BIND, e.g. "1"). Workers
+        that answer at the same time need different ones: vLLM's automatic binding pins every
+        engine on a host to the same cores (docs/production.md, "Several workers on one host")."""
         db = settings.DATABASES["default"]
         assert db["ENGINE"] == "django.db.backends.postgresql", "the worker tests need PostgreSQL"
         url = f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
@@ -403,6 +412,7 @@ class CeleryWorker:
                 # worker would otherwise ask for after each first answer.
                 "CHAT_TITLES_FROM_MODEL": "false",
                 **worker_tracing_environment(name),
+                **({"VLLM_CPU_OMP_THREADS_BIND": cores} if cores else {}),
             },
             cwd=settings.BASE_DIR,
             stdout=self.log,
@@ -727,6 +737,16 @@ def engine_not_started(monkeypatch):
         return None
 
     monkeypatch.setattr(local_backend, "start", start)
+
+
+def engine_cores(workers: int) -> list[str]:
+    """This machine's CPUs shared out among `workers` workers that answer at once, one
+    VLLM_CPU_OMP_THREADS_BIND value each ("0", "1" on two cores; "0-1", "2-3" on four). With fewer
+    CPUs than workers, some share."""
+    cpus = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cpus) // workers)
+    groups = [cpus[i * share : (i + 1) * share] or [cpus[i % len(cpus)]] for i in range(workers)]
+    return [",".join(str(cpu) for cpu in group) for group in groups]
 
 
 def free_port() -> int:
