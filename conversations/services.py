@@ -37,7 +37,6 @@ from conversations.selectors import (
 )
 from conversations.titles import (
     TITLE_MAX_TOKENS,
-    TITLE_PRIORITY,
     TITLE_TEMPERATURE,
     title_clean,
     title_from_message,
@@ -57,7 +56,7 @@ from inference.engine.tokenizers import continuation_ids, count_tokens, render_c
 from inference.held import HeldAnswer, held_verdict_wait_sync
 from inference.models import Generation, GenerationId, ModelDeployment
 from inference.selectors import Routed, deployment_get
-from inference.services import generation_admit, generation_create
+from inference.services import generation_admit, generation_create, service_generation_create
 from moderation.models import Flag
 from moderation.services import (
     CONTENT_FILTER,
@@ -1143,18 +1142,13 @@ def conversation_title_request(*, conversation_id: int, answer_id: int) -> None:
                 title_prompt_messages(user_text=answer.parent.content, answer_text=answer.content),
                 chat_template=deployment.chat_template,
             )
-            generation = generation_create(
+            generation = service_generation_create(
                 user=conversation.user,
                 deployment=deployment,
                 prompt_token_ids=prompt,
-                sampling={
-                    "temperature": TITLE_TEMPERATURE,
-                    "top_p": deployment.top_p,
-                    "repetition_penalty": deployment.repetition_penalty,
-                    "max_tokens": TITLE_MAX_TOKENS,
-                },
-                priority=TITLE_PRIORITY,
                 purpose=Generation.Purpose.TITLE,
+                temperature=TITLE_TEMPERATURE,
+                max_tokens=TITLE_MAX_TOKENS,
             )
             claimed = Conversation.objects.filter(id=conversation.id, title="", title_generation__isnull=True).update(
                 title_generation=generation

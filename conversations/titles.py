@@ -16,9 +16,6 @@ TITLE_MAX_CHARS = 60
 EXCHANGE_CHARS = 600
 TITLE_MAX_TOKENS = 16
 TITLE_TEMPERATURE = 0.3
-# The lowest of the broker's ten steps: a title never goes ahead of anyone's answer (aging still
-# moves it on, inference.execution.scheduling).
-TITLE_PRIORITY = 9
 
 _LABEL = re.compile(r"^\s*(?:conversation\s+)?title\s*[:\-–—]\s*", re.IGNORECASE)
 _WRAPPERS = "\"'`*_#“”‘’«»[]()<> \t"

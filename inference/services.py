@@ -100,6 +100,39 @@ def generation_create(
     return generation
 
 
+# The lowest of the broker's ten steps: what the service asks for itself never goes ahead of anyone's
+# answer (aging still moves it on, inference.execution.scheduling).
+SERVICE_PRIORITY = 9
+
+
+def service_generation_create(
+    *,
+    user: User,
+    deployment: ModelDeployment,
+    prompt_token_ids: list[int],
+    purpose: str,
+    temperature: float,
+    max_tokens: int,
+) -> Generation:
+    """A generation the service asks for itself on `user`'s conversation (a title, a summary):
+    `purpose` says which, so it is not charged as an answer; it comes after every answer in the
+    queue (SERVICE_PRIORITY); it samples with the deployment's nucleus and repetition settings at the
+    caller's temperature and length."""
+    return generation_create(
+        user=user,
+        deployment=deployment,
+        prompt_token_ids=prompt_token_ids,
+        sampling={
+            "temperature": temperature,
+            "top_p": deployment.top_p,
+            "repetition_penalty": deployment.repetition_penalty,
+            "max_tokens": max_tokens,
+        },
+        priority=SERVICE_PRIORITY,
+        purpose=purpose,
+    )
+
+
 def generation_order(generation: Generation, *, tier_id: int | None = None) -> dict[str, Any]:
     """What an engine needs to start a queued generation, sent with its first dispatch.
 

@@ -13,7 +13,7 @@ from accounts.services import user_sockets_tell
 from chatsite.errors import ClientError
 from inference.engine.tokenizers import render_chat, tokenizer_for
 from inference.models import Generation, ModelDeployment
-from inference.services import generation_admit, generation_create
+from inference.services import generation_admit, service_generation_create
 from moderation.services import CONTENT_FILTER
 from orchestration.memory import (
     SUMMARY_TEMPERATURE,
@@ -26,9 +26,6 @@ from orchestration.models import ConversationSummary
 from orchestration.selectors import summary_for_branch
 
 logger = logging.getLogger(__name__)
-
-# The lowest of the broker's ten steps, as a title's: a summary never goes ahead of anyone's answer.
-SUMMARY_PRIORITY = 9
 
 
 def summary_extend(
@@ -74,18 +71,13 @@ def summary_extend(
             )
             if prompt is None:
                 return None
-            generation = generation_create(
+            generation = service_generation_create(
                 user=get_user_model().objects.get(id=user_id),
                 deployment=utility,
                 prompt_token_ids=prompt,
-                sampling={
-                    "temperature": SUMMARY_TEMPERATURE,
-                    "top_p": utility.top_p,
-                    "repetition_penalty": utility.repetition_penalty,
-                    "max_tokens": max_tokens,
-                },
-                priority=SUMMARY_PRIORITY,
                 purpose=Generation.Purpose.SUMMARY,
+                temperature=SUMMARY_TEMPERATURE,
+                max_tokens=max_tokens,
             )
             return ConversationSummary.objects.create(
                 conversation_id=conversation_id,

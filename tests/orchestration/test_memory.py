@@ -18,10 +18,9 @@ from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
 from inference.engine.tokenizers import count_tokens, tokenizer_for
 from inference.models import Generation
 from inference.selectors import generation_tokens_reserved_for_user
-from inference.services import generation_finish
+from inference.services import SERVICE_PRIORITY, generation_finish
 from orchestration.memory import SUMMARY_HEADING, Memory, prompt_assemble, summary_max_tokens
 from orchestration.models import ConversationSummary
-from orchestration.services import SUMMARY_PRIORITY
 
 WINDOW = 512
 
@@ -114,7 +113,7 @@ def test_turns_falling_out_of_the_window_are_summarized_and_the_prompt_holds_the
     first = pending_summary(chat.conversation_id)
     # Asked for from the oldest turns on, by a low-priority generation of the service's own.
     summarizing = first.generation
-    assert summarizing.purpose == Generation.Purpose.SUMMARY and summarizing.priority == SUMMARY_PRIORITY
+    assert summarizing.purpose == Generation.Purpose.SUMMARY and summarizing.priority == SERVICE_PRIORITY
     assert summarizing.deployment == chat.sent[0].conversation.deployment  # its utility model: itself
     asked = tokenizer.decode(summarizing.prompt_token_ids)
     assert "Q0 q0w0" in asked and "A0 a0w0" in asked
