@@ -8,10 +8,8 @@ import json
 import jsonschema
 import openai
 import pytest
-from channels.db import database_sync_to_async
 
 from accounts.models import Tier
-from accounts.services import api_key_create
 from chatsite.errors import ClientError
 from inference.engine.tokenizers import render_chat, tokenizer_for
 from inference.models import Generation
@@ -28,21 +26,6 @@ from inference.services import completion_create
 pytestmark = pytest.mark.django_db(transaction=True)
 MODEL = "smollm2-135m"
 HELLO = [{"role": "user", "content": "Say hello."}]
-
-
-@pytest.fixture
-def client_of(db):
-    def make(server: str, user) -> openai.AsyncOpenAI:
-        key = api_key_create(user=user, name="tests", scopes=["chat", "models:read"]).key
-        return openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=key, max_retries=0, timeout=180)
-
-    return database_sync_to_async(make)
-
-
-@pytest.fixture
-def nothing_runs(monkeypatch):
-    """Completions are queued and never dispatched: for what the request becomes, not its answer."""
-    monkeypatch.setattr("inference.execution.dispatch.generation_dispatch", lambda **dispatch: None)
 
 
 # --- refused and unknown fields ----------------------------------------------------------------------

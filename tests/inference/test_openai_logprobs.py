@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from channels.db import database_sync_to_async
 
-from accounts.services import api_key_create
 from inference.models import Generation
 from inference.openai import wire
 
@@ -17,15 +15,6 @@ HELLO = [{"role": "user", "content": "Name three colours."}]
 # Greedy, and no repetition penalty (the deployment's default has one): the sampled token is then
 # the most likely one the engine reports.
 GREEDY = {"temperature": 0, "extra_body": {"repetition_penalty": 1.0}}
-
-
-@pytest.fixture
-def client_of(db):
-    def make(server: str, user) -> openai.AsyncOpenAI:
-        key = api_key_create(user=user, name="tests", scopes=["chat", "models:read"]).key
-        return openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=key, max_retries=0, timeout=180)
-
-    return database_sync_to_async(make)
 
 
 def assert_chat_entry(entry, *, top: int) -> None:

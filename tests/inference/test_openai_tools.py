@@ -7,9 +7,7 @@ import json
 import jsonschema
 import openai
 import pytest
-from channels.db import database_sync_to_async
 
-from accounts.services import api_key_create
 from inference.engine.tokenizers import render_chat, tokenizer_for
 from inference.engine.vllm_internals import vllm_release
 from inference.models import Generation, ModelDeployment
@@ -45,20 +43,6 @@ TIME = {
     },
 }
 ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
-
-
-@pytest.fixture
-def client_of(db):
-    def make(server: str, user) -> openai.AsyncOpenAI:
-        key = api_key_create(user=user, name="tests", scopes=["chat", "models:read"]).key
-        return openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=key, max_retries=0, timeout=180)
-
-    return database_sync_to_async(make)
-
-
-@pytest.fixture
-def nothing_runs(monkeypatch):
-    monkeypatch.setattr("inference.execution.dispatch.generation_dispatch", lambda **dispatch: None)
 
 
 def assert_valid_weather_call(call) -> dict:
