@@ -56,21 +56,14 @@ def canary(default_deployment) -> ModelDeployment:
 
 
 @pytest.fixture
-def engines_live(default_deployment, canary):
+def engines_live(default_deployment, canary, redis_engine_state):
     """Both deployments' engines ready, as their workers' heartbeats say in the production topology
     (there the session's worker serves the default deployment only, and one without a live worker is
     taken only when no live one can). The embedded default has no workers: nothing to report."""
     if settings.INFERENCE_BACKEND == "local":
-        yield
         return
-    from inference.execution.workers import ENGINE_STATE_KEY, _redis
-
-    keys = [ENGINE_STATE_KEY.format(deployment=d.name, state="ready") for d in (default_deployment, canary)]
-    for key in keys:
-        _redis().zadd(key, {"routing-test": time.time() + 3600})
-    yield
-    for key in keys:
-        _redis().zrem(key, "routing-test")
+    for deployment in (default_deployment, canary):
+        redis_engine_state(deployment, EngineState.READY, at=time.time() + 3600)
 
 
 def routed_names(user, model: str, times: int, *, seed: int = 7) -> Counter:
@@ -330,11 +323,12 @@ def test_a_sticky_message_costs_no_statement_beyond_its_conversations_read(alice
 @pytest.fixture
 def redis_engine_state():
     """Report an engine's state as the process that hosts it would: its local host's state in the
-    embedded default, a worker's heartbeat in the production topology. (An engine that truly fails
-    to load takes a minute of this machine; the state is what routing reads.)"""
-    touched = []
+    embedded default, a worker's heartbeat (seen `at`, now by default) in the production topology.
+    (An engine that truly fails to load takes a minute of this machine; the state is what routing
+    reads.) Both are taken back after the test."""
+    touched, written = [], []
 
-    def report(deployment: ModelDeployment, state: EngineState) -> None:
+    def report(deployment: ModelDeployment, state: EngineState, *, at: float | None = None) -> None:
         if settings.INFERENCE_BACKEND == "local":
             host = engine_host_for(engine_spec_for(deployment))
             host.state = state
@@ -342,10 +336,17 @@ def redis_engine_state():
             return
         from inference.execution.workers import ENGINE_STATE_KEY, _redis
 
-        _redis().zadd(ENGINE_STATE_KEY.format(deployment=deployment.name, state=state.value), {"test": time.time()})
+        key = ENGINE_STATE_KEY.format(deployment=deployment.name, state=state.value)
+        _redis().zadd(key, {"routing-test": time.time() if at is None else at})
+        written.append(key)
 
     yield report
     from inference.engine import host as hosts
 
     for name in touched:
         hosts._hosts.pop(name, None)
+    if written:
+        from inference.execution.workers import _redis
+
+        for key in written:
+            _redis().zrem(key, "routing-test")
