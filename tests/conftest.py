@@ -177,6 +177,15 @@ def make_user(db):
 
 
 @pytest.fixture
+def short_answers(default_deployment):
+    """The free plan's answers cut at 48 tokens, for tests about what happens around an answer (its
+    branches, its stream in another tab, a request sent again), not about what it says: each is then
+    written in seconds on a slow machine rather than running on to 512. (Tests that use it are
+    marked for the database.)"""
+    Tier.objects.filter(name="free").update(max_output_tokens=48)
+
+
+@pytest.fixture
 def alice(make_user):
     return make_user("alice")
 

@@ -6,23 +6,17 @@ from __future__ import annotations
 import pytest
 from channels.db import database_sync_to_async
 
-from accounts.models import Tier, User
+from accounts.models import User
 from conversations.models import Conversation, Message, MessageFeedback
 from conversations.services import message_send
 from inference.models import Generation
 from inference.services import generation_finish
 from tests.browser.conftest import BROWSER_MARKS, SOURCE, sign_up
 
-pytestmark = BROWSER_MARKS
+# These tests are about the tree, not what the answers say.
+pytestmark = [*BROWSER_MARKS, pytest.mark.usefixtures("short_answers")]
 
 ENDED = "complete", "failed", "flagged"
-
-
-@pytest.fixture(autouse=True)
-def short_answers(default_deployment):
-    """These tests are about the tree, not what the answers say: the free plan's answers are cut at 48
-    tokens here, so each is written in seconds on a slow machine rather than running on to 512."""
-    Tier.objects.filter(name="free").update(max_output_tokens=48)
 
 
 async def _answered(page, count: int) -> None:

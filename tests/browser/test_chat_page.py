@@ -181,7 +181,7 @@ async def test_a_message_whose_acceptance_was_lost_is_sent_again_and_answered_on
     assert await page.locator("article.message.user").count() == 1
 
 
-async def test_a_regenerate_whose_answer_was_lost_is_sent_again_and_answered_once(page):
+async def test_a_regenerate_whose_answer_was_lost_is_sent_again_and_answered_once(page, short_answers):
     """The socket drops after the server began the new answer, before the page heard so: the page
     asks again on its next socket, naming the answer it showed, and follows the one already begun."""
     await sign_up(page, "kim")

@@ -544,7 +544,7 @@ async def test_a_message_sent_while_the_model_loads_waits_for_it(engine, alice):
 
 
 @pytest.mark.engine
-async def test_a_second_tab_on_the_same_conversation_sees_the_same_stream(engine, alice):
+async def test_a_second_tab_on_the_same_conversation_sees_the_same_stream(engine, alice, short_answers):
     first, _ = await open_socket(alice)
     second, _ = await open_socket(alice)
     await first.send_json_to({"type": "message.send", "content": "List three fruits."})
