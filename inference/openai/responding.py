@@ -56,15 +56,21 @@ class ResponseShape(Protocol):
 
 
 @dataclass(frozen=True)
-class ChatShape:
-    """`chat.completion` and its chunks. A choice's role goes out with its first text, not before
-    prefill: a client timing its first token times the answer's, as from OpenAI and vLLM."""
+class Completion:
+    """What every chunk and body of one completion names, and what its request asked to be told."""
 
     completion_id: str
     created: int
     model: str
     include_usage: bool = False
     logprobs: bool = False
+
+
+@dataclass(frozen=True)
+class ChatShape(Completion):
+    """`chat.completion` and its chunks. A choice's role goes out with its first text, not before
+    prefill: a client timing its first token times the answer's, as from OpenAI and vLLM."""
+
     # Each choice's reader of tool calls, where the request has tools to call.
     readers: list[ToolCallReader] | None = None
     # Played back from the response cache: every body says so (`"cached": true`).
@@ -152,14 +158,8 @@ class ChatShape:
 
 
 @dataclass(frozen=True)
-class TextShape:
+class TextShape(Completion):
     """`text_completion` and its chunks (legacy completions): text and reason in one chunk."""
-
-    completion_id: str
-    created: int
-    model: str
-    include_usage: bool = False
-    logprobs: bool = False
 
     def _body(self, choices: list[dict[str, Any]], **usage: Any) -> dict[str, Any]:
         return wire.text_completion(
