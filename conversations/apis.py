@@ -35,6 +35,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.apis import ScopedApi
 from accounts.authentication import ApiKeyAuthentication, HasScope
 from accounts.models import ApiKey
 from chatsite.errors import ClientError, error_body, validated_json_body
@@ -184,17 +185,6 @@ def _with_branch(conversation: Conversation, through: Any = None) -> dict[str, A
         "messages": messages,
         "summary": SummaryOutputSerializer(summary).data if summary is not None else None,
     }
-
-
-class ScopedApi(APIView):
-    """API key or session; the scope an API key needs depends on the HTTP method."""
-
-    permission_classes = [IsAuthenticated, HasScope]
-    method_scopes: dict[str, str] = {}
-
-    @property
-    def required_scope(self) -> str | None:
-        return self.method_scopes.get(self.request.method)
 
 
 class ConversationListCreateApi(ScopedApi):

@@ -14,12 +14,10 @@ import numpy as np
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.parsers import MultiPartParser
-from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from accounts.authentication import HasScope
+from accounts.apis import ScopedApi
 from accounts.models import ApiKey
 from chatsite.errors import ClientError
 from documents.index import hybrid_search
@@ -76,15 +74,6 @@ def uploaded_file(request: Request, *, user: Any) -> tuple[str, bytes]:
             param="file",
         )
     return upload.name or "", upload.read()
-
-
-class ScopedApi(APIView):
-    permission_classes = [IsAuthenticated, HasScope]
-    method_scopes: dict[str, str] = {}
-
-    @property
-    def required_scope(self) -> str | None:
-        return self.method_scopes.get(self.request.method or "")
 
 
 class DocumentListCreateApi(ScopedApi):
