@@ -401,7 +401,7 @@ class CeleryWorker:
     ) -> None:
         """`cores`: the CPUs its engines compute on (VLLM_CPU_OMP_THREADS_BIND, e.g. "1"). Workers
         that answer at the same time need different ones: vLLM's automatic binding pins every
-        engine on a host to the same cores (docs/production.md, "Several workers on one host")."""
+        engine on a host to the same cores (docs/production.md, "What fault injection found")."""
         db = settings.DATABASES["default"]
         assert db["ENGINE"] == "django.db.backends.postgresql", "the worker tests need PostgreSQL"
         url = f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
@@ -750,8 +750,8 @@ def engine_not_started(monkeypatch):
 
 def engine_cores(workers: int) -> list[str]:
     """This machine's CPUs shared out among `workers` workers that answer at once, one
-    VLLM_CPU_OMP_THREADS_BIND value each ("0", "1" on two cores; "0-1", "2-3" on four). With fewer
-    CPUs than workers, some share."""
+    VLLM_CPU_OMP_THREADS_BIND value each ("0" and "1" on two cores; "0,1" and "2,3" on four). With
+    fewer CPUs than workers, some share."""
     cpus = sorted(os.sched_getaffinity(0))
     share = max(1, len(cpus) // workers)
     groups = [cpus[i * share : (i + 1) * share] or [cpus[i % len(cpus)]] for i in range(workers)]
