@@ -146,6 +146,13 @@ LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "conversations:chat"
 LOGOUT_REDIRECT_URL = "accounts:login"
 
+# Argon2id first, as OWASP recommends for password storage; PBKDF2 stays so that passwords hashed
+# before it still verify (and are rehashed with Argon2id at their next sign-in).
+PASSWORD_HASHERS = [
+    "django.contrib.auth.hashers.Argon2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+]
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

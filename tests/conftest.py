@@ -69,6 +69,13 @@ TOPOLOGY_MODULES = frozenset(
 )
 
 
+def pytest_configure(config):
+    """Hash the test personas' passwords with a fast hasher, as Django's documentation recommends for
+    tests: the production hasher (Argon2id) is slow on purpose, and most tests sign someone in.
+    tests/accounts/test_settings.py checks what production uses."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark the topology's tests (above), and run the fault tests first: they run a worker on a Redis
     of their own, and the session's worker (the `engine` fixture, started by the first test that

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.conf import settings
+from django.test import override_settings
 from django.urls import reverse
 
 from accounts.models import Tier, UserSettings
@@ -96,3 +97,16 @@ def test_the_chat_page_preselects_the_default_model_and_falls_back_when_it_leave
     page = client.get(reverse("conversations:chat")).content.decode()
     assert "smollm2-second" not in page
     assert f'<option value="{settings.INFERENCE_DEFAULT_DEPLOYMENT}" selected>' in page
+
+
+def test_production_hashes_passwords_with_argon2id_and_still_verifies_older_pbkdf2_hashes():
+    """The suite swaps in a fast hasher (tests/conftest.py); production's list is the settings module's."""
+    from django.contrib.auth.hashers import Argon2PasswordHasher, PBKDF2PasswordHasher, check_password
+
+    from chatsite import settings as production
+
+    assert production.PASSWORD_HASHERS[0] == "django.contrib.auth.hashers.Argon2PasswordHasher"
+    assert Argon2PasswordHasher().encode("a long enough password 1", "somesaltvalue1").startswith("argon2$argon2id$")
+    older = PBKDF2PasswordHasher().encode("a long enough password 1", "somesaltvalue1", iterations=1000)
+    with override_settings(PASSWORD_HASHERS=production.PASSWORD_HASHERS):
+        assert check_password("a long enough password 1", older)
