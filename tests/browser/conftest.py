@@ -16,20 +16,28 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "test-artifacts"
 SOURCE = "el => ChatRender.source(el)"
 
 
-@pytest.fixture
-async def page(chat_server):
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
+
+
+@pytest.fixture(scope="session")
+async def chromium():
+    """One Chromium for the whole run (a launch costs seconds); each test gets a context of its own,
+    which shares no cookies, storage or cache with another's."""
     from playwright.async_api import async_playwright
 
     async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
-        )
-        context = await browser.new_context(base_url=chat_server)
-        page = await context.new_page()
-        page.set_default_timeout(90_000)
-        yield page
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
         await browser.close()
+
+
+@pytest.fixture
+async def page(chromium, chat_server):
+    context = await chromium.new_context(base_url=chat_server)
+    page = await context.new_page()
+    page.set_default_timeout(90_000)
+    yield page
+    await context.close()
 
 
 async def sign_up(page, username: str) -> None:

@@ -63,12 +63,12 @@ def a_conversation(username: str) -> Conversation:
     return conversation
 
 
-async def test_take_the_readme_screenshots(server_without_engine, no_engine, monkeypatch):  # noqa: F811
+async def test_take_the_readme_screenshots(chromium, server_without_engine, no_engine, monkeypatch):  # noqa: F811
     # As a served page looks once its model has loaded: no "The model is loading" banner.
     monkeypatch.setattr("conversations.views.engine_state", lambda deployment: "ready")
     monkeypatch.setattr("conversations.consumers.engine_state", lambda deployment: "ready")
     OUT.mkdir(parents=True, exist_ok=True)
-    async with browser_page(server_without_engine, DESKTOP) as page:
+    async with browser_page(chromium, server_without_engine, DESKTOP) as page:
         await sign_up(page, "demo")
         conversation = await a_conversation("demo")
         await page.goto(f"/c/{conversation.id}/")

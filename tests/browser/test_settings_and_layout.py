@@ -44,32 +44,25 @@ def no_engine(monkeypatch):
 
 
 @contextlib.asynccontextmanager
-async def browser_page(url: str, viewport: dict[str, int]):
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
-        )
-        context = await browser.new_context(base_url=url, viewport=viewport)
-        page = await context.new_page()
-        page.set_default_timeout(20_000)
-        try:
-            yield page
-        finally:
-            await browser.close()
+async def browser_page(chromium, url: str, viewport: dict[str, int]):
+    context = await chromium.new_context(base_url=url, viewport=viewport)
+    page = await context.new_page()
+    page.set_default_timeout(20_000)
+    try:
+        yield page
+    finally:
+        await context.close()
 
 
 @pytest.fixture
-async def page(server_without_engine, no_engine):
-    async with browser_page(server_without_engine, DESKTOP) as page:
+async def page(chromium, server_without_engine, no_engine):
+    async with browser_page(chromium, server_without_engine, DESKTOP) as page:
         yield page
 
 
 @pytest.fixture
-async def phone(server_without_engine, no_engine):
-    async with browser_page(server_without_engine, PHONE) as page:
+async def phone(chromium, server_without_engine, no_engine):
+    async with browser_page(chromium, server_without_engine, PHONE) as page:
         yield page
 
 
