@@ -40,9 +40,11 @@ async def test_a_chat_completion_gives_each_tokens_logprob_and_its_likeliest_alt
         assert "".join(entry.token for entry in content) == choice.message.content
         for entry in content:
             assert_chat_entry(entry, top=3)
-            # Greedy: the sampled token is the likeliest, with the same log probability.
-            assert entry.top_logprobs[0].token == entry.token
-            assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+            # Greedy: the sampled token is a likeliest one. In bfloat16 two tokens often tie exactly, and
+            # which of them the ranking lists first differs between CPUs: the sampled one is among them.
+            likeliest = entry.top_logprobs[0].logprob
+            assert entry.logprob == pytest.approx(likeliest)
+            assert entry.token in [a.token for a in entry.top_logprobs if a.logprob == pytest.approx(likeliest)]
 
 
 @pytest.mark.engine
