@@ -78,11 +78,14 @@ test: install-dev model
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	@echo "== the suite in the embedded default (SQLite, in-memory channel layer, engine in process) =="
-	$(PY) -m pytest --durations=20
+	@start=$$(date +%s); $(PY) -m pytest --durations=20; status=$$?; \
+		echo "== the embedded run took $$(( $$(date +%s) - start )) s =="; exit $$status
 	@if $(PY) -c "import psycopg, redis, sys; psycopg.connect(sys.argv[1], connect_timeout=3).close(); \
 			redis.Redis.from_url(sys.argv[2], socket_connect_timeout=3).ping()" "$(TEST_DATABASE_URL)" "$(TEST_REDIS_URL)" 2>/dev/null; then \
 		echo "== the tests about the production topology (PostgreSQL, Redis, Celery GPU worker processes) =="; \
+		start=$$(date +%s); \
 		DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m "topology and not browser" --durations=20; \
+		status=$$?; echo "== the production-topology run took $$(( $$(date +%s) - start )) s =="; exit $$status; \
 	elif [ -n "$$CI" ]; then echo "PostgreSQL ($(TEST_DATABASE_URL)) or Redis ($(TEST_REDIS_URL)) is not reachable, and CI must test on them"; exit 1; \
 	else echo "PostgreSQL ($(TEST_DATABASE_URL)) or Redis ($(TEST_REDIS_URL)) is not reachable: skipped the production-topology run"; fi
 
