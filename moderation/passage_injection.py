@@ -16,7 +16,18 @@ not used here: on documents it flagged harmless pages about AI and caught few re
 
 from __future__ import annotations
 
+import csv
 import re
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+# Measured on, never matched against while the rules were written.
+EVALUATION_PATH = DATA_DIR / "injection_passages.csv"
+# What the rules were written against.
+DEVELOPMENT_PATH = DATA_DIR / "injection_passages_dev.csv"
 
 # Who a file might address: the assistant reading it, under any of its names.
 _AI = (
@@ -209,7 +220,14 @@ _PATTERNS: tuple[tuple[str, str], ...] = (
         r"\b(?:user|uploaded|library|conversation|you\s+can\s+see)\b",
     ),
     # --- the model cast in a role ---
-    ("role-play", r"\byou\s+are\s+(?:now|no\s+longer)\b|\byou'?re\s+(?:now|no\s+longer)\b"),
+    # A new identity, not a new state ("you are now connected"): a name, or something the model could be.
+    (
+        "role-play",
+        r"\byou(?:\s+are|'?re)\s+(?:now|no\s+longer)\s+(?:(?-i:[A-Z])|(?:an?|the)\s+[^.\n]{0,40}\b(?:ai|assistant|bot"
+        r"|chatbot|model|\w*gpt|persona|character|entity|shell|terminal|version)\b|in\s+(?:developer|god|jailbreak"
+        r"|jailbroken|unrestricted|debug|admin|dan|unfiltered)\s+mode)",
+    ),
+    ("role-play", r"\byou(?:\s+are|'?re)\s+(?-i:[A-Z]\w+)(?:\s+(?-i:[A-Z]\w+))?\s+now\b"),
     (
         "role-play",
         r"\bfrom\s+(?:now\s+on|this\s+point\s+(?:on|forward)|here\s+on),?\s+(?:you|respond|answer|reply|act"
@@ -333,3 +351,62 @@ def passage_injection_kinds(text: str) -> list[str]:
 
 def passage_is_injection(text: str) -> bool:
     return any(pattern.search(text) for _, pattern in PASSAGE_INJECTION_RULES)
+
+
+@dataclass(frozen=True)
+class LabelledPassage:
+    text: str
+    injected: bool
+    kind: str
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A detector's figures on a labelled set of passages. `by_kind`: for each kind of passage, how
+    many were flagged of how many (for injected kinds the caught ones, for harmless the false alarms)."""
+
+    injected: int
+    harmless: int
+    caught: int
+    false_alarms: list[str]
+    missed: list[str]
+    by_kind: dict[tuple[bool, str], tuple[int, int]]
+
+    @property
+    def recall(self) -> float:
+        return self.caught / self.injected
+
+    @property
+    def precision(self) -> float:
+        flagged = self.caught + len(self.false_alarms)
+        return self.caught / flagged if flagged else 1.0
+
+    @property
+    def false_positive_rate(self) -> float:
+        return len(self.false_alarms) / self.harmless
+
+
+def labelled_passages(path: Path = EVALUATION_PATH) -> list[LabelledPassage]:
+    with path.open(encoding="utf-8", newline="") as f:
+        return [LabelledPassage(r["text"], r["is_injection"] == "1", r["kind"]) for r in csv.DictReader(f)]
+
+
+def passage_injection_measure(
+    passages: list[LabelledPassage], *, flagged: Callable[[list[str]], list[bool]] | None = None
+) -> Measured:
+    """How `flagged` (the file rules unless given: a detector taking texts, returning one flag each)
+    does on `passages`."""
+    texts = [p.text for p in passages]
+    flags = flagged(texts) if flagged is not None else [passage_is_injection(t) for t in texts]
+    counts: dict[tuple[bool, str], list[int]] = defaultdict(lambda: [0, 0])
+    for passage, flag in zip(passages, flags, strict=True):
+        counts[(passage.injected, passage.kind)][0] += flag
+        counts[(passage.injected, passage.kind)][1] += 1
+    return Measured(
+        injected=sum(p.injected for p in passages),
+        harmless=sum(not p.injected for p in passages),
+        caught=sum(f for p, f in zip(passages, flags, strict=True) if p.injected),
+        false_alarms=[p.text for p, f in zip(passages, flags, strict=True) if f and not p.injected],
+        missed=[p.text for p, f in zip(passages, flags, strict=True) if p.injected and not f],
+        by_kind={key: (flagged_count, total) for key, (flagged_count, total) in sorted(counts.items())},
+    )
