@@ -267,7 +267,38 @@ _PATTERNS: tuple[tuple[str, str], ...] = (
     (
         "role-play",
         r"\bdo\s+anything\s+now\b|\byou\s+are\s+(?:now\s+)?DAN\b|\bjailbr(?:oken|eak(?:ed)?)\s+mode\b"
-        r"|\bunrestricted\s+mode\b|\b(?:uncensored|unfiltered|unrestricted)\s+(?:ai|model|assistant|version|mode)\b",
+        r"|\bunrestricted\s+mode\b|\b(?:uncensored|unfiltered|unrestricted|evil|jailbroken|amoral)\s+(?:ai|model"
+        r"|assistant|chatbot|bot|version|mode|personalit(?:y|ies))\b",
+    ),
+    # --- the classic jailbreaks, as the known attacks (data/injections.txt) word them ---
+    (
+        "jailbreak",
+        r"\b(?:break|bypass|ignore|override|disable)\s+(?:your|all|the|its)\s+(?:own\s+)?(?:rules|policies|guidelines"
+        r"|safety\s+(?:settings|protocols|filters|rules))\b",
+    ),
+    (
+        "jailbreak",
+        r"\b(?:without|no)\s+(?:any\s+)?(?:ethical|moral)\s+(?:guidelines|limits|constraints|principles)\b"
+        r"|\bno\s+morals\b|\bunfiltered\s+(?:answer|response|reply)\b",
+    ),
+    ("jailbreak", r"\bstop\s+being\s+(?:an?\s+)?(?:ai|assistant|model|chatbot)\b"),
+    (
+        "jailbreak",
+        r"\b(?:developer|god|jailbreak|dan)\s+mode\b[^.\n]{0,60}\b(?:ignore|no\s+(?:rules|restrictions|limits)|without"
+        r"\s+(?:rules|restrictions|limits)|guidelines|policies)\b",
+    ),
+    ("jailbreak", r"\b(?:print|repeat|output|recite)\s+(?:the\s+)?(?:text|words|everything)\s+above\b"),
+    ("jailbreak", r"\bwithout\s+refusing\b|\bnever\s+refuses?\b|\b(?:do\s+not|don't|never)\s+refuse\b"),
+    ("jailbreak", r"\bsimulate\s+(?:an?\s+)?(?:\w+\s+)?(?:terminal|shell|console)\b"),
+    ("jailbreak", rf"{_START}(?:please\s+)?act\s+as\s+(?:my|an?|the)\b"),
+    (
+        "jailbreak",
+        r"\b(?:hypothetical|fictional|imaginary)\s+world\s+(?:where|with|in\s+which)\s+(?:there\s+are\s+)?no\s+"
+        r"(?:laws|rules|limits|restrictions|policies)\b",
+    ),
+    (
+        "jailbreak",
+        r"\b(?:confidential|secret|hidden)\s+instructions\s+(?:your|the)\s+(?:operator|developers?)\s+gave\b",
     ),
     # --- a fake end to the quotation, or a role speaking ---
     ("fake-delimiter", r"<\s*/?\s*(?:system|instructions?|admin|developer|operator)\s*>\s*(?-i:[A-Z][a-z]+)\s+\w+"),
@@ -344,8 +375,8 @@ PASSAGE_INJECTION_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 
 
 def passage_injection_kinds(text: str) -> list[str]:
-    """Which kinds of move (addressed, override, reveal, role-play, fake-delimiter, exfiltration,
-    concealment) a passage makes, each named once; empty for a passage that reads as data."""
+    """Which kinds of move (addressed, override, reveal, role-play, jailbreak, fake-delimiter,
+    exfiltration, concealment) a passage makes, each named once; empty for a passage that reads as data."""
     return list(dict.fromkeys(kind for kind, pattern in PASSAGE_INJECTION_RULES if pattern.search(text)))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from moderation.classifiers import known_attacks
 from moderation.passage_injection import (
     DEVELOPMENT_PATH,
     EVALUATION_PATH,
@@ -42,6 +43,12 @@ def test_each_kind_of_reworded_injection_in_a_file_is_flagged(text):
 )
 def test_documents_that_only_look_like_injections_are_not_flagged(text):
     assert passage_injection_kinds(text) == []
+
+
+def test_the_known_jailbreaks_are_flagged_in_a_file_too():
+    # Messages meet them through similarity to this list; files through the rules alone.
+    attacks = known_attacks()
+    assert sum(passage_is_injection(text) for text in attacks) >= len(attacks) - 1
 
 
 def test_the_evaluation_set_is_large_varied_and_kept_apart_from_the_development_set():
