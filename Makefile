@@ -15,7 +15,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 # A Redis database of the tests' own: the suite empties it when it starts.
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: run test screenshots fault-test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-trace benchmark-scale benchmark-embedded benchmark-moderation benchmark-cuts benchmark-dtype benchmark-interference benchmark-capacity benchmark-peer benchmark-retrieval benchmark-semantic-cache clean
+.PHONY: run test screenshots fault-test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-trace benchmark-scale benchmark-embedded benchmark-moderation benchmark-cuts benchmark-dtype benchmark-interference benchmark-capacity benchmark-peer benchmark-retrieval benchmark-semantic-cache benchmark-injection clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -139,6 +139,8 @@ benchmark-retrieval: install
 	$(PY) -m benchmarks retrieval --database-url $(TOPOLOGY_DATABASE_URL)_retrieval $(BENCH_ARGS)
 benchmark-semantic-cache: install
 	$(PY) -m benchmarks semantic_cache $(BENCH_ARGS)
+benchmark-injection: install
+	$(PY) -m benchmarks injection $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) var/staticfiles

@@ -36,6 +36,7 @@ BENCHMARKS = {
     "peer": "peer",
     "retrieval": "retrieval",
     "semantic_cache": "semantic_cache",
+    "injection": "injection",
 }
 
 _output = {"name": "", "json": False}

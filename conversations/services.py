@@ -44,15 +44,20 @@ from conversations.titles import (
 )
 from documents.retrieval import (
     NOTHING,
-    QUOTED_HEADER,
     Retrieved,
-    passage_quoted,
+    passages_quoted,
     retrieve_for_message,
     retrieved_for_answer,
 )
 from documents.services import citations_record
 from inference.caching import response_cache_probe
-from inference.engine.tokenizers import continuation_ids, count_tokens, render_chat, tokenizer_for
+from inference.engine.tokenizers import (
+    continuation_ids,
+    count_tokens,
+    render_chat,
+    special_tokens_defused,
+    tokenizer_for,
+)
 from inference.held import HeldAnswer, held_verdict_wait_sync
 from inference.models import Generation, GenerationId, ModelDeployment
 from inference.selectors import Routed, deployment_get
@@ -997,6 +1002,7 @@ def _prompt_for(
     if new_turn is not None:
         turns.append(new_turn)
     tail = continuation_ids(tokenizer, continuing) if continuing else []
+    quoted = passages_quoted(retrieved.passages)
     return assemble_prompt(
         system_prompt=deployment.system_prompt,
         instructions=user_instructions(user_id=user_id),
@@ -1005,8 +1011,10 @@ def _prompt_for(
         max_context=limits.max_context,
         max_output=limits.max_output,
         min_output=settings.INFERENCE_MIN_OUTPUT_TOKENS,
-        context=[passage_quoted(i, p) for i, p in enumerate(retrieved.passages, start=1)],
-        context_header=QUOTED_HEADER,
+        # Quoted in the system turn, which the template does not defuse: a file's special-token
+        # spellings are broken here, so that no passage can close the turn.
+        context=[special_tokens_defused(tokenizer, p) for p in quoted.passages],
+        context_header=quoted.header,
         memory=_memory_of(path, turns, max_context=limits.max_context),
     )
 

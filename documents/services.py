@@ -180,7 +180,7 @@ def document_process(*, document_id: int) -> str:
         _progress(document_id, 10)
         # The heading goes with its passage into the embedding and the checks: it says what the passage is about.
         texts = [f"{p.heading}\n\n{p.text}" if p.heading else p.text for p in found]
-        verdicts = passages_moderate(user_id=document.owner_id, texts=texts)
+        verdicts = passages_moderate(user_id=document.owner_id, texts=texts, file_name=document.name)
         if verdicts.content.blocks:
             return _fail(
                 document_id,

@@ -42,6 +42,7 @@ from moderation.classifiers import (
 )
 from moderation.guard import combined_with_guard
 from moderation.models import ACTION_SEVERITY, Action, Flag
+from moderation.passage_injection import passage_is_injection
 from moderation.selectors import PolicySnapshot, policy_for_tier, policy_for_user, policy_for_user_id
 
 logger = logging.getLogger(__name__)
@@ -647,11 +648,6 @@ def sentence_embeddings(*, model: str, texts: list[str]) -> Any:
 
 # --- files' passages, for documents ----------------------------------------------------------------
 
-# A passage at or above this prompt-injection score is left out of every prompt, whatever the tier's
-# policy says about messages: text inside a file is data, and one that reads as instructions to the
-# model is held back from it. The built-in input policy blocks messages from 0.8.
-PASSAGE_INJECTION_THRESHOLD = 0.8
-
 
 @dataclass(frozen=True)
 class PassageVerdicts:
@@ -662,12 +658,15 @@ class PassageVerdicts:
     content: Verdict
 
 
-def passages_moderate(*, user_id: Any, texts: list[str]) -> PassageVerdicts:
+def passages_moderate(*, user_id: Any, texts: list[str], file_name: str = "") -> PassageVerdicts:
     """Score a file's passages as input moderation scores a message (one embedding batch), under
-    the owner's policy for everything but prompt injection; injection under
-    PASSAGE_INJECTION_THRESHOLD. The content verdict is the most severe of the passages'."""
-    scored = score_many(texts, injection=True) if texts else []
-    injection = [s.injection >= PASSAGE_INJECTION_THRESHOLD for s in scored]
+    the owner's policy for everything but prompt injection. Injection is judged by the rules for
+    files (`moderation.passage_injection`), whatever the tier's policy says about messages: text
+    inside a file is data, and one that speaks to the model is held back from it. A file whose name
+    does so has every passage held back. The content verdict is the most severe of the passages'."""
+    scored = score_many(texts) if texts else []
+    named = passage_is_injection(file_name)
+    injection = [named or passage_is_injection(text) for text in texts]
     policy = policy_for_user_id(user_id=user_id)
     content = ALLOW
     if policy.moderate_input:

@@ -108,6 +108,12 @@ def continuation_ids(tokenizer: Any, text: str) -> list[int]:
     return tokenizer(_defuse(text, _special_spellings(tokenizer)), add_special_tokens=False)["input_ids"]
 
 
+def special_tokens_defused(tokenizer: Any, text: str) -> str:
+    """`text` with its special-token spellings broken as `render_chat` breaks them in user text: for
+    untrusted text that goes into a system turn (passages quoted from files)."""
+    return _defuse(text, _special_spellings(tokenizer))
+
+
 WORD_JOINER = "\u2060"
 
 

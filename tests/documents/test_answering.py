@@ -36,7 +36,7 @@ def test_a_question_answered_only_in_a_library_file_gets_its_passage_and_a_citat
     upload_ready(alice, "harbour.md", f"# Harbour history\n\n{FACT}")
     sent = message_send(user=alice, content="Who was the harbour master of Port Aldwin in 1903?")
     text = prompt_text(sent.generation)
-    assert FACT in text and "quoted material" in text and "[1] (harbour.md" in text
+    assert FACT in text and "quoted material" in text and "[1]\nfile: harbour.md" in text
     (citation,) = Citation.objects.filter(message=sent.assistant_message)
     assert (citation.number, citation.file_name, citation.passage, citation.withheld) == (1, "harbour.md", FACT, False)
 
@@ -83,7 +83,7 @@ def test_a_continued_answer_quotes_the_passages_it_began_from_under_the_same_num
     document.delete()  # the answer's citations keep the passage it was given
     continued = message_continue(user=alice, message_id=sent.assistant_message.id)
     text = prompt_text(continued.generation)
-    assert FACT in text and "[1] (harbour.md" in text and text.endswith("It was Eliza")
+    assert FACT in text and "[1]\nfile: harbour.md" in text and text.endswith("It was Eliza")
     assert Citation.objects.filter(message=sent.assistant_message).count() == 1  # not recorded twice
 
 
