@@ -533,41 +533,21 @@ def processing_usage_record(
     charge, counted towards the quotas, as a /v1/moderations request's) and their embeddings (exact
     tokens at the tier's prompt price on the embedding `deployment`, as a /v1/embeddings request's;
     free when there is none). The caller makes it happen once per file."""
-    rows = [
-        UsageRecord(
-            user_id=user.id,
-            kind=UsageRecord.Kind.MODERATION,
-            tier=tier_for_user(user=user),
-            status="complete",
-            prompt_tokens=moderation_tokens,
-        )
-    ]
+    tier = tier_for_user(user=user)
+    embedding = UsageRecord(
+        user_id=user.id, kind=UsageRecord.Kind.EMBEDDING, tier=tier, status="complete", prompt_tokens=embedding_tokens
+    )
     if deployment is not None:
         prices = tier_prices_for_user_id(user_id=user.id, deployment_id=deployment.id)
-        cost = (Decimal(embedding_tokens) * prices.prompt_per_1k / 1000).quantize(COST_PLACES, rounding=ROUND_HALF_UP)
-        rows.append(
-            UsageRecord(
-                user_id=user.id,
-                kind=UsageRecord.Kind.EMBEDDING,
-                deployment_id=deployment.id,
-                tier_id=prices.tier_id,
-                status="complete",
-                prompt_tokens=embedding_tokens,
-                prompt_price_per_1k=prices.prompt_per_1k,
-                cost=cost,
-            )
+        embedding.deployment_id = deployment.id
+        embedding.prompt_price_per_1k = prices.prompt_per_1k
+        embedding.cost = (Decimal(embedding_tokens) * prices.prompt_per_1k / 1000).quantize(
+            COST_PLACES, rounding=ROUND_HALF_UP
         )
-    else:
-        rows.append(
-            UsageRecord(
-                user_id=user.id,
-                kind=UsageRecord.Kind.EMBEDDING,
-                tier=rows[0].tier,
-                status="complete",
-                prompt_tokens=embedding_tokens,
-            )
-        )
-    return UsageRecord.objects.bulk_create(rows)
+    moderation = UsageRecord(
+        user_id=user.id, kind=UsageRecord.Kind.MODERATION, tier=tier, status="complete", prompt_tokens=moderation_tokens
+    )
+    return UsageRecord.objects.bulk_create([moderation, embedding])
 
 
 # --- signing in ----------------------------------------------------------------------------------

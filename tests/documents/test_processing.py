@@ -295,3 +295,21 @@ def test_files_left_queued_or_processing_are_taken_up_at_start_up(alice, bob, mo
         wait_for(lambda: status(queued) == "ready" and status(processing) == "ready", timeout=90)
     finally:
         started.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_server_starting_takes_up_the_files_left_queued(alice, monkeypatch):
+    from inference.signals import server_started
+
+    data = b"The harbour master rings the bell at noon."
+    queued = Document.objects.create(
+        owner=alice, library=True, name="queued.txt", kind="text", size=len(data), sha256="", data=data
+    )
+    monkeypatch.setattr(services.settings, "DOCUMENTS_PROCESSING", "thread")
+    monkeypatch.setattr(background, "_pool", None)
+    server_started.send(sender=None)
+    try:
+        wait_for(lambda: status(queued) == "ready", timeout=90)
+    finally:
+        assert background._pool is not None
+        background._pool.stop()
