@@ -141,3 +141,43 @@ def create_staff_groups(*, group_model: Any, permission_model: Any) -> None:
     managers, _ = group_model.objects.get_or_create(name="Deployment managers")
     for app_label, codename in DEPLOYMENT_MANAGER_PERMISSIONS:
         managers.permissions.add(permission_model.objects.get(content_type__app_label=app_label, codename=codename))
+
+
+# What one file's processing may take, per plan (documents.TierDocumentLimits; docs/documents.md):
+# what an archive may unpack to, PDF pages, paragraphs, passages, seconds and MiB of memory.
+# None: no limit, except for the time and memory, which every file has.
+MB = 1024 * 1024
+DEFAULT_DOCUMENT_PROCESSING_LIMITS: dict[str, dict[str, int | None]] = {
+    "free": {
+        "max_unpacked_bytes": 50 * MB,
+        "max_pages": 300,
+        "max_paragraphs": 20_000,
+        "max_chunks": 2_000,
+        "processing_seconds": 60,
+        "processing_memory_mb": 512,
+    },
+    "pro": {
+        "max_unpacked_bytes": 250 * MB,
+        "max_pages": 2_000,
+        "max_paragraphs": 100_000,
+        "max_chunks": 10_000,
+        "processing_seconds": 300,
+        "processing_memory_mb": 1024,
+    },
+    "enterprise": {
+        "max_unpacked_bytes": 1024 * MB,
+        "max_pages": 5_000,
+        "max_paragraphs": 250_000,
+        "max_chunks": 25_000,
+        "processing_seconds": 600,
+        "processing_memory_mb": 2048,
+    },
+    "admin": {
+        "max_unpacked_bytes": None,
+        "max_pages": None,
+        "max_paragraphs": None,
+        "max_chunks": None,
+        "processing_seconds": 600,
+        "processing_memory_mb": 2048,
+    },
+}

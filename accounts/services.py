@@ -416,6 +416,11 @@ def action_admit(*, user: User, action: str) -> None:
 MODERATION_CHARS_PER_TOKEN = 4
 
 
+def moderation_tokens(*, texts: list[str]) -> int:
+    """What scoring `texts` is charged as, in tokens (estimated from their length)."""
+    return max(1, -(-sum(len(text) for text in texts) // MODERATION_CHARS_PER_TOKEN))
+
+
 def moderation_admit(*, user: User, texts: list[str]) -> UsageRecord:
     """Admit a /v1/moderations request before its texts are scored, and charge it to the ledger.
 
@@ -425,7 +430,7 @@ def moderation_admit(*, user: User, texts: list[str]) -> UsageRecord:
     makes the quotas count it.
     """
     tier = tier_for_user(user=user)
-    tokens = max(1, -(-sum(len(text) for text in texts) // MODERATION_CHARS_PER_TOKEN))
+    tokens = moderation_tokens(texts=texts)
     _quota_left(user=user, tier=tier, needed=tokens)
     charges, limited = [], []
     if (charged := _action_charge(user=user, tier=tier, action="moderation")) is not None:
@@ -509,6 +514,40 @@ def embedding_record(*, user: User, deployment: Deployment, tokens: int) -> Usag
         prompt_price_per_1k=prices.prompt_per_1k,
         cost=cost,
     )
+
+
+# --- the service's work on a user's files ---------------------------------------------------------
+
+
+def quota_check(*, user: User, tokens: int) -> None:
+    """429 quota_exceeded when the day's or month's quota leaves the user fewer than `tokens`: for
+    work done for the user in the background (a file's moderation and embedding), checked before it
+    starts and charged when it is done (`processing_usage_record`)."""
+    _quota_left(user=user, tier=tier_for_user(user=user), needed=tokens)
+
+
+def processing_usage_record(
+    *, user: User, deployment: Deployment | None, embedding_tokens: int, moderation_tokens: int
+) -> list[UsageRecord]:
+    """The ledger rows of a file's processing: its passages' moderation (tokens estimated, free of
+    charge, counted towards the quotas, as a /v1/moderations request's) and their embeddings (exact
+    tokens at the tier's prompt price on the embedding `deployment`, as a /v1/embeddings request's;
+    free when there is none). The caller makes it happen once per file."""
+    tier = tier_for_user(user=user)
+    embedding = UsageRecord(
+        user_id=user.id, kind=UsageRecord.Kind.EMBEDDING, tier=tier, status="complete", prompt_tokens=embedding_tokens
+    )
+    if deployment is not None:
+        prices = tier_prices_for_user_id(user_id=user.id, deployment_id=deployment.id)
+        embedding.deployment_id = deployment.id
+        embedding.prompt_price_per_1k = prices.prompt_per_1k
+        embedding.cost = (Decimal(embedding_tokens) * prices.prompt_per_1k / 1000).quantize(
+            COST_PLACES, rounding=ROUND_HALF_UP
+        )
+    moderation = UsageRecord(
+        user_id=user.id, kind=UsageRecord.Kind.MODERATION, tier=tier, status="complete", prompt_tokens=moderation_tokens
+    )
+    return UsageRecord.objects.bulk_create([moderation, embedding])
 
 
 # --- signing in ----------------------------------------------------------------------------------

@@ -323,6 +323,9 @@ if DOCUMENTS_PROCESSING not in {"thread", "celery"}:
     raise ImproperlyConfigured(f"DOCUMENTS_PROCESSING must be 'thread' or 'celery', got {DOCUMENTS_PROCESSING!r}")
 if DOCUMENTS_PROCESSING == "celery" and not REDIS_URL:
     raise ImproperlyConfigured("DOCUMENTS_PROCESSING=celery needs REDIS_URL (the Celery broker)")
+# The embedded default's processing threads: files of different users at once, one per user at a
+# time (documents.background). Reading a file runs in a child process of its own.
+DOCUMENTS_WORKERS = env_int("DOCUMENTS_WORKERS", 2, minimum=1, maximum=16)
 # How many passages of a user's files a message's prompt may quote, at most.
 DOCUMENTS_TOP_K = env_int("DOCUMENTS_TOP_K", 4, minimum=1, maximum=20)
 

@@ -23,4 +23,12 @@ class DocumentAdmin(admin.ModelAdmin):
 
 @admin.register(TierDocumentLimits)
 class TierDocumentLimitsAdmin(admin.ModelAdmin):
-    list_display = ["tier", "max_file_bytes", "max_files", "max_total_bytes"]
+    list_display = [
+        "tier",
+        "max_file_bytes",
+        "max_files",
+        "max_total_bytes",
+        "max_pages",
+        "max_chunks",
+        "processing_seconds",
+    ]

@@ -47,6 +47,9 @@ class Document(models.Model):
     withheld_count = models.PositiveIntegerField(
         default=0, help_text="Chunks the prompt-injection check held back: never put into a prompt."
     )
+    usage_charged = models.BooleanField(
+        default=False, help_text="Its processing's tokens are on its owner's ledger (charged once, never again)."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -112,13 +115,37 @@ class Citation(models.Model):
 
 
 class TierDocumentLimits(models.Model):
-    """What a plan allows in files. A tier with no row gets the DOCUMENTS_* settings' defaults; an
-    empty field means no limit."""
+    """What a plan allows in files, and how much of the service one file's processing may take. A
+    tier with no row gets the DOCUMENTS_* settings' defaults; an empty field means no limit, except
+    the time and memory bounds, which every file has."""
 
     tier = models.OneToOneField("accounts.Tier", on_delete=models.CASCADE, related_name="document_limits")
     max_file_bytes = models.PositiveBigIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     max_files = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     max_total_bytes = models.PositiveBigIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    max_unpacked_bytes = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="What an archive format (DOCX) may unpack to, all its parts together.",
+    )
+    max_pages = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="Pages of a PDF."
+    )
+    max_paragraphs = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="Paragraphs of one file, empty ones too."
+    )
+    max_chunks = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="Passages one file is cut into."
+    )
+    processing_seconds = models.PositiveIntegerField(
+        default=60, validators=[MinValueValidator(1)], help_text="Wall-clock time one file's processing may take."
+    )
+    processing_memory_mb = models.PositiveIntegerField(
+        default=512,
+        validators=[MinValueValidator(16)],
+        help_text="Memory reading one file may take, beyond its own bytes (MiB).",
+    )
 
     class Meta:
         verbose_name_plural = "tier document limits"

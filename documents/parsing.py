@@ -3,7 +3,10 @@ where each part was (page, heading), and the chunks that get embedded.
 
 Checked at upload, cheaply, so a bad file is a 400 there: the type (by extension, confirmed by the
 bytes), emptiness, text that is not UTF-8, a PDF that is encrypted or unreadable, a DOCX that is no
-Word document. Extraction and chunking run later, in the background.
+Word document. Extraction and chunking run later, in the background, under the plan's bounds
+(`ParseLimits`): a file over one fails with `TooLarge` and a reason its owner can read, found before
+the expensive step it would have made expensive (the archive's directory before any part is read,
+the page count before any page, the paragraphs before python-docx builds one object for each).
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ CHUNK_OVERLAP = 120
 _SPACES = re.compile(r"[ \t\r\f\v]+")
 _BLANK_LINES = re.compile(r"\n\s*\n+")
 _MARKDOWN_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+# An archive's part this large that is this many times its packed size is a compression bomb, not a
+# document: Word's own XML packs 5 to 20 times, a picture about once. Small parts may pack further
+# (a run of empty paragraphs) and cost nothing; the plan's unpacked size bounds them together.
+MAX_COMPRESSION_RATIO = 100
+RATIO_CHECKED_BYTES = 1024 * 1024
+# A paragraph of WordprocessingML (<w:p>, <w:p/>, <w:p w:rsidR=...>), any prefix; not <w:pPr>.
+_DOCX_PARAGRAPH = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?p[\s/>]")
+_READ_BLOCK = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,30 @@ class Passage:
     text: str
     page: int | None
     heading: str
+
+
+@dataclass(frozen=True)
+class ParseLimits:
+    """A plan's bounds on what one file may make; None means no limit."""
+
+    max_unpacked_bytes: int | None = None
+    max_pages: int | None = None
+    max_paragraphs: int | None = None
+    max_chunks: int | None = None
+
+
+@dataclass(frozen=True)
+class Parsed:
+    passages: list[Passage]
+    pages: int
+
+
+class TooLarge(Exception):
+    """The file is over one of its plan's bounds; the message says which, for its owner."""
+
+
+def megabytes(size: float) -> str:
+    return f"{size / (1024 * 1024):,.1f} MB"
 
 
 def bad_file(message: str, code: str = "invalid_file") -> ClientError:
@@ -106,6 +141,89 @@ def check_readable(kind: str, data: bytes) -> None:
             raise bad_file("The Word document is encrypted. Upload a copy without a password.", "encrypted_file")
         if "word/document.xml" not in names:
             raise bad_file("This file is not a Word (DOCX) document.", "unreadable_file")
+
+
+# --- the plan's bounds -----------------------------------------------------------------------------
+
+
+def parse(kind: str, data: bytes, limits: ParseLimits) -> Parsed:
+    """Extract and chunk a file within `limits`, or raise TooLarge before the step a bound is for."""
+    if kind == "docx":
+        archive_check(data, limits)
+        docx_paragraphs_check(data, limits)
+    elif kind == "pdf":
+        pdf_pages_check(data, limits)
+    sections = extract(kind, data)
+    if limits.max_paragraphs is not None:
+        count = sum(len(_BLANK_LINES.split(s.text)) for s in sections)
+        if count > limits.max_paragraphs:
+            raise TooLarge(_too_many_paragraphs(limits.max_paragraphs))
+    found = passages(sections)
+    if limits.max_chunks is not None and len(found) > limits.max_chunks:
+        raise TooLarge(
+            f"This file makes more than {limits.max_chunks:,} passages ({len(found):,}); your plan indexes "
+            f"up to {limits.max_chunks:,} passages of one file. Split it into smaller files."
+        )
+    return Parsed(found, max((s.page or 0 for s in sections), default=0))
+
+
+def archive_check(data: bytes, limits: ParseLimits) -> None:
+    """An archive's parts, from its directory alone (nothing unpacked): their sizes together within
+    the plan's, and no large part packed more than MAX_COMPRESSION_RATIO times. zipfile stops
+    unpacking a part at the size its directory declares, so a part that lies unpacks no further."""
+    total = 0
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        for info in archive.infolist():
+            total += info.file_size
+            ratio = info.file_size / max(1, info.compress_size)
+            if info.file_size >= RATIO_CHECKED_BYTES and ratio > MAX_COMPRESSION_RATIO:
+                raise TooLarge(
+                    f"This file's part {info.filename[:100]} unpacks to {megabytes(info.file_size)}, "
+                    f"{ratio:,.0f} times its packed size (more than {MAX_COMPRESSION_RATIO} times): it was not "
+                    "opened, since a document does not pack that tightly."
+                )
+    if limits.max_unpacked_bytes is not None and total > limits.max_unpacked_bytes:
+        raise TooLarge(
+            f"This file unpacks to more than {megabytes(limits.max_unpacked_bytes)} ({megabytes(total)}), "
+            "your plan's limit for one file."
+        )
+
+
+def docx_paragraphs_check(data: bytes, limits: ParseLimits) -> None:
+    """Count the document's paragraphs in its XML, a block at a time, before python-docx makes an
+    object (and a style lookup) of each: a million empty ones take it an hour."""
+    if limits.max_paragraphs is None:
+        return
+    count, tail = 0, b""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive, archive.open("word/document.xml") as xml:
+        while block := xml.read(_READ_BLOCK):
+            text = tail + block
+            # The last bytes go again with the next block: a tag cut in two is counted there, once.
+            cut = max(0, len(text) - 64)
+            count += sum(1 for match in _DOCX_PARAGRAPH.finditer(text) if match.start() < cut)
+            tail = text[cut:]
+            if count > limits.max_paragraphs:
+                raise TooLarge(_too_many_paragraphs(limits.max_paragraphs))
+        count += len(_DOCX_PARAGRAPH.findall(tail))
+    if count > limits.max_paragraphs:
+        raise TooLarge(_too_many_paragraphs(limits.max_paragraphs))
+
+
+def pdf_pages_check(data: bytes, limits: ParseLimits) -> None:
+    if limits.max_pages is None:
+        return
+    from pypdf import PdfReader
+
+    pages = len(PdfReader(io.BytesIO(data)).pages)
+    if pages > limits.max_pages:
+        raise TooLarge(
+            f"This PDF has more than {limits.max_pages:,} pages ({pages:,}); your plan reads PDFs of up to "
+            f"{limits.max_pages:,} pages."
+        )
+
+
+def _too_many_paragraphs(limit: int) -> str:
+    return f"This file has more than {limit:,} paragraphs; your plan reads up to {limit:,} paragraphs of one file."
 
 
 # --- extraction ------------------------------------------------------------------------------------

@@ -2,11 +2,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.db.backends.signals import connection_created
 from django.db.models.signals import post_migrate
 from django.dispatch import receiver
 
+from documents.background import embedded_pool
 from documents.index import sqlite_connection_prepare
+from inference.signals import server_started
 
 
 @receiver(connection_created)
@@ -26,3 +29,10 @@ def sqlite_vec_prepare_after_migrate(sender: Any, using: str = "default", **kwar
     wrapper = connections[using]
     if wrapper.vendor == "sqlite" and wrapper.connection is not None and sender.name == "documents":
         wrapper.sqlite_vec_ready = sqlite_connection_prepare(wrapper.connection)  # type: ignore[attr-defined]
+
+
+@receiver(server_started)
+def embedded_pool_start(sender: Any, **kwargs: Any) -> None:
+    """In the embedded default, start processing files at start-up, those left from before first."""
+    if settings.DOCUMENTS_PROCESSING == "thread":
+        embedded_pool()

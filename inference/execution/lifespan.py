@@ -22,6 +22,7 @@ from chatsite.heap import heap_freeze_when_warm
 from inference.engine.host import engine_hosts
 from inference.execution.dispatch import backend, local_backend
 from inference.execution.workers import process_warm, reap_forever
+from inference.signals import server_started
 from inference.streaming.streams import streams_end_for_restart
 from moderation.services import classifiers_prepare
 
@@ -46,6 +47,7 @@ async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 await send({"type": "lifespan.startup.failed", "message": str(exc)})
                 return
             _streams_end_on_stop_signals()
+            server_started.send(sender=None)
             # Out of the garbage collector's sight once loaded (chatsite/heap.py).
             freezing = asyncio.get_running_loop().create_task(heap_freeze_when_warm(process_warm))
             await send({"type": "lifespan.startup.complete"})

@@ -49,3 +49,40 @@ def test_a_file_uploaded_through_the_api_is_processed_by_a_documents_worker(alic
     found = client.get("/api/files/search/", {"q": "harbour master"}).json()["results"]
     assert [r["file"] for r in found] == ["harbour.md"] and found[0]["passage"] == FACT
     assert client_for(bob).get("/api/files/search/", {"q": "harbour master"}).json() == {"results": []}
+
+
+def test_on_the_worker_a_users_slow_file_holds_up_no_one_and_deleting_it_stops_it(alice, bob, documents_worker):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from documents.services import document_delete
+    from tests.documents.test_processing import docx_with, empty_paragraphs, plan
+
+    plan(alice, max_paragraphs=None, processing_seconds=600)
+    client = client_for(alice)
+    slow_file = SimpleUploadedFile("slow.docx", docx_with(empty_paragraphs(150_000)))
+    slow = client.post("/api/files/", {"file": slow_file}, format="multipart")
+    assert slow.status_code == 201, slow.json()
+    slow_id = slow.json()["id"]
+    wait_until(lambda: status(slow_id) == "processing", documents_worker)
+    alices_next = client.post("/api/files/", {"file": a_file("next.md", "Alice's second file.")}, format="multipart")
+    bobs = client_for(bob).post("/api/files/", {"file": a_file()}, format="multipart")
+
+    # The worker's first file loads the embedding model; a slow machine takes a while.
+    wait_until(lambda: status(bobs.json()["id"]) == "ready", documents_worker, timeout=180)
+    assert status(slow_id) == "processing" and status(alices_next.json()["id"]) == "queued"
+
+    document_delete(document=Document.objects.get(id=slow_id))
+    wait_until(lambda: status(alices_next.json()["id"]) == "ready", documents_worker)
+    assert documents_worker.process.poll() is None
+
+
+def status(document_id: int) -> str:
+    return Document.objects.filter(id=document_id).values_list("status", flat=True).first() or "deleted"
+
+
+def wait_until(condition, worker: CeleryWorker, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert worker.process.poll() is None, f"the worker exited; see {worker.log.name}"
+        assert time.monotonic() < deadline, f"timed out; see {worker.log.name}"
+        time.sleep(0.2)
