@@ -19,6 +19,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from chatsite.errors import ClientError
+from inference.openai.schemas import json_schema_problem, structured_outputs_problem
 
 # OpenAI's fields this service honours (the serializer validates each).
 SUPPORTED = frozenset(
@@ -141,6 +142,13 @@ def completion_sampling(*, request: dict[str, Any], deployment: Any) -> dict[str
         sampling["logprobs"] = request["logprobs"]
     structured = response_format_structured_outputs(request.get("response_format"))
     if structured is not None:
+        # The engine would fail the generation, after it is queued and charged: refused before.
+        if "json" in structured and (problem := structured_outputs_problem(structured)):
+            raise ClientError(
+                f"Invalid 'response_format': the JSON schema cannot be enforced: {problem}",
+                code="invalid_value",
+                param="response_format",
+            )
         sampling["structured_outputs"] = structured
     return sampling
 
@@ -229,6 +237,8 @@ class SamplingFieldsSerializer(serializers.Serializer):
             raise serializers.ValidationError("json_schema.schema must be a JSON Schema object.")
         if len(json.dumps(schema)) > SCHEMA_MAX_CHARS:
             raise serializers.ValidationError(f"json_schema.schema is longer than {SCHEMA_MAX_CHARS} characters.")
+        if problem := json_schema_problem(schema):
+            raise serializers.ValidationError(f"json_schema.schema is not a valid JSON Schema: {problem}")
         return {"type": "json_schema", "json_schema": {**spec, "schema": schema}}
 
 

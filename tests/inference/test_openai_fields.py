@@ -9,7 +9,7 @@ import jsonschema
 import openai
 import pytest
 
-from accounts.models import Tier
+from accounts.models import Tier, UsageRecord
 from chatsite.errors import ClientError
 from inference.engine.tokenizers import render_chat, tokenizer_for
 from inference.models import Generation
@@ -289,3 +289,66 @@ async def test_a_request_without_max_tokens_ends_at_the_plans_cap_with_length(ch
     )
     assert completion.usage.completion_tokens == 10
     assert completion.choices[0].finish_reason == "length"
+
+
+# --- a response_format schema the engine cannot enforce --------------------------------------------------
+
+# What the structured-output backends refuse (the engine failed the generation with each).
+UNENFORCEABLE = {
+    "a reference to nothing": {"$ref": "#/nope"},
+    "a type that does not exist": {"type": "nonsense"},
+    "a pattern that is not a regular expression": {"type": "string", "pattern": "(("},
+}
+# And what is no JSON Schema a backend can hold to, though one would run something from it.
+INVALID = {
+    **UNENFORCEABLE,
+    "a property pattern that is no regular expression": {"patternProperties": {"((": {}}},
+    "a reference to a schema elsewhere (nothing is fetched)": {"$ref": "https://example.com/person.json"},
+}
+
+
+def _schema_format(schema):
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("schema", INVALID.values(), ids=INVALID.keys())
+async def test_a_schema_the_engine_cannot_enforce_is_refused_before_anything_is_written(
+    server_without_engine, alice, client_of, schema, stream
+):
+    client = await client_of(server_without_engine, alice)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(
+            model=MODEL, messages=HELLO, response_format=_schema_format(schema), stream=stream
+        )
+    error = refused.value.body
+    assert (refused.value.status_code, error["param"], error["code"]) == (400, "response_format", "invalid_value")
+    assert "JSON Schema" in error["message"]
+    assert not await Generation.objects.aexists()
+    assert not await UsageRecord.objects.aexists()
+
+
+@pytest.mark.parametrize("schema", UNENFORCEABLE.values(), ids=UNENFORCEABLE.keys())
+def test_the_service_refuses_a_schema_no_structured_output_backend_compiles(alice, nothing_runs, schema):
+    request = {"model": MODEL, "messages": HELLO, "n": 1, "max_tokens": 8, "response_format": _schema_format(schema)}
+    with pytest.raises(ClientError) as refused:
+        completion_create(user=alice, api_key=None, request=request)
+    assert (refused.value.param, refused.value.code) == ("response_format", "invalid_value")
+    assert not Generation.objects.exists()
+    assert not UsageRecord.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"who": {"$ref": "#/$defs/name"}}, "$defs": {"name": {"type": "string"}}},
+        # xgrammar lacks multipleOf; vLLM's `auto` backend hands it to guidance, which enforces it.
+        {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}, "required": ["n"]},
+        {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+$"}},
+    ],
+    ids=["a local reference", "a feature only guidance has", "a pattern"],
+)
+def test_a_schema_a_backend_enforces_reaches_the_generation(alice, nothing_runs, schema):
+    request = {"model": MODEL, "messages": HELLO, "n": 1, "max_tokens": 8, "response_format": _schema_format(schema)}
+    (generation,) = completion_create(user=alice, api_key=None, request=request)
+    assert generation.sampling["structured_outputs"] == {"json": schema}
