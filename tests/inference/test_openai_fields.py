@@ -10,11 +10,13 @@ import openai
 import pytest
 
 from accounts.models import Tier, UsageRecord
-from chatsite.errors import ClientError
+from chatsite.errors import ClientError, validated_json_body
 from inference.engine.tokenizers import render_chat, tokenizer_for
 from inference.models import Generation
+from inference.openai.apis import ChatCompletionInputSerializer
 from inference.openai.fields import (
     EXTRAS,
+    IGNORED,
     REFUSED,
     SUPPORTED,
     choice_seed,
@@ -79,10 +81,49 @@ def test_refused_fields_that_ask_for_nothing_are_accepted():
     assert request_fields_check(payload, strict=True) == {}
 
 
+ROUTINE = {
+    "metadata": {"agent": "planner", "run": "42"},
+    "prompt_cache_key": "session-7f3a",
+    "user": "user-1234",
+    "store": False,
+}
+
+
+def test_fields_agent_sdks_send_routinely_are_accepted_and_change_nothing_in_the_answer(alice, nothing_runs):
+    plain = {"model": MODEL, "messages": HELLO, "max_tokens": 8, "seed": 3}
+    answers = []
+    for payload in (plain, {**plain, **ROUTINE}):
+        request = validated_json_body(json.dumps(payload).encode(), ChatCompletionInputSerializer)
+        (generation,) = completion_create(user=alice, api_key=None, request=request)
+        answers.append((generation.prompt_token_ids, generation.sampling))
+    assert answers[0] == answers[1]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("metadata", {"run": 42}), ("metadata", ["run"]), ("prompt_cache_key", 7)],
+)
+def test_an_ignored_field_must_still_be_well_formed(field, value):
+    with pytest.raises(ClientError) as refused:
+        request_fields_check({"model": MODEL, field: value}, strict=True)
+    assert (refused.value.param, refused.value.code) == (field, "invalid_value")
+
+
+async def test_the_official_client_sends_the_routine_fields_and_store_true_is_still_refused(
+    server_without_engine, alice, client_of
+):
+    client = await client_of(server_without_engine, alice)
+    routine = {k: v for k, v in ROUTINE.items() if k != "store"}
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model=MODEL, messages=HELLO, store=True, **routine)
+    assert (refused.value.body["param"], refused.value.code) == ("store", "unsupported_parameter")
+    assert not await Generation.objects.aexists()
+
+
 def test_the_field_table_in_the_docs_names_every_field():
     with open("docs/api.md") as doc:
         text = doc.read()
-    missing = [field for field in (*SUPPORTED, *EXTRAS, *REFUSED) if f"`{field}`" not in text]
+    missing = [field for field in (*SUPPORTED, *EXTRAS, *REFUSED, *IGNORED) if f"`{field}`" not in text]
     assert not missing
 
 
