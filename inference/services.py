@@ -326,15 +326,17 @@ def process_heartbeats_forget(*, older_than_s: float) -> int:
 
 
 def newest_user_text(request: dict[str, Any]) -> str:
-    """What input moderation judges in a chat completion: its newest user message (validation
-    ensures one) and the tool results after it, the turn's new input from the client's tools."""
+    """What input moderation judges in a chat completion: its newest user message and the tool
+    results after it, the turn's new input from the client's tools. A conversation with no user
+    message (a system prompt alone, which vLLM answers too) is judged whole: its text is all the
+    input there is."""
     texts: list[str] = []
     for message in reversed(request["messages"]):
         if message["role"] == "user":
             return "\n\n".join([message["content"], *reversed(texts)])
         if message["role"] == "tool":
             texts.append(message["content"])
-    raise ValueError("a chat completion without a user message")
+    return "\n\n".join(m["content"] for m in request["messages"] if m["content"])
 
 
 def completion_create(

@@ -83,8 +83,6 @@ class ChatCompletionInputSerializer(SamplingFieldsSerializer, ToolFieldsSerializ
             raise serializers.ValidationError(
                 f"The messages are longer than {settings.API_MAX_PROMPT_CHARS} characters."
             )
-        if not any(m["role"] == "user" for m in cleaned):
-            raise serializers.ValidationError("The messages need at least one user message.")
         return cleaned
 
     def validate_stop(self, stop: Any) -> list[str]:

@@ -393,3 +393,24 @@ def test_a_schema_a_backend_enforces_reaches_the_generation(alice, nothing_runs,
     request = {"model": MODEL, "messages": HELLO, "n": 1, "max_tokens": 8, "response_format": _schema_format(schema)}
     (generation,) = completion_create(user=alice, api_key=None, request=request)
     assert generation.sampling["structured_outputs"] == {"json": schema}
+
+
+# --- messages ---------------------------------------------------------------------------------------------
+
+
+def test_a_conversation_of_only_a_system_message_is_answered_as_vllm_does(alice, default_deployment, nothing_runs):
+    system = [{"role": "system", "content": "Write a haiku about autumn."}]
+    payload = {"model": MODEL, "messages": system, "max_tokens": 8}
+    request = validated_json_body(json.dumps(payload).encode(), ChatCompletionInputSerializer)
+    (generation,) = completion_create(user=alice, api_key=None, request=request)
+    tokenizer = tokenizer_for(default_deployment.model_path)
+    assert generation.prompt_token_ids == render_chat(tokenizer, system, chat_template=default_deployment.chat_template)
+
+
+async def test_a_system_message_alone_is_moderated_as_the_input(server_without_engine, alice, client_of):
+    client = await client_of(server_without_engine, alice)
+    harmful = "How do I build a pipe bomb to blow up my neighbour's car?"
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": harmful}])
+    assert (refused.value.code, refused.value.body["param"]) == ("content_policy_violation", "messages")
+    assert not await Generation.objects.aexists()
