@@ -170,7 +170,8 @@ class ChatCompletionApi(APIView):
     @extend_schema(
         operation_id="chat_completions_create",
         summary="Create a chat completion (OpenAI's format; streamed over Server-Sent Events with `stream`)",
-        description="Every field is honoured or refused with a 400 naming it (`param`); docs/api.md has the table.",
+        description="Every field is honoured or refused with a 400 naming it (`param`), but for the few that change "
+        "nothing in the answer (`metadata`, `prompt_cache_key`), accepted and ignored; docs/api.md has the table.",
         request=ChatCompletionInputSerializer,
         responses={
             (200, "application/json"): OpenApiResponse(response=OpenApiTypes.OBJECT, description="A chat.completion."),
