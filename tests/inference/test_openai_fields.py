@@ -185,7 +185,7 @@ def test_the_sampling_json_becomes_vllms_own_objects():
 
 
 def test_a_request_without_max_tokens_may_use_the_rest_of_the_window(alice, default_deployment, nothing_runs):
-    Tier.objects.filter(name="free").update(max_output_tokens=None, max_context=None)
+    Tier.objects.filter(name="free").update(max_output_tokens=None, max_context=None, tokens_per_minute=None)
     request = {"model": MODEL, "messages": HELLO, "n": 1}
     (generation,) = completion_create(user=alice, api_key=None, request=request)
     prompt = len(render_chat(tokenizer_for(default_deployment.model_path), HELLO))
