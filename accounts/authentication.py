@@ -11,7 +11,7 @@ from rest_framework.request import Request
 
 from accounts.models import ApiKey, User
 from accounts.services import api_key_authenticate
-from chatsite.errors import ClientError
+from chatsite.errors import INVALID_API_KEY, ClientError
 
 
 class ApiKeyAuthentication(BaseAuthentication):
@@ -69,11 +69,11 @@ def api_key_caller(request: HttpRequest, *, scope: str) -> tuple[User, ApiKey]:
     try:
         result = ApiKeyAuthentication().authenticate(drf_request)
     except exceptions.AuthenticationFailed as exc:
-        raise ClientError(str(exc.detail), code="invalid_api_key", status=401) from None
+        raise ClientError(str(exc.detail), code=INVALID_API_KEY, status=401) from None
     if result is None:
         raise ClientError(
             "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
-            code="invalid_api_key",
+            code=INVALID_API_KEY,
             status=401,
         )
     user, api_key = result

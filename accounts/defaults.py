@@ -17,7 +17,8 @@ DEFAULT_TIERS: dict[str, dict[str, Any]] = {
         "tokens_per_minute": 8_000,
         "tokens_per_day": 50_000,
         "tokens_per_month": 500_000,
-        "max_context": 2048,
+        # The default model's whole window: a plan's cap below it refuses what the model could answer.
+        "max_context": 8192,
         "max_output_tokens": 512,
         "priority": 4,
     },

@@ -47,6 +47,10 @@ ERROR_TYPES = {
 }
 
 
+# OpenAI's code for a request without a valid key: every 401 of both APIs carries it.
+INVALID_API_KEY = "invalid_api_key"
+
+
 def error_body(*, message: str, status: int, code: str | None, param: str | None = None) -> dict[str, Any]:
     """`{"error": {"message", "type", "param", "code"}}`: OpenAI's error shape."""
     return {
@@ -56,7 +60,8 @@ def error_body(*, message: str, status: int, code: str | None, param: str | None
 
 def api_exception_handler(exc: Exception, context: dict) -> Any:
     """Every REST error in OpenAI's shape: ClientError with its status and Retry-After, and DRF's own
-    errors (validation, authentication, permission, not found, throttling) translated. A body over
+    errors (validation, authentication, permission, not found, throttling) translated, every 401 as
+    `invalid_api_key` (DRF's `not_authenticated` and `authentication_failed` too). A body over
     the upload limit, which Django raises as it is read, is a 413."""
     from django.core.exceptions import RequestDataTooBig
     from rest_framework import exceptions
@@ -86,6 +91,9 @@ def api_exception_handler(exc: Exception, context: dict) -> Any:
         message = exc.detail[0]
     codes = exc.get_codes()
     code = codes if isinstance(codes, str) else getattr(exc, "default_code", None)
+    if response.status_code == 401:
+        # One code for a missing or bad key on every endpoint, OpenAI's, which its clients read.
+        code = INVALID_API_KEY
     response.data = error_body(message=str(message), status=response.status_code, code=code, param=param)
     return response
 

@@ -38,7 +38,7 @@ from rest_framework.views import APIView
 from accounts.apis import ScopedApi
 from accounts.authentication import ApiKeyAuthentication, HasScope
 from accounts.models import ApiKey
-from chatsite.errors import ClientError, error_body, validated_json_body
+from chatsite.errors import INVALID_API_KEY, ClientError, error_body, validated_json_body
 from chatsite.parsers import request_body
 from conversations.models import Conversation
 from conversations.selectors import (
@@ -450,12 +450,12 @@ def _authenticate(request: HttpRequest) -> tuple[Any, ApiKey | None]:
     try:
         result = ApiKeyAuthentication().authenticate(drf_request) or _session(request)
     except exceptions.AuthenticationFailed as exc:
-        raise ClientError(str(exc.detail), code="invalid_api_key", status=401) from None
+        raise ClientError(str(exc.detail), code=INVALID_API_KEY, status=401) from None
     except exceptions.PermissionDenied as exc:
         raise ClientError(str(exc.detail), code="csrf_failed", status=403) from None
     if result is None:
         raise ClientError(
-            "Authenticate with 'Authorization: Bearer <key>' or a session.", code="not_authenticated", status=401
+            "Authenticate with 'Authorization: Bearer <key>' or a session.", code=INVALID_API_KEY, status=401
         )
     user, auth = result
     api_key = auth if isinstance(auth, ApiKey) else None

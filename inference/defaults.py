@@ -5,7 +5,10 @@ DEFAULT_DEPLOYMENT_NAME = "smollm2-135m"
 DEFAULT_DEPLOYMENT_FIELDS = {
     "model": "SmolLM2-135M-Instruct",
     "display_name": "SmolLM2 135M Instruct",
-    "max_context": 2048,
+    # The model's own window (max_position_embeddings in its config.json): clients such as Open WebUI
+    # send thousands of tokens of tool definitions with every message. An operator caps it here.
+    # The default KV cache (VLLM_CPU_KVCACHE_SPACE, 1 GiB) holds it several times over.
+    "max_context": 8192,
     "tensor_parallel_size": 1,
     # bfloat16 where the CPU (or GPU) computes in it natively, float32 elsewhere (inference/engine/host.py).
     "dtype": "auto",

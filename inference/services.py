@@ -326,15 +326,17 @@ def process_heartbeats_forget(*, older_than_s: float) -> int:
 
 
 def newest_user_text(request: dict[str, Any]) -> str:
-    """What input moderation judges in a chat completion: its newest user message (validation
-    ensures one) and the tool results after it, the turn's new input from the client's tools."""
+    """What input moderation judges in a chat completion: its newest user message and the tool
+    results after it, the turn's new input from the client's tools. A conversation with no user
+    message (a system prompt alone, which vLLM answers too) is judged whole: its text is all the
+    input there is."""
     texts: list[str] = []
     for message in reversed(request["messages"]):
         if message["role"] == "user":
             return "\n\n".join([message["content"], *reversed(texts)])
         if message["role"] == "tool":
             texts.append(message["content"])
-    raise ValueError("a chat completion without a user message")
+    return "\n\n".join(m["content"] for m in request["messages"] if m["content"])
 
 
 def completion_create(
@@ -437,7 +439,7 @@ def _completion_queue(
             deployment=deployment,
             limits=limits,
             prompt=prompt,
-            vocab_size=len(tokenizer),
+            tokenizer=tokenizer,
             awaiting_verdict=taken is None,
             routing_reason=routed.reason,
         )
@@ -497,7 +499,7 @@ def _completion_generations(
     deployment: ModelDeployment,
     limits: RequestLimits,
     prompt: list[int],
-    vocab_size: int,
+    tokenizer: Any,
     awaiting_verdict: bool,
     routing_reason: str = "",
 ) -> tuple[list[Generation], list[Any]]:
@@ -513,6 +515,14 @@ def _completion_generations(
     asked = request.get("max_completion_tokens") or request.get("max_tokens")
     needed = len(prompt) + (asked or settings.INFERENCE_MIN_OUTPUT_TOKENS)
     if needed > limits.max_context:
+        _tools_fit_check(
+            request,
+            prompt=prompt,
+            answer=needed - len(prompt),
+            tokenizer=tokenizer,
+            deployment=deployment,
+            limits=limits,
+        )
         raise ClientError(
             f"This model's maximum context length is {limits.max_context} tokens. However, you requested {needed} "
             f"tokens ({len(prompt)} in the messages, {needed - len(prompt)} in the completion). "
@@ -521,7 +531,7 @@ def _completion_generations(
             param="max_tokens" if asked and len(prompt) < limits.max_context else "messages",
         )
     max_tokens = asked or min(limits.output_cap, limits.max_context - len(prompt))
-    token_ids_check(request, vocab_size=vocab_size, max_tokens=max_tokens)
+    token_ids_check(request, vocab_size=len(tokenizer), max_tokens=max_tokens)
     generation_admit(deployment=deployment)
     sampling = completion_sampling(request=request, deployment=deployment)
     if "messages" in request:
@@ -556,6 +566,38 @@ def _completion_generations(
             cache.keep(generation_id=generations[-1].id)
         admissions.append(admission)
     return generations, admissions
+
+
+def _tools_fit_check(
+    request: dict[str, Any],
+    *,
+    prompt: list[int],
+    answer: int,
+    tokenizer: Any,
+    deployment: ModelDeployment,
+    limits: RequestLimits,
+) -> None:
+    """A prompt over the window because of its tools is refused in words a person can act on: a
+    frontend that attaches its tools to every message (Open WebUI sends dozens) fails every
+    question, however short, and the person must learn that the tools, not the question, are the
+    cause. Passes when there are no tools, or when the messages alone do not fit either."""
+    from inference.engine.tokenizers import render_chat
+    from inference.openai.tools import tools_in_prompt
+
+    tools = tools_in_prompt(request) if "messages" in request else None
+    if not tools:
+        return
+    without = len(render_chat(tokenizer, request["messages"], chat_template=deployment.chat_template))
+    if without + answer > limits.max_context:
+        return
+    raise ClientError(
+        f"The {len(tools)} tools sent with this request take about {len(prompt) - without:,} tokens, more than "
+        f"the {limits.max_context:,}-token window of '{deployment.name}' leaves beside the messages "
+        f"({without:,} tokens) and the answer ({answer:,}). Send fewer tools (turn off those you do not need "
+        'in your client), or tool_choice "none" to leave them out, or use a model with a larger window.',
+        code="context_length_exceeded",
+        param="tools",
+    )
 
 
 # The chat completion fields a request answered from the response cache may have: those that shape

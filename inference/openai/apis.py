@@ -83,8 +83,6 @@ class ChatCompletionInputSerializer(SamplingFieldsSerializer, ToolFieldsSerializ
             raise serializers.ValidationError(
                 f"The messages are longer than {settings.API_MAX_PROMPT_CHARS} characters."
             )
-        if not any(m["role"] == "user" for m in cleaned):
-            raise serializers.ValidationError("The messages need at least one user message.")
         return cleaned
 
     def validate_stop(self, stop: Any) -> list[str]:
@@ -172,7 +170,8 @@ class ChatCompletionApi(APIView):
     @extend_schema(
         operation_id="chat_completions_create",
         summary="Create a chat completion (OpenAI's format; streamed over Server-Sent Events with `stream`)",
-        description="Every field is honoured or refused with a 400 naming it (`param`); docs/api.md has the table.",
+        description="Every field is honoured or refused with a 400 naming it (`param`), but for the few that change "
+        "nothing in the answer (`metadata`, `prompt_cache_key`), accepted and ignored; docs/api.md has the table.",
         request=ChatCompletionInputSerializer,
         responses={
             (200, "application/json"): OpenApiResponse(response=OpenApiTypes.OBJECT, description="A chat.completion."),

@@ -1,12 +1,13 @@
-"""Every field of an OpenAI chat completion request: honoured, refused, or a vLLM extra.
+"""Every field of an OpenAI chat completion request: honoured, refused, ignored, or a vLLM extra.
 
-The API never accepts a field and drops it: a client that asks for tools, log probabilities or an
-audio answer and gets plain text back has no way to tell it was not served. So each field the
-request carries is looked up here: a supported field is validated by the view's serializer and
-passed to vLLM's `SamplingParams`; a field this service cannot honour (or a value of it that asks for
-something it cannot do) is a 400 naming it; a field nobody knows is a 400 too, unless
-`OPENAI_API_STRICT_FIELDS` is off, when it is ignored as OpenAI's own API used to. docs/api.md holds
-the same table for people.
+The API never drops a field that would change the answer: a client that asks for tools, log
+probabilities or an audio answer and gets plain text back has no way to tell it was not served.
+Only fields that change nothing in the answer (IGNORED, which agent SDKs and gateways send on every
+request) are accepted and dropped. So each field the request carries is looked up here: a
+supported field is validated by the view's serializer and passed to vLLM's `SamplingParams`; a
+field this service cannot honour (or a value of it that asks for something it cannot do) is a 400
+naming it; a field nobody knows is a 400 too, unless `OPENAI_API_STRICT_FIELDS` is off, when it is
+ignored as OpenAI's own API used to. docs/api.md holds the same table for people.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from chatsite.errors import ClientError
+from inference.openai.schemas import json_schema_problem, structured_outputs_problem
 
 # OpenAI's fields this service honours (the serializer validates each).
 SUPPORTED = frozenset(
@@ -77,21 +79,38 @@ REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "reasoning_effort": (_present, "The models served here do not take a reasoning effort."),
     "verbosity": (_present, "The models served here do not take a verbosity."),
     "store": (_truthy, "Completions are not stored for later retrieval."),
-    "metadata": (_truthy, "Completions are not stored, so they take no metadata."),
     "service_tier": (lambda v: v not in (None, "auto", "default"), "Only the default service tier exists."),
-    "prompt_cache_key": (_present, "Prompt caching is automatic here and takes no key."),
+}
+
+
+def _metadata(value: Any) -> bool:
+    return value is None or (isinstance(value, dict) and all(isinstance(v, str) for v in value.values()))
+
+
+# OpenAI's fields that change nothing in the answer, which agent SDKs and gateways send on every
+# request: each with the test of a well-formed value, accepted and dropped. `metadata` tags a stored
+# completion (none is stored: `store: true` stays refused); `prompt_cache_key` groups requests for
+# OpenAI's prompt cache (vLLM's prefix cache here finds a shared prefix by itself).
+IGNORED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "metadata": (_metadata, "an object of strings"),
+    "prompt_cache_key": (lambda v: v is None or isinstance(v, str), "a string"),
 }
 
 
 def request_fields_check(payload: dict[str, Any], *, strict: bool) -> dict[str, Any]:
     """The request's fields this service honours, or a 400 naming the first it cannot.
 
-    Refused fields whose value asks for nothing are dropped here, so the serializer sees only what
-    it validates; unknown fields are refused when `strict`, dropped otherwise."""
+    Refused fields whose value asks for nothing, and well-formed IGNORED ones, are dropped here, so
+    the serializer sees only what it validates; unknown fields are refused when `strict`, dropped
+    otherwise."""
     kept: dict[str, Any] = {}
     for field, value in payload.items():
         if field in SUPPORTED or field in EXTRAS:
             kept[field] = value
+        elif field in IGNORED:
+            well_formed, shape = IGNORED[field]
+            if not well_formed(value):
+                raise ClientError(f"Invalid '{field}': it must be {shape}.", code="invalid_value", param=field)
         elif field in REFUSED:
             asks, reason = REFUSED[field]
             if asks(value):
@@ -141,6 +160,13 @@ def completion_sampling(*, request: dict[str, Any], deployment: Any) -> dict[str
         sampling["logprobs"] = request["logprobs"]
     structured = response_format_structured_outputs(request.get("response_format"))
     if structured is not None:
+        # The engine would fail the generation, after it is queued and charged: refused before.
+        if "json" in structured and (problem := structured_outputs_problem(structured)):
+            raise ClientError(
+                f"Invalid 'response_format': the JSON schema cannot be enforced: {problem}",
+                code="invalid_value",
+                param="response_format",
+            )
         sampling["structured_outputs"] = structured
     return sampling
 
@@ -229,6 +255,8 @@ class SamplingFieldsSerializer(serializers.Serializer):
             raise serializers.ValidationError("json_schema.schema must be a JSON Schema object.")
         if len(json.dumps(schema)) > SCHEMA_MAX_CHARS:
             raise serializers.ValidationError(f"json_schema.schema is longer than {SCHEMA_MAX_CHARS} characters.")
+        if problem := json_schema_problem(schema):
+            raise serializers.ValidationError(f"json_schema.schema is not a valid JSON Schema: {problem}")
         return {"type": "json_schema", "json_schema": {**spec, "schema": schema}}
 
 

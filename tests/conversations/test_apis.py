@@ -540,7 +540,8 @@ def test_starting_conversations_past_the_plans_hourly_limit_is_refused(alice):
 
 @pytest.mark.parametrize("into_a_conversation", [False, True])
 def test_a_message_too_long_for_the_window_is_refused_before_any_work(alice, into_a_conversation):
-    Tier.objects.filter(name="free").update(requests_per_minute=1)
+    # A plan that caps the window at 2,048 tokens, which one message's characters can overflow.
+    Tier.objects.filter(name="free").update(requests_per_minute=1, max_context=2048)
     conversation = conversation_with_messages(alice)
     huge = "word " * 6_000  # 30,000 characters: within a message's limit, far beyond 2,048 tokens
     url = send_url(conversation.id if into_a_conversation else None)

@@ -13,6 +13,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from accounts.models import Tier
 from chatsite.database import database_calls_concurrent, db_async
 from conversations.consumers import ChatConsumer
 from conversations.models import Message
@@ -772,6 +773,8 @@ async def test_a_socket_that_ends_on_an_exception_ends_its_background_tasks(alic
 
 
 async def test_a_message_too_long_for_the_window_is_refused_before_any_work(alice):
+    # A plan that caps the window at 2,048 tokens, which one message's characters can overflow.
+    await Tier.objects.filter(name="free").aupdate(max_context=2048)
     socket, _ = await open_socket(alice)
     with (
         patch("moderation.services.score_many", side_effect=AssertionError("scored")) as scoring,

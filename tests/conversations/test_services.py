@@ -5,7 +5,7 @@ from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from accounts.models import UserSettings
+from accounts.models import Tier, UserSettings
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
 from conversations.services import conversation_rename, message_send
@@ -88,6 +88,7 @@ def test_bad_messages_are_refused_and_leave_nothing_behind(alice, content):
 
 
 def test_a_message_too_long_for_the_window_leaves_nothing_behind(alice):
+    Tier.objects.filter(name="free").update(max_context=2048)  # a plan's cap: one message can fill it
     with pytest.raises(ClientError) as refused:
         message_send(user=alice, content=" ".join(["overflow"] * 2500))
     assert refused.value.code == "context_length_exceeded"

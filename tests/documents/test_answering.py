@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
+from accounts.models import Tier
 from conversations.prompts import context_budget
 from conversations.services import conversation_start, message_continue, message_regenerate, message_send
 from documents.models import Citation, Document
@@ -95,6 +96,7 @@ def test_passages_take_at_most_half_the_free_room_whole_and_in_order():
 
 
 def test_passages_give_way_to_a_long_message_but_the_window_holds(alice, upload_ready):
+    Tier.objects.filter(name="free").update(max_context=2048)  # a window the passages must share
     long_fact = " ".join([FACT] * 8)
     upload_ready(alice, "harbour.md", "\n\n".join(f"# Part {i}\n\n{long_fact}" for i in range(6)))
     question = "Who was the harbour master of Port Aldwin in 1903? " + "Please answer carefully. " * 160

@@ -15,7 +15,7 @@ from channels.db import database_sync_to_async
 from accounts.defaults import create_embedding_prices
 from accounts.models import Tier, TierModelPrice, UsageRecord
 from accounts.services import api_key_create, user_set_tier
-from inference.defaults import EMBEDDING_DEPLOYMENT_FIELDS, EMBEDDING_DEPLOYMENT_NAME
+from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, EMBEDDING_DEPLOYMENT_FIELDS, EMBEDDING_DEPLOYMENT_NAME
 from inference.models import Generation, ModelDeployment
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -237,7 +237,7 @@ async def test_tokenize_and_detokenize_round_trip_as_vllm_shapes_them(server_wit
         assert tokenized.status_code == 200, tokenized.text
         body = tokenized.json()
         assert body["count"] == len(body["tokens"]) == len(body["token_strs"]) > 3
-        assert body["max_model_len"] == 2048
+        assert body["max_model_len"] == DEFAULT_DEPLOYMENT_FIELDS["max_context"]
         detokenized = await http.post("/detokenize", json={"model": MODEL, "tokens": body["tokens"]})
         assert detokenized.json() == {"prompt": text}
         chat = await http.post("/tokenize", json={"messages": [{"role": "user", "content": text}]})

@@ -119,6 +119,7 @@ def test_a_check_scored_beside_the_transaction_is_judged_under_the_tier_it_reads
 def test_a_blocked_message_too_long_for_the_window_is_still_kept_flagged(alice):
     # The prompt is assembled before the verdict is taken; its refusal must not hide the message.
     # (Within the characters a window can hold, so it is counted, not refused by its size alone.)
+    Tier.objects.filter(name="free").update(max_context=2048)  # a plan's cap: one message can fill it
     long_and_harmful = " ".join([BOMB] * 200)
     sent = message_send(user=alice, content=long_and_harmful, verdict=_check_scored(long_and_harmful))
     assert sent.blocked and sent.generation is None

@@ -277,7 +277,7 @@ def test_auto_prefers_a_shorter_queue_among_those_the_prompt_fits(windows):
 
 
 def test_auto_weighs_windows_as_the_tier_caps_them(windows):
-    # The free plan caps every window at 2048: a 3000-token prompt fits none of them.
+    # A plan that caps every window at 2048: a 3000-token prompt fits none of them.
     name, why = auto_first(windows.values(), tokens=3000, max_context=2048)
     assert "does not fit its 2048-token window" in why
     assert auto_first(windows.values(), tokens=100, sticky=windows["midi"], max_context=512)[0] == "midi"
