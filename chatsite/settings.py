@@ -20,6 +20,7 @@ from chatsite.env import (
     env_float,
     env_int,
     env_list,
+    env_networks,
     env_origin,
     env_path,
     env_str,
@@ -81,6 +82,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: everything below reads the client's address and scheme as a trusted proxy gave them.
+    "chatsite.proxies.forwarded_headers_from_proxies_only",
     "django.middleware.security.SecurityMiddleware",
     # First after security: every response, static files and errors included, carries its request id.
     "observability.middleware.request_observed",
@@ -145,6 +148,10 @@ AUTH_USER_MODEL = "accounts.User"
 LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "conversations:chat"
 LOGOUT_REDIRECT_URL = "accounts:login"
+# Accounts created an hour (accounts.services.signup_admit), per client address and per its network
+# (an IPv4 /24, an IPv6 /64); 0: no limit.
+SIGNUPS_PER_ADDRESS_PER_HOUR = env_int("SIGNUPS_PER_ADDRESS_PER_HOUR", 3, minimum=0)
+SIGNUPS_PER_NETWORK_PER_HOUR = env_int("SIGNUPS_PER_NETWORK_PER_HOUR", 10, minimum=0)
 
 # Argon2id first, as OWASP recommends for password storage; PBKDF2 stays so that passwords hashed
 # before it still verify (and are rehashed with Argon2id at their next sign-in).
@@ -175,7 +182,10 @@ SESSION_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_SAMESITE = "Lax"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
-if TRUSTED_PROXY := env_bool("DJANGO_BEHIND_PROXY", False):
+# The proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (chatsite/proxies.py): those
+# DJANGO_TRUSTED_PROXIES names, or with DJANGO_BEHIND_PROXY alone whatever peer connects. Neither: none.
+TRUSTED_PROXIES = env_networks("DJANGO_TRUSTED_PROXIES")
+if TRUSTED_PROXY := env_bool("DJANGO_BEHIND_PROXY", False) or bool(TRUSTED_PROXIES):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # Served over HTTPS: on by default in production once an https origin is configured, so a deployment
 # that names its https address gets HSTS and cookies a plain-HTTP hop never carries without opting in.

@@ -795,7 +795,10 @@ async def _serving():
 
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(application, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
+        # As `make run` serves: forwarded headers are the application's to judge (chatsite/proxies.py).
+        uvicorn.Config(
+            application, host="127.0.0.1", port=port, lifespan="off", log_level="warning", proxy_headers=False
+        )
     )
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
