@@ -285,6 +285,10 @@ INFERENCE_ENGINE_START_TIMEOUT_S = env_float("INFERENCE_ENGINE_START_TIMEOUT_S",
 INFERENCE_AT_CAPACITY_RETRY_S = env_int("INFERENCE_AT_CAPACITY_RETRY_S", 10, minimum=1)
 INFERENCE_PRIORITY_AGING_S = env_float("INFERENCE_PRIORITY_AGING_S", 15, minimum=0)
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 32_000, minimum=1)
+# Chat sockets one user may hold open at once, across every web process (accounts/sockets.py); 0: no
+# limit. A socket's place is renewed a third of this TTL apart, and lapses this long after its process died.
+CHAT_SOCKETS_PER_USER = env_int("CHAT_SOCKETS_PER_USER", 20, minimum=0)
+CHAT_SOCKET_PLACE_TTL_S = env_int("CHAT_SOCKET_PLACE_TTL_S", 60, minimum=3)
 # Whether the model writes each conversation's title after its first answer (a short, uncharged,
 # low-priority generation); off, a conversation is named after the first words of its first message.
 CHAT_TITLES_FROM_MODEL = env_bool("CHAT_TITLES_FROM_MODEL", True)

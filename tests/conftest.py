@@ -44,6 +44,7 @@ TOPOLOGY_MODULES = frozenset(
     {
         "tests.accounts.test_admission",
         "tests.accounts.test_rate_limits",
+        "tests.accounts.test_socket_places",
         "tests.accounts.test_socket_revocation",
         "tests.chatsite.test_batching",
         "tests.chatsite.test_cache",
