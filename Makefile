@@ -45,9 +45,12 @@ migrate: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py collectstatic --noinput -v0
 
+# uvicorn believes X-Forwarded-For from loopback by default; --no-proxy-headers leaves the decision
+# to the application, which believes only the proxies named in DJANGO_TRUSTED_PROXIES or
+# DJANGO_BEHIND_PROXY (chatsite/proxies.py). The Procfile's web process is started the same way.
 run: model migrate
 	@echo "Serving on http://$(HOST):$(PORT)/ (the model loads in the background; the page says when it is ready)"
-	$(VENV)/bin/uvicorn chatsite.asgi:application --host $(HOST) --port $(PORT) --lifespan on --ws websockets --timeout-graceful-shutdown 10
+	$(VENV)/bin/uvicorn chatsite.asgi:application --host $(HOST) --port $(PORT) --lifespan on --ws websockets --timeout-graceful-shutdown 10 --no-proxy-headers
 
 # The production topology on one machine: a web process and a GPU worker, joined by the local
 # PostgreSQL and Redis. Scale out with more of each (honcho start -c web=2,worker=1 or separate hosts).

@@ -3,6 +3,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import ipaddress
 import secrets
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -598,6 +599,45 @@ def login_attempt_succeeded(*, charges: list[Charge]) -> None:
 def login_unlock(*, usernames: Collection[str] = (), addresses: Collection[str] = ()) -> None:
     """Lift the sign-in locks of these accounts and client addresses at once (an admin's action)."""
     buckets_reset([_login_account_key(name) for name in usernames] + [f"login:address:{a}" for a in addresses])
+
+
+# --- signing up ----------------------------------------------------------------------------------
+
+SIGNUP_PERIOD_S = 3600
+
+
+def _signup_network(address: str) -> str:
+    """The network an address belongs to for sign-ups: its IPv4 /24, or its IPv6 /64 (what one
+    subscriber is routed, so a host has all of it to choose from); empty for what is no address."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return ""
+    return str(ipaddress.ip_network(f"{ip}/{24 if ip.version == 4 else 64}", strict=False))
+
+
+def signup_admit(*, address: str) -> None:
+    """Count an account about to be created against its client address's and its network's
+    sign-ups an hour (settings.SIGNUPS_PER_*_PER_HOUR), both or neither, or refuse it (429
+    signup_limited). The address is the client's behind a proxy too (chatsite.proxies)."""
+    charges, whom = [], []
+    if settings.SIGNUPS_PER_ADDRESS_PER_HOUR:
+        charges.append(Charge(f"signup:address:{address}", settings.SIGNUPS_PER_ADDRESS_PER_HOUR, SIGNUP_PERIOD_S))
+        whom.append("your network address")
+    network = _signup_network(address)
+    if settings.SIGNUPS_PER_NETWORK_PER_HOUR and network:
+        charges.append(Charge(f"signup:network:{network}", settings.SIGNUPS_PER_NETWORK_PER_HOUR, SIGNUP_PERIOD_S))
+        whom.append("your network")
+    refusal = buckets_consume(charges)
+    if refusal is not None:
+        minutes = max(1, -(-refusal.retry_after // MINUTE_S))
+        raise ClientError(
+            f"Too many accounts have been created from {whom[refusal.index]} lately. "
+            f"Try again in {minutes} minute{'s' if minutes > 1 else ''}.",
+            code="signup_limited",
+            status=429,
+            retry_after=refusal.retry_after,
+        )
 
 
 # --- the ledger ----------------------------------------------------------------------------------

@@ -26,7 +26,14 @@ from accounts.selectors import (
     usage_summary,
     user_settings_get,
 )
-from accounts.services import action_admit, api_key_create, api_key_revoke, user_create, user_settings_update
+from accounts.services import (
+    action_admit,
+    api_key_create,
+    api_key_revoke,
+    signup_admit,
+    user_create,
+    user_settings_update,
+)
 from chatsite.errors import ClientError
 
 CHART_HEIGHT = 120
@@ -38,6 +45,14 @@ def signup(request: HttpRequest) -> HttpResponse:
         return redirect("conversations:chat")
     form = SignupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
+        try:
+            # Counted only for an account about to be made: a form with a typo costs nothing.
+            signup_admit(address=request.META.get("REMOTE_ADDR", ""))
+        except ClientError as exc:
+            form.add_error(None, exc.message)
+            response = render(request, "accounts/signup.html", {"form": form}, status=exc.status)
+            response["Retry-After"] = str(exc.retry_after)
+            return response
         user = user_create(
             username=form.cleaned_data["username"],
             email=form.cleaned_data.get("email", ""),

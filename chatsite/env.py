@@ -6,6 +6,7 @@ deployment fails at start-up with a message that says what to fix.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -65,6 +66,20 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return list(default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_networks(name: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """A comma-separated list of addresses or networks (`10.0.0.5`, `10.0.0.0/8`, `fd00::/8`); empty
+    when unset."""
+    networks = []
+    for item in env_list(name, []):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"{name} takes IP addresses or networks such as 10.0.0.5 or 10.0.0.0/8, got {item!r}"
+            ) from None
+    return networks
 
 
 def env_path(name: str, default: Path) -> Path:

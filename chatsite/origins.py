@@ -4,7 +4,7 @@ A browser sends any page's cookies with a WebSocket it opens, whatever page open
 rule stands in the way: the Origin header is the only thing that tells the service's own page from
 another site's (cross-site WebSocket hijacking). The origin must match the one the socket was
 opened on exactly — scheme, host and port, as the Host header and the socket's scheme (ws → http,
-wss → https, or the proxy's X-Forwarded-Proto where DJANGO_BEHIND_PROXY is set) give it — or be one
+wss → https, or a trusted proxy's X-Forwarded-Proto: chatsite/proxies.py) give it — or be one
 of WEBSOCKET_TRUSTED_ORIGINS; and the host must be one of ALLOWED_HOSTS, as for any page.
 channels' AllowedHostsOriginValidator compared the origin's host alone, so a page on another port
 or scheme of the same host (`http://127.0.0.1:9999`) could open the service's socket.
@@ -18,6 +18,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 from django.utils.http import is_same_domain
+
+from chatsite.proxies import peer_trusted, scope_peer
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -81,7 +83,7 @@ def _host_allowed(host: str) -> bool:
 def _page_scheme(scope: dict[str, Any], headers: dict[str, str]) -> str:
     """The scheme of the page that opened the socket, as Django would see that page's request."""
     proxy_header = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
-    if proxy_header:
+    if proxy_header and peer_trusted(scope_peer(scope)):
         name, secure_value = proxy_header
         forwarded = headers.get(name.removeprefix("HTTP_").replace("_", "-").lower())
         if forwarded is not None:

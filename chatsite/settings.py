@@ -20,6 +20,7 @@ from chatsite.env import (
     env_float,
     env_int,
     env_list,
+    env_networks,
     env_origin,
     env_path,
     env_str,
@@ -81,6 +82,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: everything below reads the client's address and scheme as a trusted proxy gave them.
+    "chatsite.proxies.forwarded_headers_from_proxies_only",
     "django.middleware.security.SecurityMiddleware",
     # First after security: every response, static files and errors included, carries its request id.
     "observability.middleware.request_observed",
@@ -145,6 +148,10 @@ AUTH_USER_MODEL = "accounts.User"
 LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "conversations:chat"
 LOGOUT_REDIRECT_URL = "accounts:login"
+# Accounts created an hour (accounts.services.signup_admit), per client address and per its network
+# (an IPv4 /24, an IPv6 /64); 0: no limit.
+SIGNUPS_PER_ADDRESS_PER_HOUR = env_int("SIGNUPS_PER_ADDRESS_PER_HOUR", 3, minimum=0)
+SIGNUPS_PER_NETWORK_PER_HOUR = env_int("SIGNUPS_PER_NETWORK_PER_HOUR", 10, minimum=0)
 
 # Argon2id first, as OWASP recommends for password storage; PBKDF2 stays so that passwords hashed
 # before it still verify (and are rehashed with Argon2id at their next sign-in).
@@ -175,7 +182,10 @@ SESSION_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_SAMESITE = "Lax"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
-if TRUSTED_PROXY := env_bool("DJANGO_BEHIND_PROXY", False):
+# The proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (chatsite/proxies.py): those
+# DJANGO_TRUSTED_PROXIES names, or with DJANGO_BEHIND_PROXY alone whatever peer connects. Neither: none.
+TRUSTED_PROXIES = env_networks("DJANGO_TRUSTED_PROXIES")
+if TRUSTED_PROXY := env_bool("DJANGO_BEHIND_PROXY", False) or bool(TRUSTED_PROXIES):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # Served over HTTPS: on by default in production once an https origin is configured, so a deployment
 # that names its https address gets HSTS and cookies a plain-HTTP hop never carries without opting in.
@@ -275,6 +285,10 @@ INFERENCE_ENGINE_START_TIMEOUT_S = env_float("INFERENCE_ENGINE_START_TIMEOUT_S",
 INFERENCE_AT_CAPACITY_RETRY_S = env_int("INFERENCE_AT_CAPACITY_RETRY_S", 10, minimum=1)
 INFERENCE_PRIORITY_AGING_S = env_float("INFERENCE_PRIORITY_AGING_S", 15, minimum=0)
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 32_000, minimum=1)
+# Chat sockets one user may hold open at once, across every web process (accounts/sockets.py); 0: no
+# limit. A socket's place is renewed a third of this TTL apart, and lapses this long after its process died.
+CHAT_SOCKETS_PER_USER = env_int("CHAT_SOCKETS_PER_USER", 20, minimum=0)
+CHAT_SOCKET_PLACE_TTL_S = env_int("CHAT_SOCKET_PLACE_TTL_S", 60, minimum=3)
 # Whether the model writes each conversation's title after its first answer (a short, uncharged,
 # low-priority generation); off, a conversation is named after the first words of its first message.
 CHAT_TITLES_FROM_MODEL = env_bool("CHAT_TITLES_FROM_MODEL", True)

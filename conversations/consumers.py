@@ -58,6 +58,7 @@ import chatsite.request_context as request_context
 from accounts.selectors import SessionAccess, session_access, session_key_digest
 from accounts.services import user_group
 from accounts.signals import request_refused
+from accounts.sockets import socket_place_give_back, socket_place_take
 from chatsite.database import db_async, reconnecting
 from chatsite.errors import ClientError
 from chatsite.parsers import json_parse
@@ -88,6 +89,9 @@ ACCESS_RECHECK_S = 0.3
 CLOSE_SESSION_ENDED = 4401
 CLOSE_ACCOUNT_SUSPENDED = 4403
 CLOSE_CODES = {SessionAccess.ENDED: CLOSE_SESSION_ENDED, SessionAccess.SUSPENDED: CLOSE_ACCOUNT_SUSPENDED}
+# The user has CHAT_SOCKETS_PER_USER sockets open already (accounts/sockets.py): the page says so and
+# tries again later, when one of the others may have closed.
+CLOSE_TOO_MANY_SOCKETS = 4429
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
@@ -97,6 +101,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self._closed_for_access = False  # once set, nothing more is read from this socket
         self._access_checked_at = float("-inf")
         self._started: set[str] = set()  # generations this socket asked for, stopped if it is closed for access
+        self._place: str | None = None  # this socket's id among its user's open sockets, while it holds a place
+        self._place_kept: asyncio.Future | None = None
 
     async def connect(self) -> None:
         self.user = self.scope.get("user")
@@ -109,6 +115,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self._session_key = session.session_key or ""
         self._session_hash = session.get(HASH_SESSION_KEY, "")
         self._session_digest = session_key_digest(self._session_key)
+        socket_id = uuid.uuid4().hex
+        if not await socket_place_take(user_id=self.user.id, socket_id=socket_id):
+            # Accepted, then closed: a browser is told the code and the reason only on an open socket.
+            await self.accept()
+            await self._close_too_many()
+            return
+        self._place = socket_id
+        self._place_kept = asyncio.ensure_future(self._place_keep())
         self.streams = self._stream_follower()
         # Joined before the accept: a change from here on reaches this socket by its event.
         await self.channel_layer.group_add(user_group(self.user.id), self.channel_name)
@@ -134,6 +148,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         finally:
             if self._resync is not None:
                 self._resync.cancel()
+            await self._place_give_back()
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """channels' dispatch, without its database check before every event.
@@ -150,6 +165,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await handler(message)
 
     async def disconnect(self, code: int) -> None:
+        await self._place_give_back()
         if not hasattr(self, "streams"):
             return
         if self._resync is not None:
@@ -463,6 +479,39 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                     await self._stop(generation)
             except Exception:  # the rest are stopped all the same
                 logger.exception("stopping generation %s of a closed socket failed", generation_id)
+
+    # --- the user's open sockets -----------------------------------------------------------------
+
+    async def _place_keep(self) -> None:
+        """Renew this socket's place among its user's open sockets before it lapses. A place lost
+        all the same (the process stood still past its lifetime, and others took it) closes it."""
+        while True:
+            await asyncio.sleep(settings.CHAT_SOCKET_PLACE_TTL_S / 3)
+            try:
+                kept = await socket_place_take(user_id=self.user.id, socket_id=self._place or "")
+            except Exception:  # Redis away for a moment: the place lasts a TTL, try again next time
+                logger.exception("renewing the socket place of user %s failed", self.user.id)
+                continue
+            if not kept:
+                self._place = None
+                await self._close_too_many()
+                return
+
+    async def _close_too_many(self) -> None:
+        cap = settings.CHAT_SOCKETS_PER_USER
+        await self.close(code=CLOSE_TOO_MANY_SOCKETS, reason=f"Too many open chat tabs (at most {cap}).")
+
+    async def _place_give_back(self) -> None:
+        """Free this socket's place, once; the renewal stops."""
+        place, self._place = self._place, None
+        if self._place_kept is not None:
+            self._place_kept.cancel()
+        if place is None:
+            return
+        try:
+            await socket_place_give_back(user_id=self.user.id, socket_id=place)
+        except Exception:  # it lapses at its expiry instead
+            logger.exception("giving back the socket place of user %s failed", self.user.id)
 
     # --- helpers --------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, TypeGuard, cast
 
 from django.db import connection
@@ -233,26 +234,51 @@ def search_terms(query: str) -> list[str]:
 # --- export and sharing -------------------------------------------------------------------------
 
 
-def conversation_export(*, conversation: Conversation) -> dict[str, Any]:
-    """Everything its owner sees in the conversation, as plain data (the JSON download, and the
-    Markdown one's source): its messages in order with their roles, statuses and times."""
+class ExportScope(StrEnum):
+    """What an export holds: the branch on screen, or every branch with the tree's structure."""
+
+    BRANCH = "branch"
+    TREE = "tree"
+
+
+EXPORT_HOLDS = {
+    ExportScope.BRANCH: "The branch on screen when exported, in order. Other versions of edited messages and "
+    "regenerated answers are not included.",
+    ExportScope.TREE: "Every message of the conversation, every branch, oldest first. Each names the message it "
+    "follows (parent, null for a first message); messages that follow the same one are versions of each other "
+    "(edits, regenerations). on_screen marks the branch on screen when exported.",
+}
+
+
+def conversation_export(*, conversation: Conversation, scope: ExportScope = ExportScope.BRANCH) -> dict[str, Any]:
+    """The conversation as plain data (the JSON download, and the Markdown one's source), saying
+    what it holds (`holds`, `holds_description`): the branch on screen (`Tree.active_path`, as the
+    chat page shows it), or the whole tree. Its user and assistant messages with their roles,
+    statuses, times and the message each follows."""
+    tree = message_tree_for_prompt(conversation=conversation)
+    on_screen = tree.active_path(conversation.active_leaf_id)
+    on_screen_ids = {m.id for m in on_screen}
+    chosen = on_screen if scope == ExportScope.BRANCH else [tree.by_id[i] for i in sorted(tree.by_id)]
     return {
         "id": conversation.id,
         "title": conversation.display_title,
         "model": conversation.deployment.name,
         "created_at": conversation.created_at.isoformat(),
         "updated_at": conversation.updated_at.isoformat(),
+        "holds": str(scope),
+        "holds_description": EXPORT_HOLDS[scope],
         "messages": [
             {
                 "id": m.id,
+                "parent": m.parent_id if m.parent_id in tree.by_id else None,
                 "role": m.role,
                 "content": m.content,
                 "status": m.status,
                 "created_at": m.created_at.isoformat(),
+                **({"on_screen": m.id in on_screen_ids} if scope == ExportScope.TREE else {}),
             }
-            for m in conversation.messages.filter(role__in=[Message.Role.USER, Message.Role.ASSISTANT]).order_by(
-                "created_at", "id"
-            )
+            for m in chosen
+            if m.role in (Message.Role.USER, Message.Role.ASSISTANT)
         ],
     }
 

@@ -1214,21 +1214,17 @@ def _title_announce(*, user_id: int, conversation_id: int, title: str) -> None:
 
 
 def conversation_share(*, conversation: Conversation) -> SharedConversation:
-    """A read-only link to a snapshot of the conversation as it is now; the one it has, if it has
-    one (revoke it to share a newer snapshot). Its token is 256 random bits. Only text that was
-    shown as the conversation's own goes in: messages moderation held back, and answers still
-    being written or without text, are left out."""
+    """A read-only link to a snapshot of the branch on screen now (the one the chat page shows,
+    `Tree.active_path`); the link it has, if it has one (revoke it to share a newer snapshot). Its
+    token is 256 random bits. Other branches (a question edited away and its answers, the other
+    regenerations of an answer) stay out, and so does text that was not shown as the
+    conversation's own: messages moderation held back, and answers still being written or without
+    text."""
     existing = SharedConversation.objects.filter(conversation=conversation).first()
     if existing is not None:
         return existing
-    shown = (
-        conversation.messages.filter(role__in=[Message.Role.USER, Message.Role.ASSISTANT])
-        .exclude(status__in=[Message.Status.PENDING, Message.Status.STREAMING])
-        .exclude(role=Message.Role.USER, status=Message.Status.FLAGGED)
-        .exclude(content="")
-        .order_by("created_at", "id")
-    )
-    snapshot = [{"role": m.role, "content": m.content} for m in shown]
+    branch = message_tree_for_prompt(conversation=conversation).active_path(conversation.active_leaf_id)
+    snapshot = [{"role": m.role, "content": m.content} for m in branch if _shown_in_share(m)]
     try:
         with transaction.atomic():
             return SharedConversation.objects.create(
@@ -1239,6 +1235,14 @@ def conversation_share(*, conversation: Conversation) -> SharedConversation:
             )
     except IntegrityError:  # shared at the same moment from another tab: that share is the one
         return SharedConversation.objects.get(conversation=conversation)
+
+
+def _shown_in_share(message: Message) -> bool:
+    if message.role not in (Message.Role.USER, Message.Role.ASSISTANT) or not message.content:
+        return False
+    if message.is_in_progress:
+        return False
+    return not (message.role == Message.Role.USER and message.status == Message.Status.FLAGGED)
 
 
 def conversation_share_revoke(*, conversation: Conversation) -> bool:

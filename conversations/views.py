@@ -8,7 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
@@ -20,6 +20,7 @@ from conversations.branches import Tree
 from conversations.models import Conversation, Message
 from conversations.selectors import (
     ConversationGroup,
+    ExportScope,
     branch_summary,
     conversation_export,
     conversation_get_for_user,
@@ -226,10 +227,26 @@ def _group_json(group: ConversationGroup) -> dict[str, Any]:
 # --- export ---------------------------------------------------------------------------------------
 
 
+def _export_scope(request: HttpRequest) -> ExportScope | None:
+    """`?scope=branch` (the default: the branch on screen) or `?scope=tree` (every branch); None for
+    anything else."""
+    try:
+        return ExportScope(request.GET.get("scope", ExportScope.BRANCH))
+    except ValueError:
+        return None
+
+
+SCOPE_REFUSED = "scope must be 'branch' (the branch on screen) or 'tree' (every branch)."
+
+
 @login_required
 @require_GET
 def conversation_export_json(request: HttpRequest, conversation_id: int) -> HttpResponse:
-    exported = conversation_export(conversation=_own_conversation(request, conversation_id))
+    conversation = _own_conversation(request, conversation_id)
+    scope = _export_scope(request)
+    if scope is None:
+        return HttpResponseBadRequest(SCOPE_REFUSED, content_type="text/plain")
+    exported = conversation_export(conversation=conversation, scope=scope)
     body = json.dumps(exported, ensure_ascii=False, indent=2)
     return _download(body, content_type="application/json", filename=_filename(exported, "json"))
 
@@ -237,7 +254,11 @@ def conversation_export_json(request: HttpRequest, conversation_id: int) -> Http
 @login_required
 @require_GET
 def conversation_export_markdown(request: HttpRequest, conversation_id: int) -> HttpResponse:
-    exported = conversation_export(conversation=_own_conversation(request, conversation_id))
+    conversation = _own_conversation(request, conversation_id)
+    scope = _export_scope(request)
+    if scope is None:
+        return HttpResponseBadRequest(SCOPE_REFUSED, content_type="text/plain")
+    exported = conversation_export(conversation=conversation, scope=scope)
     return _download(export_markdown(exported), content_type="text/markdown", filename=_filename(exported, "md"))
 
 
@@ -252,11 +273,25 @@ STATUS_NOTES = {
 
 
 def export_markdown(exported: dict[str, Any]) -> str:
-    """The conversation as Markdown: a heading per message, its text as it was written (Markdown
-    the model wrote stays Markdown), and a note where a message did not end normally."""
-    parts = [f"# {_one_line(exported['title'])}", "", f"Model: {exported['model']} · {exported['created_at']}", ""]
+    """The conversation as Markdown: what it holds (the branch on screen, or every branch), then a
+    heading per message, its text as it was written (Markdown the model wrote stays Markdown), and a
+    note where a message did not end normally. Every branch: each heading names its message and
+    the one it follows, and marks those of the branch on screen."""
+    tree = exported["holds"] == ExportScope.TREE
+    parts = [
+        f"# {_one_line(exported['title'])}",
+        "",
+        f"Model: {exported['model']} · {exported['created_at']}",
+        "",
+        f"> {exported['holds_description']}",
+        "",
+    ]
     for message in exported["messages"]:
         heading = f"## {ROLE_HEADINGS.get(message['role'], message['role'])}"
+        if tree:
+            heading += f" · #{message['id']}"
+            heading += f", after #{message['parent']}" if message["parent"] is not None else ", first"
+            heading += ", on screen" if message["on_screen"] else ""
         if message["status"] in STATUS_NOTES:
             heading += f" ({STATUS_NOTES[message['status']]})"
         parts += [heading, "", message["content"], ""]
@@ -268,9 +303,11 @@ def _one_line(text: str) -> str:
 
 
 def _filename(exported: dict[str, Any], extension: str) -> str:
-    """An ASCII file name from the title (nothing in it can break the header): `chat-12-trip-plans.md`."""
+    """An ASCII file name from the title (nothing in it can break the header): `chat-12-trip-plans.md`,
+    `chat-12-trip-plans-all-branches.json` for every branch."""
     slug = re.sub(r"[^a-z0-9]+", "-", exported["title"].lower()).strip("-")[:40].strip("-")
-    return f"chat-{exported['id']}{'-' + slug if slug else ''}.{extension}"
+    every = "-all-branches" if exported["holds"] == ExportScope.TREE else ""
+    return f"chat-{exported['id']}{'-' + slug if slug else ''}{every}.{extension}"
 
 
 def _download(body: str, *, content_type: str, filename: str) -> HttpResponse:

@@ -206,8 +206,11 @@
         window.location.reload();
         return;
       }
+      // 4429: the account has as many chat sockets open as it may (other tabs); one may close soon.
+      const tooMany = event.code === 4429;
+      connectionBanner.textContent = tooMany ? (event.reason || "Too many open chat tabs.") + " Close one; this tab retries." : "Reconnecting…";
       connectionBanner.hidden = false;
-      setTimeout(connect, retryDelay);
+      setTimeout(connect, tooMany ? Math.max(retryDelay, 10000) : retryDelay);
       retryDelay = Math.min(retryDelay * 2, 10000);
     });
   }

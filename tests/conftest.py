@@ -44,6 +44,7 @@ TOPOLOGY_MODULES = frozenset(
     {
         "tests.accounts.test_admission",
         "tests.accounts.test_rate_limits",
+        "tests.accounts.test_socket_places",
         "tests.accounts.test_socket_revocation",
         "tests.chatsite.test_batching",
         "tests.chatsite.test_cache",
@@ -795,7 +796,10 @@ async def _serving():
 
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(application, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
+        # As `make run` serves: forwarded headers are the application's to judge (chatsite/proxies.py).
+        uvicorn.Config(
+            application, host="127.0.0.1", port=port, lifespan="off", log_level="warning", proxy_headers=False
+        )
     )
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on

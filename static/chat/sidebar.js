@@ -239,6 +239,7 @@
     document.getElementById("delete-form").action = urlFor(id, "delete/");
     document.getElementById("export-markdown").href = urlFor(id, "export.md");
     document.getElementById("export-json").href = urlFor(id, "export.json");
+    document.getElementById("export-tree").href = urlFor(id, "export.json?scope=tree");
     pinShow(false);
     shareShow("");
     actions.hidden = false;

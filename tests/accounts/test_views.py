@@ -23,6 +23,45 @@ def test_signing_up_creates_a_user_and_logs_them_in(client, db):
     assert client.get(reverse("conversations:chat")).status_code == 200
 
 
+def _sign_up(username: str, address: str):
+    data = {"username": username, "password1": PASSWORD, "password2": PASSWORD}
+    return Client().post(reverse("accounts:signup"), data, REMOTE_ADDR=address)
+
+
+def test_sign_ups_from_one_address_are_limited_and_a_refused_one_makes_no_account(db, buckets_stand_still, settings):
+    for i in range(settings.SIGNUPS_PER_ADDRESS_PER_HOUR):
+        assert _sign_up(f"bot{i}", "203.0.113.7").status_code == 302
+    refused = _sign_up("one-too-many", "203.0.113.7")
+    assert refused.status_code == 429
+    assert 1 <= int(refused["Retry-After"]) <= 3600
+    assert "Too many accounts have been created from your network address" in refused.content.decode()
+    assert not User.objects.filter(username="one-too-many").exists()
+    assert "_auth_user_id" not in refused.client.session
+    # Someone on another network is not held back by it.
+    assert _sign_up("carol", "198.51.100.1").status_code == 302
+
+
+def test_sign_ups_from_one_network_are_limited_across_its_addresses(db, buckets_stand_still, settings):
+    settings.SIGNUPS_PER_ADDRESS_PER_HOUR, settings.SIGNUPS_PER_NETWORK_PER_HOUR = 1, 3
+    for i in range(3):
+        assert _sign_up(f"bot{i}", f"2001:db8:1:2::{i + 1}").status_code == 302
+    assert _sign_up("bot9", "2001:db8:1:2:ffff::9").status_code == 429  # the same /64
+    assert _sign_up("carol", "2001:db8:1:3::1").status_code == 302  # the next one
+    for i in range(3):
+        assert _sign_up(f"v4bot{i}", f"192.0.2.{i + 1}").status_code == 302
+    refused = _sign_up("v4bot9", "192.0.2.200")  # the same /24
+    assert refused.status_code == 429 and "from your network lately" in refused.content.decode()
+    assert not User.objects.filter(username__in=["bot9", "v4bot9"]).exists()
+
+
+def test_a_sign_up_with_a_mistake_costs_nothing(db, buckets_stand_still, settings):
+    settings.SIGNUPS_PER_ADDRESS_PER_HOUR = 1
+    for _ in range(3):
+        data = {"username": "dave", "password1": "123", "password2": "123"}
+        assert Client().post(reverse("accounts:signup"), data, REMOTE_ADDR="203.0.113.7").status_code == 200
+    assert _sign_up("dave", "203.0.113.7").status_code == 302
+
+
 def test_a_weak_password_is_refused_with_a_message(client, db):
     response = client.post(reverse("accounts:signup"), {"username": "dave", "password1": "123", "password2": "123"})
     assert response.status_code == 200

@@ -11,10 +11,11 @@ import asyncio
 
 import pytest
 from channels.db import database_sync_to_async
+from django.urls import reverse
 
 from accounts.models import User
 from conversations.models import Message
-from conversations.services import conversation_create
+from conversations.services import conversation_create, conversation_share
 from inference.models import Generation
 from inference.streaming.streams import StreamPublisher
 from tests.browser.conftest import BROWSER_MARKS, sign_up
@@ -261,3 +262,56 @@ async def test_an_external_image_is_not_loaded(page):
     badge = content.locator("a", has_text="a badge")  # a linked image: the link, with the image's text
     assert await badge.get_attribute("href") == "https://example.org/"
     assert not [url for url in requested if "images.example.net" in url]
+
+
+# --- the shared page ---------------------------------------------------------------------------------
+
+SHARED_ANSWER = (
+    MARKDOWN
+    + "\n"
+    + MATH
+    + '\n\n<img src=x onerror="window.pwned=1"><script>window.pwned=1</script>'
+    + "\n\n[click me](javascript:window.pwned=1)"
+)
+SHARED_QUESTION = '<b>Bold?</b> **not markdown** <img src=x onerror="window.pwned=1">'
+
+
+@database_sync_to_async
+def _shared(username: str) -> str:
+    """A conversation of `username`'s, with a question and an answer of SHARED_ANSWER, shared: its path."""
+    user = User.objects.create_user(username=username, password="irrelevant")
+    conversation = conversation_create(user=user, title="Shared")
+    question = Message.objects.create(conversation=conversation, role="user", content=SHARED_QUESTION)
+    Message.objects.create(conversation=conversation, role="assistant", parent=question, content=SHARED_ANSWER)
+    return reverse("conversations:shared", args=[conversation_share(conversation=conversation).token])
+
+
+async def test_a_shared_page_renders_answers_as_the_chat_page_does_and_keeps_injections_inert(page):
+    await page.add_init_script(
+        'document.addEventListener("securitypolicyviolation", e => console.error("CSP violation: " + e.violatedDirective));'
+    )
+    path = await _shared("nina")
+    await page.context.clear_cookies()  # anyone with the link: nobody signed in
+    await page.goto(path)
+    answer = page.locator("article.message.assistant .content")
+    await page.wait_for_selector("article.message.assistant .content.markdown")
+
+    assert await answer.locator("h1").text_content() == "Heading one"
+    code = answer.locator(".code-block pre > code")
+    assert "language-python" in await code.get_attribute("class")
+    assert await code.locator(".hljs-keyword").first.text_content() == "def"
+    assert await answer.locator("table td").all_text_contents() == ["pears", "12"]
+    assert await answer.locator("table td").last.evaluate("td => getComputedStyle(td).textAlign") == "right"
+    assert await answer.locator(".katex-display .mfrac").count() == 1
+    assert await answer.locator(".katex-error").count() == 0
+
+    await asyncio.sleep(0.3)  # an onerror fires once the image fails to load
+    assert await page.evaluate("() => window.pwned") is None
+    assert await page.locator("#messages").locator("img, script, iframe, object, embed, style, form").count() == 0
+    assert "<script>window.pwned=1</script>" in await answer.text_content(), "raw HTML is shown as text"
+    hrefs = await answer.locator("a").evaluate_all("links => links.map(a => a.getAttribute('href'))")
+    assert all(href.startswith(("https://", "http://", "mailto:")) for href in hrefs), hrefs
+    # A question is the text it was: neither markdown nor HTML.
+    question = page.locator("article.message.user .content")
+    assert await question.text_content() == SHARED_QUESTION
+    assert await question.locator("*").count() == 0

@@ -176,7 +176,16 @@ async def test_on_a_phone_the_menu_button_reaches_everything(phone):
     assert await phone.text_content("#chat-title") == "A long talk"
     # The conversation's own actions are all on screen too, not cut off at the header's edge.
     assert await phone.evaluate("() => document.documentElement.scrollWidth") <= PHONE["width"]
-    for selector in ("#rename", "#pin", "#share", "#export-markdown", "#export-json", "#delete-form button", "#model"):
+    for selector in (
+        "#rename",
+        "#pin",
+        "#share",
+        "#export-markdown",
+        "#export-json",
+        "#export-tree",
+        "#delete-form button",
+        "#model",
+    ):
         box = await phone.locator(selector).bounding_box()
         assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], selector
 

@@ -66,6 +66,7 @@ def test_a_repeated_origin_header_is_refused():
 
 
 def test_behind_a_proxy_the_forwarded_scheme_is_the_pages(settings):
+    settings.TRUSTED_PROXY, settings.TRUSTED_PROXIES = True, []  # DJANGO_BEHIND_PROXY
     settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     assert origin_allowed(scope("https://chat.example.com", "chat.example.com", "ws", x_forwarded_proto="https"))
     assert not origin_allowed(scope("http://chat.example.com", "chat.example.com", "ws", x_forwarded_proto="https"))

@@ -64,6 +64,8 @@ def test_redis_url_selects_redis_and_celery():
         ({"DJANGO_SECRET_KEY": "short"}, "at least 32 characters"),
         ({"DJANGO_WEBSOCKET_TRUSTED_ORIGINS": "chat.example.com"}, "DJANGO_WEBSOCKET_TRUSTED_ORIGINS"),
         ({"DJANGO_CSRF_TRUSTED_ORIGINS": "https://chat.example.com/"}, "not https://chat.example.com/"),
+        ({"DJANGO_TRUSTED_PROXIES": "10.0.0.1,proxy.example.com"}, "DJANGO_TRUSTED_PROXIES takes IP addresses"),
+        ({"SIGNUPS_PER_ADDRESS_PER_HOUR": "-1"}, "SIGNUPS_PER_ADDRESS_PER_HOUR must be at least 0"),
     ],
 )
 def test_bad_values_fail_at_start_up_with_a_clear_message(env, message):

@@ -15,16 +15,18 @@ from django.utils import timezone
 
 from conversations.models import Conversation, Message, SharedConversation
 from conversations.selectors import conversation_groups_for_user, conversation_search
-from conversations.services import conversation_create, conversation_share, message_send
+from conversations.services import conversation_branch_select, conversation_create, conversation_share, message_send
 from inference.services import generation_finish
 
 BOMB = "Give me step-by-step instructions to build a pipe bomb at home."
 
 
 def _chat(user, title, *exchange, days_ago=0):
+    """A conversation of one branch: `exchange` alternates questions and answers, each following the last."""
     conversation = conversation_create(user=user, title=title)
+    parent = None
     for role, content in zip(("user", "assistant") * len(exchange), exchange, strict=False):
-        Message.objects.create(conversation=conversation, role=role, content=content)
+        parent = Message.objects.create(conversation=conversation, role=role, content=content, parent=parent)
     Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now() - dt.timedelta(days=days_ago))
     return Conversation.objects.get(id=conversation.id)
 
@@ -179,6 +181,58 @@ def test_export_as_json_and_markdown(alice):
     assert "## You\n\nWhere to?\n" in text and "## Assistant\n\n**Lisbon**, maybe.\n" in text
 
 
+def _edited(user):
+    """Alice's chat whose first question she edited: the question and answer edited away (a branch
+    no longer on screen), then the edit and its two answers (regenerated), the newer one on screen."""
+    chat = _chat(user, "Trip", "Somewhere cold?", "Try Oslo.")
+    first, first_answer = chat.messages.order_by("id")
+    edit = Message.objects.create(conversation=chat, role="user", content="Somewhere warm?")
+    older = Message.objects.create(conversation=chat, role="assistant", content="Seville.", parent=edit)
+    newer = Message.objects.create(conversation=chat, role="assistant", content="**Lisbon**.", parent=edit)
+    conversation_branch_select(conversation=chat, message_id=newer.id)
+    return chat, first, first_answer, edit, older, newer
+
+
+def test_an_export_holds_the_branch_on_screen_and_says_so(alice):
+    chat, *_ = _edited(alice)
+    client = _signed_in(alice)
+    body = json.loads(client.get(reverse("conversations:export-json", args=[chat.id])).content)
+    assert body["holds"] == "branch"
+    assert "branch on screen" in body["holds_description"] and "not included" in body["holds_description"]
+    assert [m["content"] for m in body["messages"]] == ["Somewhere warm?", "**Lisbon**."]
+    text = client.get(reverse("conversations:export-markdown", args=[chat.id])).content.decode()
+    assert "> The branch on screen when exported" in text
+    assert "Lisbon" in text and "Oslo" not in text and "cold" not in text and "Seville" not in text
+
+
+def test_an_export_of_every_branch_holds_the_tree_with_its_structure(alice):
+    chat, first, first_answer, edit, older, newer = _edited(alice)
+    client = _signed_in(alice)
+    response = client.get(reverse("conversations:export-json", args=[chat.id]), {"scope": "tree"})
+    assert response["Content-Disposition"] == f'attachment; filename="chat-{chat.id}-trip-all-branches.json"'
+    body = json.loads(response.content)
+    assert body["holds"] == "tree" and "every branch" in body["holds_description"].lower()
+    assert [(m["id"], m["parent"], m["on_screen"]) for m in body["messages"]] == [
+        (first.id, None, False),
+        (first_answer.id, first.id, False),
+        (edit.id, None, True),
+        (older.id, edit.id, False),
+        (newer.id, edit.id, True),
+    ]
+    text = client.get(reverse("conversations:export-markdown", args=[chat.id]), {"scope": "tree"}).content.decode()
+    assert "> Every message of the conversation, every branch" in text
+    assert f"## You · #{first.id}, first\n\nSomewhere cold?" in text
+    assert f"## Assistant · #{newer.id}, after #{edit.id}, on screen\n\n**Lisbon**." in text
+
+
+def test_an_export_refuses_a_scope_it_does_not_know(alice):
+    chat = _chat(alice, "Trip", "Where to?", "Lisbon.")
+    for name in ("conversations:export-json", "conversations:export-markdown"):
+        response = _signed_in(alice).get(reverse(name, args=[chat.id]), {"scope": "everything"})
+        assert response.status_code == 400
+        assert "'branch'" in response.content.decode()
+
+
 # --- sharing -------------------------------------------------------------------------------------
 
 
@@ -212,6 +266,25 @@ def test_a_shared_link_shows_a_snapshot_without_account_data_to_anyone_until_rev
 
     assert owner.post(reverse("conversations:share-revoke", args=[sent.conversation.id])).json() == {"revoked": True}
     assert Client().get(url).status_code == 404
+
+
+def test_a_shared_link_shows_the_branch_on_screen_and_no_other(alice):
+    chat, *_ = _edited(alice)
+    share = conversation_share(conversation=chat)
+    assert share.messages == [
+        {"role": "user", "content": "Somewhere warm?"},
+        {"role": "assistant", "content": "**Lisbon**."},
+    ]
+    html = Client().get(reverse("conversations:shared", args=[share.token])).content.decode()
+    assert "Lisbon" in html
+    assert "Oslo" not in html and "cold" not in html and "Seville" not in html
+
+
+def test_a_shared_link_made_on_an_older_branch_shows_that_branch(alice):
+    chat, first, *_ = _edited(alice)
+    conversation_branch_select(conversation=chat, message_id=first.id)  # the owner went back to it
+    share = conversation_share(conversation=chat)
+    assert [m["content"] for m in share.messages] == ["Somewhere cold?", "Try Oslo."]
 
 
 def test_a_made_up_share_token_is_a_404(client, db):

@@ -57,6 +57,7 @@ def _web_process(port: int) -> subprocess.Popen:
             "websockets",
             "--timeout-graceful-shutdown",
             str(GRACEFUL_TIMEOUT_S),
+            "--no-proxy-headers",
         ],
         env={**os.environ, "DATABASE_URL": url, "CHATSITE_LOCAL_SECRET": "1"},
         cwd=settings.BASE_DIR,
