@@ -74,7 +74,8 @@ _MASS_ACT = (
     r"|bomb(?:ing)?|gun down|slaughter)\b"
 )
 _HARM_ACT = (
-    r"\b(?:shoot|stab|kill|murder|attack|bomb|burn|torch|set fire to|poison|gas|hurt|slaughter|lynch|behead|strangle"
+    r"\b(?:shoot|shooting(?! range)|stab(?:bing)?|kill(?:ing)?|murder(?:ing)?|attack|bomb|burn|torch|set fire to|poison"
+    r"|gas|hurt|slaughter(?:ing)?|lynch|behead|strangle"
     r"|hang|run (?:my|a|the|our) (?:car|truck|van|lorry) into|drive (?:my|a|the|our) (?:car|truck|van|lorry) into"
     r"|beat (?:\w+ )?(?:up|until|to death|senseless|unconscious)"
     r"|make (?:them|everyone|everybody|the \w+)(?: \w+){0,4}? (?:all )?(?:pay|suffer|bleed))\b"
