@@ -32,7 +32,7 @@ def _pct(value: float | None) -> str:
 def run(args: argparse.Namespace) -> None:
     django_setup()
     from moderation.classifiers import warm_up
-    from moderation.evaluation import CATEGORY_EVAL_PATH, THRESHOLD, evaluate
+    from moderation.evaluation import CATEGORY_EVAL_PATH, THRESHOLD, Figures, evaluate
 
     started = time.perf_counter()
     warm_up()
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> None:
         for category, text, score in measured.false_alarms:
             print(f"  false alarm ({category} {score:.2f}): {text}")
 
-    def recall(figures) -> float:
-        return round(figures.recall, 4)
+    def recall(figures: Figures) -> float:
+        return round(figures.recall or 0.0, 4)
 
     result(
         precision=round(overall.precision or 0.0, 4),

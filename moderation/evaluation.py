@@ -84,7 +84,7 @@ def load_eval(path: Path = CATEGORY_EVAL_PATH) -> list[EvalExample]:
 def evaluate(path: Path = CATEGORY_EVAL_PATH, *, batch: int = 64) -> Evaluation:
     """Score every example of the set and count, per category and overall, what is flagged."""
     examples = load_eval(path)
-    scores = []
+    scores: list[dict[str, float]] = []
     for start in range(0, len(examples), batch):
         scores += [s.categories for s in score_many([e.text for e in examples[start : start + batch]])]
     flagged = [{c for c, v in s.items() if v >= THRESHOLD} for s in scores]
@@ -98,8 +98,10 @@ def evaluate(path: Path = CATEGORY_EVAL_PATH, *, batch: int = 64) -> Evaluation:
         for c in CATEGORIES
     }
     groups = list(dict.fromkeys(e.group for e in examples))
-    group_recall, group_false_alarms = {}, {}
-    missed, false_alarms = [], []
+    group_recall: dict[str, Figures] = {}
+    group_false_alarms: dict[str, tuple[int, int]] = {}
+    missed: list[tuple[str, str]] = []
+    false_alarms: list[tuple[str, str, float]] = []
     for e, f, s in zip(examples, flagged, scores, strict=True):
         if e.harmful and GROUP_CATEGORY.get(e.group, e.group) not in f:
             missed.append((e.group, e.text))
