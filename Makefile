@@ -15,7 +15,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 # A Redis database of the tests' own: the suite empties it when it starts.
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: run test screenshots fault-test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-trace benchmark-scale benchmark-embedded benchmark-moderation benchmark-cuts benchmark-dtype benchmark-interference benchmark-capacity benchmark-peer benchmark-retrieval benchmark-semantic-cache benchmark-injection clean
+.PHONY: run test screenshots fault-test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-trace benchmark-scale benchmark-embedded benchmark-moderation benchmark-moderation-quality benchmark-cuts benchmark-dtype benchmark-interference benchmark-capacity benchmark-peer benchmark-retrieval benchmark-semantic-cache benchmark-injection clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -122,6 +122,9 @@ benchmark-embedded: model
 
 benchmark-moderation: install
 	$(PY) -m benchmarks moderation $(BENCH_ARGS)
+
+benchmark-moderation-quality: install
+	$(PY) -m benchmarks moderation_quality $(BENCH_ARGS)
 
 benchmark-cuts: model
 	$(PY) -m benchmarks cuts --prompts fresh $(BENCH_ARGS)

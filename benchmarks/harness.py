@@ -29,6 +29,7 @@ BENCHMARKS = {
     "scale": "send_reads_at_scale",
     "embedded": "embedded_first_text",
     "moderation": "moderation_latency",
+    "moderation_quality": "moderation_quality",
     "cuts": "answer_cuts",
     "dtype": "engine_dtype",
     "interference": "core_interference",

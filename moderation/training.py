@@ -19,12 +19,14 @@ from typing import Any
 import numpy as np
 
 from moderation.classifiers import (
+    ABOUT_HARM_CEILING,
     CATEGORIES,
     DATA_DIR,
     DATASET_PATH,
     PARENT,
     WEIGHTS_PATH,
     Scores,
+    about_harm,
     features,
     highest_of,
     injection_from,
@@ -94,6 +96,8 @@ def _predict(x: np.ndarray, texts: list[str], fitted: tuple[list[str], np.ndarra
     for j, name in enumerate(names):
         scores[:, index[name]] = probs[:, j]
     for i, text in enumerate(texts):
+        if about_harm(text):
+            scores[i] = np.minimum(scores[i], ABOUT_HARM_CEILING)
         for name, floor in rule_floors(text).items():
             scores[i, index[name]] = max(scores[i, index[name]], floor)
         if scores[i, index["sexual/minors"]] < 0.5:

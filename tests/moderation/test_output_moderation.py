@@ -127,7 +127,8 @@ async def test_a_harmful_sentence_after_harmless_ones_is_not_diluted_by_them():
     await monitor.feed(lead)
     with pytest.raises(ContentFiltered) as cut:
         await monitor.feed(harmful)
-    assert "illicit/violent" in cut.value.verdict.categories
+    # Cut for what it is (the weights decide between illicit and its violent sub-category).
+    assert {"illicit", "illicit/violent"} & set(cut.value.verdict.categories)
     assert cut.value.shown_text == lead.rstrip()
 
 
