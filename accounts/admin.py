@@ -73,6 +73,10 @@ class TierAdmin(admin.ModelAdmin):
                     "model_lists_per_minute",
                     "conversations_per_hour",
                     "api_keys_per_day",
+                    "file_uploads_per_hour",
+                    "documents_per_day",
+                    "file_searches_per_minute",
+                    "other_requests_per_minute",
                 )
             },
         ),

@@ -386,7 +386,14 @@ ACTIONS = {
     "model_list": _Action("model_lists_per_minute", MINUTE_S, "model lists a minute"),
     "conversation": _Action("conversations_per_hour", HOUR_S, "new conversations an hour"),
     "api_key": _Action("api_keys_per_day", DAY_S, "new API keys a day"),
+    "file_upload": _Action("file_uploads_per_hour", HOUR_S, "file uploads an hour"),
+    "document": _Action("documents_per_day", DAY_S, "files processed a day"),
+    "file_search": _Action("file_searches_per_minute", MINUTE_S, "file searches a minute"),
+    "request": _Action("other_requests_per_minute", MINUTE_S, "page and API requests a minute"),
 }
+# A visitor who has not signed in has no plan: their requests (the sign-in page, a shared
+# conversation, the API's schema) share one bucket per client address.
+ANONYMOUS_REQUESTS_PER_MINUTE = 120
 
 
 def _action_charge(*, user: User, tier: Tier, action: str) -> tuple[Charge, str] | None:
@@ -403,12 +410,27 @@ def action_admit(*, user: User, action: str) -> None:
     A bucket of the user's own per action, whichever key or session the request came with, so a
     plan's limit is the user's however many keys they make.
     """
-    charged = _action_charge(user=user, tier=tier_for_user(user=user), action=action)
-    if charged is None:
-        return
-    refusal = buckets_consume([charged[0]])
+    actions_admit(user=user, actions=(action,))
+
+
+def actions_admit(*, user: User, actions: Collection[str]) -> None:
+    """Count one of each of `actions` (names in ACTIONS) against the user's plan, from all their
+    buckets in one step or from none (429 rate_limited, naming the first that is short): an upload
+    refused for the day's processing has not used one of the hour's uploads."""
+    tier = tier_for_user(user=user)
+    charged = [c for action in actions if (c := _action_charge(user=user, tier=tier, action=action)) is not None]
+    refusal = buckets_consume([charge for charge, _ in charged])
     if refusal is not None:
-        raise _rate_limited(charged[1], refusal.retry_after)
+        raise _rate_limited(charged[refusal.index][1], refusal.retry_after)
+
+
+def address_admit(*, address: str) -> None:
+    """Count one request from a visitor who has not signed in against their client address's bucket,
+    or refuse it (429 rate_limited)."""
+    limit = ANONYMOUS_REQUESTS_PER_MINUTE
+    refusal = buckets_consume([Charge(f"address:{address}:requests", limit, MINUTE_S)])
+    if refusal is not None:
+        raise _rate_limited(f"the limit of {limit} requests a minute from one address", refusal.retry_after)
 
 
 # Classifier input is charged as tokens at about four characters a token (English text in a BPE

@@ -24,6 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.authentication import ApiKeyAuthentication, HasScope, api_key_caller
+from accounts.metering import ADMITTED, metered
 from chatsite.database import db_async
 from chatsite.errors import ClientError, validated_json_body
 from chatsite.parsers import request_body
@@ -118,6 +119,7 @@ def _error(exc: ClientError) -> JsonResponse:
     return response
 
 
+@metered(ADMITTED)
 @csrf_exempt
 async def chat_completions(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
@@ -195,6 +197,7 @@ chat_completions.cls = ChatCompletionApi
 chat_completions.initkwargs = {}
 
 
+@metered("model_list")
 class ModelListApi(APIView):
     """GET /v1/models: the models the caller's plan includes."""
 
@@ -230,10 +233,8 @@ class ModelListApi(APIView):
     )
     def get(self, request: Request) -> Response:
         from accounts.selectors import deployments_allowed_for_user
-        from accounts.services import action_admit
         from inference.selectors import deployment_list_enabled, models_listed
 
-        action_admit(user=request.user, action="model_list")
         enabled = deployment_list_enabled(task=None)  # embedding models too
         deployments = deployments_allowed_for_user(user=request.user, deployments=enabled)
         data = self.OutputSerializer(models_listed(deployments), many=True).data

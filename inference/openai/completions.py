@@ -25,6 +25,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.authentication import ApiKeyAuthentication, HasScope, api_key_caller
+from accounts.metering import ADMITTED, metered
 from chatsite.database import db_async
 from chatsite.errors import ClientError, validated_json_body
 from chatsite.parsers import request_body
@@ -150,6 +151,7 @@ def _judged_text(data: dict[str, Any]) -> str:
         return ""  # the queueing refuses the request with its own error
 
 
+@metered(ADMITTED)
 @csrf_exempt
 async def completions(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":

@@ -24,6 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.authentication import ApiKeyAuthentication, HasScope, request_user
+from accounts.metering import ADMITTED, metered
 from accounts.models import ApiKey
 from accounts.services import admission_refund, api_request_admit, embedding_record
 from chatsite.errors import ClientError
@@ -42,6 +43,7 @@ MAX_INPUTS = 64
 MAX_CHARS_PER_TOKEN = 8
 
 
+@metered(ADMITTED)
 class EmbeddingApi(APIView):
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [IsAuthenticated, HasScope]

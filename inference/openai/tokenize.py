@@ -20,6 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.authentication import ApiKeyAuthentication, HasScope, request_user
+from accounts.metering import ADMITTED, metered
 from accounts.models import ApiKey
 from accounts.services import api_request_admit
 from chatsite.errors import ClientError
@@ -76,6 +77,7 @@ def _deployment_for(request: Request, model: str | None) -> ModelDeployment:
     return deployment
 
 
+@metered(ADMITTED)
 class TokenizeApi(APIView):
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [IsAuthenticated, HasScope]
@@ -124,6 +126,7 @@ class TokenizeApi(APIView):
         )
 
 
+@metered(ADMITTED)
 class DetokenizeApi(APIView):
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [IsAuthenticated, HasScope]
