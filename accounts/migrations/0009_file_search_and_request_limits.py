@@ -3,18 +3,15 @@
 import django.core.validators
 from django.db import migrations, models
 
-from accounts.defaults import DEFAULT_ENDPOINT_LIMITS
-
-NEW_FIELDS = ("file_uploads_per_hour", "documents_per_day", "file_searches_per_minute", "other_requests_per_minute")
+from accounts.defaults import DEFAULT_FILE_AND_REQUEST_LIMITS
 
 
 def set_file_and_request_limits(apps, schema_editor):
     """The default tiers get the new limits; tiers an admin made stay unlimited."""
     Tier = apps.get_model("accounts", "Tier")
-    for name, limits in DEFAULT_ENDPOINT_LIMITS.items():
-        new = {field: value for field, value in limits.items() if field in NEW_FIELDS}
-        if new:
-            Tier.objects.filter(name=name).update(**new)
+    for name, limits in DEFAULT_FILE_AND_REQUEST_LIMITS.items():
+        if limits:
+            Tier.objects.filter(name=name).update(**limits)
 
 
 class Migration(migrations.Migration):
