@@ -201,7 +201,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         try:
             actions = self.metering.actions_for(kind)
             if actions != (ADMITTED,):
-                await db_async(request_meter)(user=self.scope["user"], address="", actions=actions)
+                await db_async(request_meter)(user=self.user, address="", actions=actions)
             await handler(content)
         except ClientError as exc:
             request_refused.send(type(self), status=exc.status, code=exc.code)

@@ -3,12 +3,14 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from unittest.mock import patch
 
 import pytest
 from channels.db import database_sync_to_async
 from django.db import connections
+from django.test import Client
 from hypothesis import given
 from hypothesis import settings as settings_hypothesis
 from hypothesis import strategies as st
@@ -16,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory, force_authenticate
 from rest_framework.views import APIView
 
+from accounts.metering import metered
 from accounts.models import ApiKey, Tier
 from accounts.ratelimit import (
     Charge,
@@ -27,8 +30,8 @@ from accounts.ratelimit import (
 )
 from accounts.services import api_key_create, request_admit
 from chatsite.errors import ClientError
-from conversations.models import Message
-from conversations.services import message_send
+from conversations.models import Conversation, Message
+from conversations.services import conversation_start, message_send
 from inference.models import Generation
 from inference.selectors import deployment_get
 from tests.conftest import next_event, open_socket, rate_limits_clear
@@ -311,6 +314,50 @@ def test_the_api_answers_a_rate_limit_with_429_and_retry_after_keyed_on_the_user
     assert responses[1].status_code == 429
     assert int(responses[1]["Retry-After"]) >= 1
     assert responses[1].data["error"]["code"] == "rate_limited"
+
+
+# --- every endpoint's declared limit (accounts.metering) ---------------------------------------
+
+
+def test_a_declared_limit_refuses_the_request_past_it_before_the_view_runs(alice):
+    Tier.objects.filter(name="free").update(other_requests_per_minute=2)
+    client = Client()
+    client.force_login(alice)
+    answers = [client.get("/api/conversations/") for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert 1 <= int(answers[-1]["Retry-After"]) <= 30
+    error = answers[-1].json()["error"]
+    assert (error["code"], error["type"]) == ("rate_limited", "rate_limit_error")
+    assert "2 page and API requests a minute" in error["message"]
+    # The bucket is the user's, whatever the view: a page is refused as well, and changes nothing.
+    refused = client.post(f"/c/{conversation_start(user=alice).id}/rename/", {"title": "renamed"})
+    assert refused.status_code == 429
+    assert not Conversation.objects.filter(title="renamed").exists()
+
+
+def test_a_declared_limit_holds_on_a_class_based_page_and_for_visitors_by_address(monkeypatch):
+    monkeypatch.setattr("accounts.services.ANONYMOUS_REQUESTS_PER_MINUTE", 2)
+    client = Client()
+    assert [client.get("/accounts/login/").status_code for _ in range(3)] == [200, 200, 429]
+    # Another address has its own bucket.
+    assert Client(REMOTE_ADDR="10.9.8.7").get("/accounts/login/").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_sockets_plain_frames_are_metered_and_its_sends_by_the_admission(alice, engine_not_started):
+    await Tier.objects.filter(name="free").aupdate(other_requests_per_minute=1)
+    socket, _ = await open_socket(alice)
+    for _ in range(2):
+        await socket.send_json_to({"type": "generation.stop", "generation": str(uuid.uuid4())})
+    first, second = await next_event(socket, timeout=10), await next_event(socket, timeout=10)
+    assert first["code"] == "not_found"
+    assert (second["code"], second["retry_after"] >= 1) == ("rate_limited", True)
+    await socket.disconnect()
+
+
+def test_a_declaration_naming_an_action_the_machinery_does_not_know_is_refused_at_import():
+    with pytest.raises(ValueError):
+        metered("requests_per_fortnight")
 
 
 @settings_hypothesis(max_examples=60, deadline=None)
