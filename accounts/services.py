@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from accounts.models import ApiKey, Tier, UsageRecord, User, UserSettings
 from accounts.protocols import BillableGeneration, Deployment
-from accounts.ratelimit import Charge, buckets_consume, buckets_refund, buckets_reset
+from accounts.ratelimit import Charge, buckets_consume, buckets_peek, buckets_refund, buckets_reset
 from accounts.selectors import (
     api_key_get_by_prefix,
     day_start,
@@ -317,6 +317,51 @@ def request_admit(
     if refusal is not None:
         raise _rate_limited(limited[refusal.index], refusal.retry_after)
     return Admission(tier=tier, max_tokens=max_tokens, priority=limits.priority, charges=tuple(charges))
+
+
+@dataclass(frozen=True)
+class BucketLevel:
+    """One rate limit as a client is told it: its size, what is left now, and the seconds until it
+    is full again (a token bucket refills continuously)."""
+
+    limit: int
+    remaining: int
+    reset_s: float
+
+
+@dataclass(frozen=True)
+class RateLimitLevels:
+    requests: BucketLevel | None  # None: no such limit
+    tokens: BucketLevel | None
+
+
+def rate_limit_levels(*, user: User, api_key: ApiKey | None = None) -> RateLimitLevels:
+    """The requests and tokens a minute the user (with this key) has left, read from the same
+    buckets `request_admit` charges, without taking anything. Where the plan and the key both cap
+    one, the one with less left is what binds, and is the one reported."""
+    tier = tier_for_user(user=user)
+    caps: dict[str, list[tuple[str, int]]] = {"requests": [], "tokens": []}
+    owners = [(f"user:{user.id}", tier.requests_per_minute, tier.tokens_per_minute)]
+    if api_key is not None:
+        owners.append((f"key:{api_key.id}", api_key.requests_per_minute, api_key.tokens_per_minute))
+    for subject, requests, tokens in owners:
+        if requests:
+            caps["requests"].append((f"{subject}:requests", requests))
+        if tokens:
+            caps["tokens"].append((f"{subject}:tokens", tokens))
+    listed = caps["requests"] + caps["tokens"]
+    levels = [
+        BucketLevel(limit, int(level), (limit - level) * MINUTE_S / limit)
+        for (_, limit), level in zip(
+            listed, buckets_peek([Charge(key, limit, MINUTE_S) for key, limit in listed]), strict=True
+        )
+    ]
+    split = len(caps["requests"])
+    return RateLimitLevels(requests=_binding(levels[:split]), tokens=_binding(levels[split:]))
+
+
+def _binding(levels: list[BucketLevel]) -> BucketLevel | None:
+    return min(levels, key=lambda level: (level.remaining, level.limit), default=None)
 
 
 def admission_refund(*, admission: Admission) -> None:

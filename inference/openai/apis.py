@@ -31,6 +31,7 @@ from chatsite.parsers import request_body
 from inference.held import checked_after_commit
 from inference.openai import responding, wire
 from inference.openai.fields import SamplingFieldsSerializer
+from inference.openai.ratelimits import with_rate_limits
 from inference.openai.tools import (
     ToolFieldsSerializer,
     tool_call_readers,
@@ -124,6 +125,7 @@ def _error(exc: ClientError) -> JsonResponse:
 async def chat_completions(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _error(ClientError("Use POST.", code="method_not_allowed", status=405))
+    user = api_key = None
     try:
         user, api_key = await db_async(api_key_caller)(request, scope="chat")
         data = validated_json_body(request_body(request), ChatCompletionInputSerializer)
@@ -132,7 +134,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             db_async, completion_create, text=newest_user_text(data), user=user, api_key=api_key, request=data
         )
     except ClientError as exc:
-        return _error(exc)
+        return await with_rate_limits(_error(exc), user=user, api_key=api_key)
     ids = [str(g.id) for g in generations]
     include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
     # Loads vLLM's parser the first time (seconds): off the event loop.
@@ -160,7 +162,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         response = await responding.whole(ids, shape)
     if cached:
         response["X-Cache"] = "hit"
-    return response
+    return await with_rate_limits(response, user=user, api_key=api_key)
 
 
 class ChatCompletionApi(APIView):

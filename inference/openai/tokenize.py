@@ -17,7 +17,6 @@ from rest_framework import serializers
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from accounts.authentication import ApiKeyAuthentication, HasScope, request_user
 from accounts.metering import ADMITTED, metered
@@ -27,6 +26,7 @@ from chatsite.errors import ClientError
 from inference.engine.tokenizers import chat_template_text, render_chat, tokenizer_for
 from inference.models import ModelDeployment
 from inference.openai.apis import ChatCompletionInputSerializer
+from inference.openai.ratelimits import RateLimitHeaders
 from inference.selectors import deployment_get
 
 MAX_PROMPT_CHARS = 200_000
@@ -78,7 +78,7 @@ def _deployment_for(request: Request, model: str | None) -> ModelDeployment:
 
 
 @metered(ADMITTED)
-class TokenizeApi(APIView):
+class TokenizeApi(RateLimitHeaders):
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [IsAuthenticated, HasScope]
     required_scope = "chat"
@@ -127,7 +127,7 @@ class TokenizeApi(APIView):
 
 
 @metered(ADMITTED)
-class DetokenizeApi(APIView):
+class DetokenizeApi(RateLimitHeaders):
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [IsAuthenticated, HasScope]
     required_scope = "chat"
