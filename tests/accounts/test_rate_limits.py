@@ -25,6 +25,7 @@ from accounts.ratelimit import (
     bucket_consume,
     bucket_refund,
     buckets_consume,
+    buckets_peek,
     buckets_refund,
     buckets_reset,
 )
@@ -70,6 +71,23 @@ def test_redis_buckets_behave_like_the_local_ones(redis_url):
     assert bucket_consume(key="r", capacity=2, period_s=60).retry_after in range(1, 31)
     bucket_refund(key="r", capacity=2, period_s=60, amount=1)
     assert bucket_consume(key="r", capacity=2, period_s=60).allowed
+
+
+def _a_peek_reads_what_is_left_and_takes_nothing() -> None:
+    charges = [Charge("peeked", 10, 600), Charge("never-used", 5, 60)]
+    assert buckets_consume([Charge("peeked", 10, 600, 4)]) is None
+    for _ in range(2):
+        left, fresh = buckets_peek(charges)
+        assert 6 <= left < 6.1 and fresh == 5
+    assert buckets_consume([Charge("peeked", 10, 600, 6)]) is None  # the peeks took none of the six
+
+
+def test_a_peek_reads_what_is_left_and_takes_nothing(db):
+    _a_peek_reads_what_is_left_and_takes_nothing()
+
+
+def test_a_peek_on_redis_reads_what_is_left_and_takes_nothing(redis_url):
+    _a_peek_reads_what_is_left_and_takes_nothing()
 
 
 def _a_reset_fills_a_bucket_again() -> None:
