@@ -72,13 +72,13 @@ DEFAULT_FILE_AND_REQUEST_LIMITS: dict[str, dict[str, int | None]] = {
         "file_uploads_per_hour": 20,
         "documents_per_day": 50,
         "file_searches_per_minute": 20,
-        "other_requests_per_minute": 300,
+        "other_requests_per_minute": 600,
     },
     "pro": {
         "file_uploads_per_hour": 120,
         "documents_per_day": 500,
         "file_searches_per_minute": 120,
-        "other_requests_per_minute": 600,
+        "other_requests_per_minute": 1200,
     },
     "enterprise": {
         "file_uploads_per_hour": 1200,

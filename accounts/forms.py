@@ -6,6 +6,7 @@ from typing import cast
 
 from django import forms
 from django.conf import settings
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
 from django.http import HttpRequest
 
@@ -51,6 +52,10 @@ class ThrottledAuthenticationForm(AuthenticationForm):
         cleaned = super().clean()  # a wrong password raises here, and its attempt stays counted
         login_attempt_succeeded(charges=charges)
         return cleaned
+
+
+class ThrottledAdminAuthenticationForm(ThrottledAuthenticationForm, AdminAuthenticationForm):
+    """The admin's sign-in, throttled as the site's is: it is the one admin page open to anyone."""
 
 
 class ApiKeyCreateForm(forms.Form):

@@ -27,13 +27,14 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
 from django.views import View
 from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
 from accounts.forms import client_address
 from accounts.services import ACTIONS, actions_admit, address_admit
-from chatsite.errors import ClientError, error_body
+from chatsite.errors import API_PREFIXES, ClientError, error_body
 
 ADMITTED = "admitted"
 
@@ -70,10 +71,14 @@ def request_meter(*, user: Any, address: str, actions: tuple[str, ...]) -> None:
         address_admit(address=address)
 
 
-def _refused(exc: ClientError) -> HttpResponse:
-    response = JsonResponse(
-        error_body(message=exc.message, status=exc.status, code=exc.code, param=exc.param), status=exc.status
-    )
+def _refused(request: HttpRequest, exc: ClientError) -> HttpResponse:
+    """The refusal in the API's error shape, or as a page for a person's browser navigating to one."""
+    response: HttpResponse
+    if "text/html" in request.headers.get("Accept", "") and not request.path.startswith(API_PREFIXES):
+        response = render(request, "too_many_requests.html", {"message": exc.message}, status=exc.status)
+    else:
+        body = error_body(message=exc.message, status=exc.status, code=exc.code, param=exc.param)
+        response = JsonResponse(body, status=exc.status)
     if exc.retry_after is not None:
         response["Retry-After"] = str(exc.retry_after)
     return response
@@ -127,7 +132,7 @@ def metered(default: str | tuple[str, ...], **by_kind: str | tuple[str, ...]) ->
                         user=user, address=client_address(request), actions=metering.actions_for(request.method or "")
                     )
                 except ClientError as exc:
-                    return _refused(exc)
+                    return _refused(request, exc)
                 return await view(request, *args, **kwargs)
 
             metered_async.metering = metering  # type: ignore[attr-defined]
@@ -142,7 +147,7 @@ def metered(default: str | tuple[str, ...], **by_kind: str | tuple[str, ...]) ->
                     actions=metering.actions_for(request.method or ""),
                 )
             except ClientError as exc:
-                return _refused(exc)
+                return _refused(request, exc)
             return view(request, *args, **kwargs)
 
         metered_view.metering = metering  # type: ignore[attr-defined]
@@ -159,7 +164,7 @@ def _metered_dispatch(dispatch: Callable[..., HttpResponse], metering: Metering)
                 user=request.user, address=client_address(request), actions=metering.actions_for(request.method or "")
             )
         except ClientError as exc:
-            return _refused(exc)
+            return _refused(request, exc)
         return dispatch(self, request, *args, **kwargs)
 
     return metered_dispatch

@@ -18,7 +18,7 @@ EXEMPT = {
     "readyz": "the readiness probe: polled every few seconds by the orchestrator, which must never be refused",
     "metrics": "Prometheus's scrape, behind its own token or the internal network (docs/observability.md)",
     "admin/": "staff only (the admin checks is_staff on every view, the operations page included): the "
-    "operators who set the limits",
+    "operators who set the limits; its sign-in is throttled as the site's (accounts.admin)",
     "accounts/signup/": "not metered yet: sign-up needs a throttle per client address of its own (docs/security.md)",
 }
 # Static files are served by ServeStaticMiddleware before URL routing, not by a URL pattern: files
