@@ -56,6 +56,7 @@ def test_every_url_pattern_declares_its_limits_or_is_exempt_with_a_reason():
 
 
 def test_every_socket_route_declares_its_limits():
+    """Per frame type (conversations.consumers). Opening a socket is not capped per user yet."""
     routes = socket_routes()
     assert routes, "the walk found no socket route"
     assert [route for route, app in routes if metering_of(app) is None] == []
