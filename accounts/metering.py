@@ -26,7 +26,7 @@ from functools import wraps
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import render
 from django.views import View
 from rest_framework.throttling import BaseThrottle
@@ -103,22 +103,23 @@ def metered(default: str | tuple[str, ...], **by_kind: str | tuple[str, ...]) ->
     On a DRF APIView class, through `MeteredThrottle`; on another class-based view, by wrapping its
     `dispatch`; on a function view (or a library's `as_view()`), by wrapping it, with the session's
     user; on a socket consumer class, the declaration is by frame type and the consumer calls
-    `request_meter` with it for each frame. A view whose every
-    request is ADMITTED is left as it is: its service charges.
+    `request_meter` with it for each frame. A view whose every request is ADMITTED is left as it is:
+    its service charges.
     """
     metering = Metering(_actions(default), {kind: _actions(actions) for kind, actions in by_kind.items()})
     only_admitted = all(actions == (ADMITTED,) for actions in (metering.default, *metering.by_kind.values()))
 
     def decorate(view: Any) -> Any:
         if isinstance(view, type):
-            view.metering = metering
-            if only_admitted or not issubclass(view, View):
-                return view  # a consumer charges per frame (conversations.consumers)
-            if issubclass(view, APIView):
-                view.throttle_classes = [*view.throttle_classes, MeteredThrottle]
-                return view
-            view.dispatch = _metered_dispatch(view.dispatch, metering)
-            return view
+            cls: Any = view  # the declaration and its enforcement are attributes the class did not have
+            cls.metering = metering
+            if only_admitted or not issubclass(cls, View):
+                return cls  # a consumer charges per frame (conversations.consumers)
+            if issubclass(cls, APIView):
+                cls.throttle_classes = [*cls.throttle_classes, MeteredThrottle]
+                return cls
+            cls.dispatch = _metered_dispatch(cls.dispatch, metering)
+            return cls
         if only_admitted:
             view.metering = metering
             return view
@@ -156,9 +157,9 @@ def metered(default: str | tuple[str, ...], **by_kind: str | tuple[str, ...]) ->
     return decorate
 
 
-def _metered_dispatch(dispatch: Callable[..., HttpResponse], metering: Metering) -> Callable[..., HttpResponse]:
+def _metered_dispatch(dispatch: Callable[..., HttpResponseBase], metering: Metering) -> Callable[..., HttpResponseBase]:
     @wraps(dispatch)
-    def metered_dispatch(self: View, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def metered_dispatch(self: View, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         try:
             request_meter(
                 user=request.user, address=client_address(request), actions=metering.actions_for(request.method or "")
