@@ -7,10 +7,14 @@ from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import timezone
 
-from accounts.forms import parse_month
+from accounts.forms import ThrottledAdminAuthenticationForm, parse_month
 from accounts.models import ApiKey, Tier, TierModelPrice, UsageRecord, User
 from accounts.selectors import month_bounds, usage_by_user
 from accounts.services import login_unlock
+
+# The same per-account and per-address sign-in buckets as the site's own page, so guessing a staff
+# password through /admin/login/ is no faster than through /accounts/login/.
+admin.site.login_form = ThrottledAdminAuthenticationForm
 
 
 @admin.register(User)
@@ -73,6 +77,10 @@ class TierAdmin(admin.ModelAdmin):
                     "model_lists_per_minute",
                     "conversations_per_hour",
                     "api_keys_per_day",
+                    "file_uploads_per_hour",
+                    "documents_per_day",
+                    "file_searches_per_minute",
+                    "other_requests_per_minute",
                 )
             },
         ),

@@ -66,6 +66,30 @@ DEFAULT_ENDPOINT_LIMITS: dict[str, dict[str, int | None]] = {
     "admin": {},
 }
 
+# Files uploaded an hour, processed a day and searched a minute, and every other request a minute:
+# apart again, for the migration that added them (0004's knows nothing of these fields).
+DEFAULT_FILE_AND_REQUEST_LIMITS: dict[str, dict[str, int | None]] = {
+    "free": {
+        "file_uploads_per_hour": 20,
+        "documents_per_day": 50,
+        "file_searches_per_minute": 20,
+        "other_requests_per_minute": 600,
+    },
+    "pro": {
+        "file_uploads_per_hour": 120,
+        "documents_per_day": 500,
+        "file_searches_per_minute": 120,
+        "other_requests_per_minute": 1200,
+    },
+    "enterprise": {
+        "file_uploads_per_hour": 1200,
+        "documents_per_day": 5000,
+        "file_searches_per_minute": 1200,
+        "other_requests_per_minute": 3000,
+    },
+    "admin": {},
+}
+
 # (prompt, completion) price per 1,000 tokens on the default deployment.
 DEFAULT_PRICES: dict[str, tuple[Decimal, Decimal]] = {
     "free": (Decimal("0"), Decimal("0")),
@@ -110,7 +134,8 @@ def create_default_tiers(*, tier_model: Any, price_model: Any, deployment: Any |
     """Create the default tiers (and their prices on `deployment`) where missing; used by a migration."""
     known = {field.name for field in tier_model._meta.get_fields()}
     for name, fields in DEFAULT_TIERS.items():
-        limits = {field: value for field, value in DEFAULT_ENDPOINT_LIMITS[name].items() if field in known}
+        every_limit = {**DEFAULT_ENDPOINT_LIMITS[name], **DEFAULT_FILE_AND_REQUEST_LIMITS[name]}
+        limits = {field: value for field, value in every_limit.items() if field in known}
         tier, _ = tier_model.objects.get_or_create(name=name, defaults={**fields, **limits})
         if deployment is not None:
             tier.deployments.add(deployment)

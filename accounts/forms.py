@@ -5,6 +5,7 @@ import re
 from typing import cast
 
 from django import forms
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
 
 from accounts.models import ApiKey, User, UserSettings
@@ -41,6 +42,10 @@ class ThrottledAuthenticationForm(AuthenticationForm):
         cleaned = super().clean()  # a wrong password raises here, and its attempt stays counted
         login_attempt_succeeded(charges=charges)
         return cleaned
+
+
+class ThrottledAdminAuthenticationForm(ThrottledAuthenticationForm, AdminAuthenticationForm):
+    """The admin's sign-in, throttled as the site's is: it is the one admin page open to anyone."""
 
 
 class ApiKeyCreateForm(forms.Form):

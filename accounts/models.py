@@ -65,6 +65,27 @@ class Tier(models.Model):
     api_keys_per_day = models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1)], help_text="API keys created."
     )
+    file_uploads_per_hour = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Files uploaded (the files API, the files page, a conversation's files), refused ones included.",
+    )
+    documents_per_day = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Files whose processing starts (extracting, moderating, embedding): every upload starts one.",
+    )
+    file_searches_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="/api/files/search/ requests."
+    )
+    other_requests_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Every page and API request without a limit of its own: reads, renames, deletes, exports, feedback.",
+    )
 
     class Meta:
         ordering = ["priority", "name"]

@@ -89,6 +89,27 @@ end
 return {0, math.floor(last * 1000), 0}
 """
 
+# KEYS: the buckets; ARGV: capacity and refill per second for each, in turn. Returns each bucket's
+# units now (*1000), refilled but untouched: what a client is told it has left.
+_PEEK_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local levels = {}
+for i, key in ipairs(KEYS) do
+  local capacity = tonumber(ARGV[2 * i - 1])
+  local rate = tonumber(ARGV[2 * i])
+  local state = redis.call('HMGET', key, 'tokens', 'ts')
+  local tokens = tonumber(state[1])
+  local ts = tonumber(state[2])
+  if tokens == nil then
+    levels[i] = math.floor(capacity * 1000)
+  else
+    levels[i] = math.floor(math.min(capacity, tokens + math.max(0, now - ts) * rate) * 1000)
+  end
+end
+return levels
+"""
+
 _local_lock = threading.Lock()
 
 
@@ -97,6 +118,13 @@ def _redis_script(url: str):
     from chatsite.redis_clients import redis_client
 
     return redis_client(url).register_script(_LUA)
+
+
+@cache
+def _redis_peek_script(url: str):
+    from chatsite.redis_clients import redis_client
+
+    return redis_client(url).register_script(_PEEK_LUA)
 
 
 @dataclass(frozen=True)
@@ -159,6 +187,30 @@ def buckets_refund(charges: list[Charge]) -> None:
     refunds = [Charge(KEY_PREFIX + c.key, c.capacity, c.period_s, -c.amount) for c in charges if c.amount]
     if refunds:
         _apply(refunds)
+
+
+def buckets_peek(charges: list[Charge]) -> list[float]:
+    """The units each charge's bucket holds now (refilled, a new one full), taking nothing: for
+    telling a client what it has left. The charges' amounts are ignored."""
+    for charge in charges:
+        _validate(charge.capacity, charge.period_s, 0)
+    if not charges:
+        return []
+    if settings.REDIS_URL:
+        args = []
+        for charge in charges:
+            args += [charge.capacity, repr(charge.capacity / charge.period_s)]
+        levels = _redis_peek_script(settings.REDIS_URL)(keys=[KEY_PREFIX + c.key for c in charges], args=args)
+        return [level / 1000 for level in levels]
+    now = time.time()
+    with _local_lock:
+        states = [django_cache.get(KEY_PREFIX + charge.key) for charge in charges]
+    return [
+        float(charge.capacity)
+        if state is None
+        else min(float(charge.capacity), state[0] + max(0.0, now - state[1]) * charge.capacity / charge.period_s)
+        for charge, state in zip(charges, states, strict=True)
+    ]
 
 
 def buckets_reset(keys: list[str]) -> None:

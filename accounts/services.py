@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from accounts.models import ApiKey, Tier, UsageRecord, User, UserSettings
 from accounts.protocols import BillableGeneration, Deployment
-from accounts.ratelimit import Charge, buckets_consume, buckets_refund, buckets_reset
+from accounts.ratelimit import Charge, buckets_consume, buckets_peek, buckets_refund, buckets_reset
 from accounts.selectors import (
     api_key_get_by_prefix,
     day_start,
@@ -320,6 +320,51 @@ def request_admit(
     return Admission(tier=tier, max_tokens=max_tokens, priority=limits.priority, charges=tuple(charges))
 
 
+@dataclass(frozen=True)
+class BucketLevel:
+    """One rate limit as a client is told it: its size, what is left now, and the seconds until it
+    is full again (a token bucket refills continuously)."""
+
+    limit: int
+    remaining: int
+    reset_s: float
+
+
+@dataclass(frozen=True)
+class RateLimitLevels:
+    requests: BucketLevel | None  # None: no such limit
+    tokens: BucketLevel | None
+
+
+def rate_limit_levels(*, user: User, api_key: ApiKey | None = None) -> RateLimitLevels:
+    """The requests and tokens a minute the user (with this key) has left, read from the same
+    buckets `request_admit` charges, without taking anything. Where the plan and the key both cap
+    one, the one with less left is what binds, and is the one reported."""
+    tier = tier_for_user(user=user)
+    caps: dict[str, list[tuple[str, int]]] = {"requests": [], "tokens": []}
+    owners = [(f"user:{user.id}", tier.requests_per_minute, tier.tokens_per_minute)]
+    if api_key is not None:
+        owners.append((f"key:{api_key.id}", api_key.requests_per_minute, api_key.tokens_per_minute))
+    for subject, requests, tokens in owners:
+        if requests:
+            caps["requests"].append((f"{subject}:requests", requests))
+        if tokens:
+            caps["tokens"].append((f"{subject}:tokens", tokens))
+    listed = caps["requests"] + caps["tokens"]
+    levels = [
+        BucketLevel(limit, int(level), (limit - level) * MINUTE_S / limit)
+        for (_, limit), level in zip(
+            listed, buckets_peek([Charge(key, limit, MINUTE_S) for key, limit in listed]), strict=True
+        )
+    ]
+    split = len(caps["requests"])
+    return RateLimitLevels(requests=_binding(levels[:split]), tokens=_binding(levels[split:]))
+
+
+def _binding(levels: list[BucketLevel]) -> BucketLevel | None:
+    return min(levels, key=lambda level: (level.remaining, level.limit), default=None)
+
+
 def admission_refund(*, admission: Admission) -> None:
     """Give back what an admitted request took from its rate limits, when it goes no further after
     all (input moderation blocked the message it was admitted for)."""
@@ -387,7 +432,14 @@ ACTIONS = {
     "model_list": _Action("model_lists_per_minute", MINUTE_S, "model lists a minute"),
     "conversation": _Action("conversations_per_hour", HOUR_S, "new conversations an hour"),
     "api_key": _Action("api_keys_per_day", DAY_S, "new API keys a day"),
+    "file_upload": _Action("file_uploads_per_hour", HOUR_S, "file uploads an hour"),
+    "document": _Action("documents_per_day", DAY_S, "files processed a day"),
+    "file_search": _Action("file_searches_per_minute", MINUTE_S, "file searches a minute"),
+    "request": _Action("other_requests_per_minute", MINUTE_S, "page and API requests a minute"),
 }
+# A visitor who has not signed in has no plan: their requests (the sign-in page, a shared
+# conversation, the API's schema) share one bucket per client address.
+ANONYMOUS_REQUESTS_PER_MINUTE = 120
 
 
 def _action_charge(*, user: User, tier: Tier, action: str) -> tuple[Charge, str] | None:
@@ -404,12 +456,27 @@ def action_admit(*, user: User, action: str) -> None:
     A bucket of the user's own per action, whichever key or session the request came with, so a
     plan's limit is the user's however many keys they make.
     """
-    charged = _action_charge(user=user, tier=tier_for_user(user=user), action=action)
-    if charged is None:
-        return
-    refusal = buckets_consume([charged[0]])
+    actions_admit(user=user, actions=(action,))
+
+
+def actions_admit(*, user: User, actions: Collection[str]) -> None:
+    """Count one of each of `actions` (names in ACTIONS) against the user's plan, from all their
+    buckets in one step or from none (429 rate_limited, naming the first that is short): an upload
+    refused for the day's processing has not used one of the hour's uploads."""
+    tier = tier_for_user(user=user)
+    charged = [c for action in actions if (c := _action_charge(user=user, tier=tier, action=action)) is not None]
+    refusal = buckets_consume([charge for charge, _ in charged])
     if refusal is not None:
-        raise _rate_limited(charged[1], refusal.retry_after)
+        raise _rate_limited(charged[refusal.index][1], refusal.retry_after)
+
+
+def address_admit(*, address: str) -> None:
+    """Count one request from a visitor who has not signed in against their client address's bucket,
+    or refuse it (429 rate_limited)."""
+    limit = ANONYMOUS_REQUESTS_PER_MINUTE
+    refusal = buckets_consume([Charge(f"address:{address}:requests", limit, MINUTE_S)])
+    if refusal is not None:
+        raise _rate_limited(f"the limit of {limit} requests a minute from one address", refusal.retry_after)
 
 
 # Classifier input is charged as tokens at about four characters a token (English text in a BPE

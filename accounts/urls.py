@@ -2,13 +2,14 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from accounts import views
+from accounts.metering import metered
 
 app_name = "accounts"
 
 urlpatterns = [
     path("signup/", views.signup, name="signup"),
     path("login/", views.LoginView.as_view(), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("logout/", metered("request")(auth_views.LogoutView.as_view()), name="logout"),
     path("keys/", views.api_keys, name="api_keys"),
     path("keys/<int:api_key_id>/revoke/", views.api_key_revoke_view, name="api_key_revoke"),
     path("usage/", views.usage, name="usage"),

@@ -17,6 +17,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from accounts.authentication import AuthenticatedHttpRequest
 from accounts.forms import ApiKeyCreateForm, SignupForm, ThrottledAuthenticationForm, UserSettingsForm, parse_month
+from accounts.metering import ADMITTED, metered
 from accounts.selectors import (
     api_key_list_for_user,
     deployments_enabled_for_user,
@@ -39,6 +40,7 @@ from chatsite.errors import ClientError
 CHART_HEIGHT = 120
 
 
+@metered("request")
 @require_http_methods(["GET", "POST"])
 def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
@@ -63,6 +65,7 @@ def signup(request: HttpRequest) -> HttpResponse:
     return render(request, "accounts/signup.html", {"form": form})
 
 
+@metered("request")
 class LoginView(auth_views.LoginView):
     """Django's sign-in page with its attempts throttled (ThrottledAuthenticationForm)."""
 
@@ -81,6 +84,7 @@ class LoginView(auth_views.LoginView):
 CREATED_KEY_SESSION = "accounts.created_api_key"
 
 
+@metered("request", POST=ADMITTED)
 @never_cache
 @login_required
 @require_http_methods(["GET", "POST"])
@@ -124,6 +128,7 @@ def api_keys(request: AuthenticatedHttpRequest) -> HttpResponse:
     return response
 
 
+@metered("request")
 @login_required
 @require_POST
 def api_key_revoke_view(request: AuthenticatedHttpRequest, api_key_id: int) -> HttpResponse:
@@ -135,6 +140,7 @@ def api_key_revoke_view(request: AuthenticatedHttpRequest, api_key_id: int) -> H
     return redirect("accounts:api_keys")
 
 
+@metered("request")
 @login_required
 @require_GET
 def usage(request: AuthenticatedHttpRequest) -> HttpResponse:
@@ -176,6 +182,7 @@ def usage(request: AuthenticatedHttpRequest) -> HttpResponse:
     )
 
 
+@metered("request")
 @login_required
 @require_GET
 def usage_statement(request: AuthenticatedHttpRequest) -> HttpResponse:
@@ -225,6 +232,7 @@ def usage_statement(request: AuthenticatedHttpRequest) -> HttpResponse:
     return response
 
 
+@metered("request")
 @never_cache
 @login_required
 @require_http_methods(["GET", "POST"])

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from accounts.metering import metered
 from conversations.apis import (
     ConversationBranchApi,
     ConversationDetailApi,
@@ -65,11 +66,11 @@ urlpatterns = [
     path("api/files/search/", DocumentSearchApi.as_view(), name="api-files-search"),
     path("api/files/<int:document_id>/", DocumentDetailApi.as_view(), name="api-file"),
     path("files/", include("documents.urls")),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/schema/", metered("request")(SpectacularAPIView.as_view()), name="schema"),
     # The split view serves Swagger UI's start-up script as a file of its own: the CSP refuses inline scripts.
     path(
         "api/docs/",
-        SpectacularSwaggerSplitView.as_view(url_name="schema", template_name="api/swagger_ui.html"),
+        metered("request")(SpectacularSwaggerSplitView.as_view(url_name="schema", template_name="api/swagger_ui.html")),
         name="api-docs",
     ),
     path("", include("conversations.urls")),

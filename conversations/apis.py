@@ -37,6 +37,7 @@ from rest_framework.views import APIView
 
 from accounts.apis import ScopedApi
 from accounts.authentication import ApiKeyAuthentication, HasScope
+from accounts.metering import ADMITTED, metered
 from accounts.models import ApiKey
 from chatsite.errors import INVALID_API_KEY, ClientError, error_body, validated_json_body
 from chatsite.parsers import request_body
@@ -187,6 +188,7 @@ def _with_branch(conversation: Conversation, through: Any = None) -> dict[str, A
     }
 
 
+@metered("request", POST=ADMITTED)
 class ConversationListCreateApi(ScopedApi):
     """GET lists the caller's conversations (cursor-paginated); POST creates an empty one."""
 
@@ -233,6 +235,7 @@ class ConversationListCreateApi(ScopedApi):
         return Response(self.OutputSerializer(conversation).data, status=status.HTTP_201_CREATED)
 
 
+@metered("request")
 class ConversationDetailApi(ScopedApi):
     """GET one conversation with its messages; PATCH renames it; DELETE removes it (stopping its answer)."""
 
@@ -289,6 +292,7 @@ class ConversationDetailApi(ScopedApi):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+@metered("request")
 class ConversationBranchApi(ScopedApi):
     """POST makes the branch through a message the one shown: the page's and this API's, and the
     one a send without `parent` continues."""
@@ -319,6 +323,7 @@ class ConversationBranchApi(ScopedApi):
         return Response(_with_branch(conversation))
 
 
+@metered("request")
 class MessageFeedbackApi(ScopedApi):
     """PUT rates an answer of one of your conversations, up or down, with an optional comment; one
     rating per answer, replaced when sent again."""
@@ -360,6 +365,7 @@ class MessageFeedbackApi(ScopedApi):
         return Response(self.OutputSerializer(feedback).data)
 
 
+@metered("request", POST=("file_upload", "document"))
 class ConversationFileApi(ScopedApi):
     """GET lists the files attached to a conversation; POST attaches one (multipart, field `file`):
     its passages serve this conversation's messages once it is `ready` (poll /api/files/<id>/)."""
@@ -395,6 +401,7 @@ class ConversationFileApi(ScopedApi):
         return Response(DocumentOutputSerializer(document).data, status=status.HTTP_201_CREATED)
 
 
+@metered("request")
 class MessageCitationsApi(ScopedApi):
     """GET an answer's sources (what the chat page shows under it once it has ended)."""
 
@@ -486,6 +493,7 @@ def sse(event: str, data: dict[str, Any]) -> str:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
+@metered(ADMITTED)
 @csrf_exempt  # API keys carry no cookie; a session request is CSRF-checked in _authenticate
 async def message_send_stream(request: HttpRequest, conversation_id: int | None = None) -> HttpResponse:
     """POST a message into a conversation (or, without an id, into a new one) and stream the answer."""
@@ -521,6 +529,7 @@ async def message_send_stream(request: HttpRequest, conversation_id: int | None 
     return response
 
 
+@metered(ADMITTED)
 @csrf_exempt
 async def conversation_start_stream(request: HttpRequest) -> HttpResponse:
     """POST a first message: a new conversation, its answer streamed."""

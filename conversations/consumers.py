@@ -46,7 +46,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -55,6 +55,7 @@ from django.contrib.auth import HASH_SESSION_KEY
 from django.db import DatabaseError
 
 import chatsite.request_context as request_context
+from accounts.metering import ADMITTED, Metering, metered, request_meter
 from accounts.selectors import SessionAccess, session_access, session_key_digest
 from accounts.services import user_group
 from accounts.signals import request_refused
@@ -94,7 +95,12 @@ CLOSE_CODES = {SessionAccess.ENDED: CLOSE_SESSION_ENDED, SessionAccess.SUSPENDED
 CLOSE_TOO_MANY_SOCKETS = 4429
 
 
+# Per frame type: a message's sending, regenerating and continuing are charged by request_admit (the
+# plan's requests and tokens a minute); stopping and resuming a stream count as plain requests.
+@metered("request", **{"message.send": ADMITTED, "message.regenerate": ADMITTED, "message.continue": ADMITTED})
 class ChatConsumer(AsyncJsonWebsocketConsumer):
+    metering: ClassVar[Metering]
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._resync: asyncio.Future | None = None
@@ -209,6 +215,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         client_id = content.get("client_id") if kind == "message.send" else None
         client_id = client_id if isinstance(client_id, str) else None
         try:
+            actions = self.metering.actions_for(kind)
+            if actions != (ADMITTED,):
+                await db_async(request_meter)(user=self.user, address="", actions=actions)
             await handler(content)
         except ClientError as exc:
             request_refused.send(type(self), status=exc.status, code=exc.code)

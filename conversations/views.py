@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
+from accounts.metering import metered
 from accounts.selectors import deployments_allowed_for_user
 from chatsite.errors import ClientError, error_body
 from conversations.branches import Tree
@@ -47,6 +48,7 @@ from inference.selectors import deployment_list_enabled, models_listed
 from orchestration.routing import AUTO, AUTO_LABEL
 
 
+@metered("request")
 @login_required
 @require_GET
 def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpResponse:
@@ -186,6 +188,7 @@ def _conversation_json(conversation: Conversation) -> dict[str, Any]:
     }
 
 
+@metered("request")
 @require_POST
 @_json_endpoint
 def conversation_rename_view(request: HttpRequest, conversation_id: int) -> HttpResponse:
@@ -194,6 +197,7 @@ def conversation_rename_view(request: HttpRequest, conversation_id: int) -> Http
     return JsonResponse(_conversation_json(conversation))
 
 
+@metered("request")
 @require_POST
 @_json_endpoint
 def conversation_pin_view(request: HttpRequest, conversation_id: int) -> HttpResponse:
@@ -205,6 +209,7 @@ def conversation_pin_view(request: HttpRequest, conversation_id: int) -> HttpRes
     return JsonResponse(_conversation_json(conversation))
 
 
+@metered("request")
 @login_required
 @require_POST
 def conversation_delete_view(request: HttpRequest, conversation_id: int) -> HttpResponse:
@@ -212,6 +217,7 @@ def conversation_delete_view(request: HttpRequest, conversation_id: int) -> Http
     return redirect("conversations:chat")
 
 
+@metered("request")
 @require_GET
 @_json_endpoint
 def conversation_search_view(request: HttpRequest) -> HttpResponse:
@@ -239,6 +245,7 @@ def _export_scope(request: HttpRequest) -> ExportScope | None:
 SCOPE_REFUSED = "scope must be 'branch' (the branch on screen) or 'tree' (every branch)."
 
 
+@metered("request")
 @login_required
 @require_GET
 def conversation_export_json(request: HttpRequest, conversation_id: int) -> HttpResponse:
@@ -251,6 +258,7 @@ def conversation_export_json(request: HttpRequest, conversation_id: int) -> Http
     return _download(body, content_type="application/json", filename=_filename(exported, "json"))
 
 
+@metered("request")
 @login_required
 @require_GET
 def conversation_export_markdown(request: HttpRequest, conversation_id: int) -> HttpResponse:
@@ -323,6 +331,7 @@ def _share_path(token: str) -> str:
     return reverse("conversations:shared", args=[token])
 
 
+@metered("request")
 @require_POST
 @_json_endpoint
 def conversation_share_view(request: HttpRequest, conversation_id: int) -> HttpResponse:
@@ -330,6 +339,7 @@ def conversation_share_view(request: HttpRequest, conversation_id: int) -> HttpR
     return JsonResponse({"url": request.build_absolute_uri(_share_path(share.token))})
 
 
+@metered("request")
 @require_POST
 @_json_endpoint
 def conversation_share_revoke_view(request: HttpRequest, conversation_id: int) -> HttpResponse:
@@ -337,6 +347,7 @@ def conversation_share_revoke_view(request: HttpRequest, conversation_id: int) -
     return JsonResponse({"revoked": revoked})
 
 
+@metered("request")
 @never_cache  # revoking must take the page down everywhere: no cache along the way may keep a copy
 @require_GET
 def shared_conversation(request: HttpRequest, token: str) -> HttpResponse:

@@ -18,6 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.apis import ScopedApi
+from accounts.metering import metered
 from accounts.models import ApiKey
 from chatsite.errors import ClientError
 from documents.index import hybrid_search
@@ -76,6 +77,7 @@ def uploaded_file(request: Request, *, user: Any) -> tuple[str, bytes]:
     return upload.name or "", upload.read()
 
 
+@metered("request", POST=("file_upload", "document"))
 class DocumentListCreateApi(ScopedApi):
     """GET lists your files, newest first (`?library=true`: the library's only); POST uploads one
     into your library (multipart, field `file`). It is processed in the background: poll it until
@@ -119,6 +121,7 @@ def _get_or_404(request: Request, document_id: int) -> Document:
     return document
 
 
+@metered("request")
 class DocumentDetailApi(ScopedApi):
     """GET one of your files (its processing progress); DELETE removes it with its passages."""
 
@@ -134,6 +137,7 @@ class DocumentDetailApi(ScopedApi):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+@metered("file_search")
 class DocumentSearchApi(ScopedApi):
     """GET /api/files/search/?q=…: the passages of your ready files that best match `q` (hybrid:
     meaning and words), with their file and page. Passages the prompt-injection check held back

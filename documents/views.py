@@ -10,11 +10,13 @@ from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
+from accounts.metering import metered
 from chatsite.errors import ClientError
 from documents.selectors import document_get_for_user, document_list_for_user, storage_for_user
 from documents.services import document_delete, document_limits_for, document_upload
 
 
+@metered("request", POST=("file_upload", "document"))
 @never_cache
 @login_required
 @require_http_methods(["GET", "POST"])
@@ -50,6 +52,7 @@ def library(request: HttpRequest) -> HttpResponse:
     )
 
 
+@metered("request")
 @login_required
 @require_POST
 def document_delete_view(request: HttpRequest, document_id: int) -> HttpResponse:

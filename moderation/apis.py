@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.authentication import ApiKeyAuthentication, HasScope, request_user
+from accounts.metering import ADMITTED, metered
 from accounts.services import moderation_admit
 from chatsite.errors import ClientError
 from moderation.services import moderations_create
@@ -19,6 +20,7 @@ MAX_INPUTS = 32
 MAX_CHARS = 32_000
 
 
+@metered(ADMITTED)
 class ModerationCreateApi(APIView):
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [IsAuthenticated, HasScope]

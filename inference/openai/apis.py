@@ -24,12 +24,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.authentication import ApiKeyAuthentication, HasScope, api_key_caller
+from accounts.metering import ADMITTED, metered
 from chatsite.database import db_async
 from chatsite.errors import ClientError, validated_json_body
 from chatsite.parsers import request_body
 from inference.held import checked_after_commit
 from inference.openai import responding, wire
 from inference.openai.fields import SamplingFieldsSerializer
+from inference.openai.ratelimits import with_rate_limits
 from inference.openai.tools import (
     ToolFieldsSerializer,
     tool_call_readers,
@@ -116,10 +118,12 @@ def _error(exc: ClientError) -> JsonResponse:
     return response
 
 
+@metered(ADMITTED)
 @csrf_exempt
 async def chat_completions(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _error(ClientError("Use POST.", code="method_not_allowed", status=405))
+    user = api_key = None
     try:
         user, api_key = await db_async(api_key_caller)(request, scope="chat")
         data = validated_json_body(request_body(request), ChatCompletionInputSerializer)
@@ -128,7 +132,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             db_async, completion_create, text=newest_user_text(data), user=user, api_key=api_key, request=data
         )
     except ClientError as exc:
-        return _error(exc)
+        return await with_rate_limits(_error(exc), user=user, api_key=api_key)
     ids = [str(g.id) for g in generations]
     include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
     # Loads vLLM's parser the first time (seconds): off the event loop.
@@ -156,7 +160,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         response = await responding.whole(ids, shape)
     if cached:
         response["X-Cache"] = "hit"
-    return response
+    return await with_rate_limits(response, user=user, api_key=api_key)
 
 
 class ChatCompletionApi(APIView):
@@ -194,6 +198,7 @@ chat_completions.cls = ChatCompletionApi
 chat_completions.initkwargs = {}
 
 
+@metered("model_list")
 class ModelListApi(APIView):
     """GET /v1/models: the models the caller's plan includes."""
 
@@ -229,10 +234,8 @@ class ModelListApi(APIView):
     )
     def get(self, request: Request) -> Response:
         from accounts.selectors import deployments_allowed_for_user
-        from accounts.services import action_admit
         from inference.selectors import deployment_list_enabled, models_listed
 
-        action_admit(user=request.user, action="model_list")
         enabled = deployment_list_enabled(task=None)  # embedding models too
         deployments = deployments_allowed_for_user(user=request.user, deployments=enabled)
         data = self.OutputSerializer(models_listed(deployments), many=True).data

@@ -25,12 +25,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.authentication import ApiKeyAuthentication, HasScope, api_key_caller
+from accounts.metering import ADMITTED, metered
 from chatsite.database import db_async
 from chatsite.errors import ClientError, validated_json_body
 from chatsite.parsers import request_body
 from inference.held import checked_after_commit
 from inference.openai import responding, wire
 from inference.openai.fields import MAX_TOP_LOGPROBS
+from inference.openai.ratelimits import with_rate_limits
 from inference.services import completion_create
 
 # OpenAI's default for this endpoint (and vLLM's): a text completion is a short continuation.
@@ -150,10 +152,12 @@ def _judged_text(data: dict[str, Any]) -> str:
         return ""  # the queueing refuses the request with its own error
 
 
+@metered(ADMITTED)
 @csrf_exempt
 async def completions(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return _error(ClientError("Use POST.", code="method_not_allowed", status=405))
+    user = api_key = None
     try:
         user, api_key = await db_async(lambda: api_key_caller(request, scope="chat"))()
         data = validated_json_body(request_body(request), CompletionInputSerializer)
@@ -162,7 +166,7 @@ async def completions(request: HttpRequest) -> HttpResponseBase:
             db_async, completion_create, text=text, user=user, api_key=api_key, request=data
         )
     except ClientError as exc:
-        return _error(exc)
+        return await with_rate_limits(_error(exc), user=user, api_key=api_key)
     ids = [str(g.id) for g in generations]
     include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
     # The model that writes it: the deployment its name was routed to (orchestration.routing).
@@ -178,8 +182,8 @@ async def completions(request: HttpRequest) -> HttpResponseBase:
         response = StreamingHttpResponse(stream, content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
-        return response
-    return await responding.whole(ids, shape)
+        return await with_rate_limits(response, user=user, api_key=api_key)
+    return await with_rate_limits(await responding.whole(ids, shape), user=user, api_key=api_key)
 
 
 class CompletionApi(APIView):

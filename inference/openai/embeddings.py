@@ -21,13 +21,14 @@ from rest_framework import serializers
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from accounts.authentication import ApiKeyAuthentication, HasScope, request_user
+from accounts.metering import ADMITTED, metered
 from accounts.models import ApiKey
 from accounts.services import admission_refund, api_request_admit, embedding_record
 from chatsite.errors import ClientError
 from inference.models import ModelDeployment
+from inference.openai.ratelimits import RateLimitHeaders
 from inference.selectors import deployment_get
 from moderation.services import (
     sentence_dimensions,
@@ -42,7 +43,8 @@ MAX_INPUTS = 64
 MAX_CHARS_PER_TOKEN = 8
 
 
-class EmbeddingApi(APIView):
+@metered(ADMITTED)
+class EmbeddingApi(RateLimitHeaders):
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [IsAuthenticated, HasScope]
     required_scope = "embeddings"

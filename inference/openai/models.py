@@ -9,13 +9,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.authentication import ApiKeyAuthentication, HasScope, request_user
+from accounts.metering import metered
 from accounts.selectors import deployments_allowed_for_user
-from accounts.services import action_admit
 from chatsite.errors import ClientError
 from inference.openai.apis import ModelListApi
 from inference.selectors import deployment_list_enabled, models_listed
 
 
+@metered("model_list")
 class ModelDetailApi(APIView):
     """A model outside the caller's plan, disabled or unknown is the same 404 `model_not_found`
     (what OpenAI and vLLM answer), so the answer says nothing of models the caller cannot use."""
@@ -30,7 +31,6 @@ class ModelDetailApi(APIView):
         summary="Retrieve one model your plan includes",
     )
     def get(self, request: Request, model_id: str) -> Response:
-        action_admit(user=request_user(request), action="model_list")
         allowed = deployments_allowed_for_user(
             user=request_user(request), deployments=deployment_list_enabled(task=None)
         )

@@ -17,15 +17,16 @@ from rest_framework import serializers
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from accounts.authentication import ApiKeyAuthentication, HasScope, request_user
+from accounts.metering import ADMITTED, metered
 from accounts.models import ApiKey
 from accounts.services import api_request_admit
 from chatsite.errors import ClientError
 from inference.engine.tokenizers import chat_template_text, render_chat, tokenizer_for
 from inference.models import ModelDeployment
 from inference.openai.apis import ChatCompletionInputSerializer
+from inference.openai.ratelimits import RateLimitHeaders
 from inference.selectors import deployment_get
 
 MAX_PROMPT_CHARS = 200_000
@@ -76,7 +77,8 @@ def _deployment_for(request: Request, model: str | None) -> ModelDeployment:
     return deployment
 
 
-class TokenizeApi(APIView):
+@metered(ADMITTED)
+class TokenizeApi(RateLimitHeaders):
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [IsAuthenticated, HasScope]
     required_scope = "chat"
@@ -124,7 +126,8 @@ class TokenizeApi(APIView):
         )
 
 
-class DetokenizeApi(APIView):
+@metered(ADMITTED)
+class DetokenizeApi(RateLimitHeaders):
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [IsAuthenticated, HasScope]
     required_scope = "chat"

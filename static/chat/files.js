@@ -51,7 +51,10 @@
 
   function follow(id) {
     fetch("/api/files/" + id + "/", {credentials: "same-origin", headers: {"Accept": "application/json"}})
-      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (r) {
+        if (r.status === 429) throw new Error("rate limited");  // asked again, as after a network error
+        return r.ok ? r.json() : null;
+      })
       .then(function (file) {
         if (!file) return;
         chipFor(file);

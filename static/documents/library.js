@@ -9,7 +9,10 @@
   function poll() {
     Promise.all(rows.map(function (row) {
       return fetch("/api/files/" + row.dataset.document + "/", {credentials: "same-origin", headers: {"Accept": "application/json"}})
-        .then(function (r) { return r.ok ? r.json() : {status: "failed"}; })
+        .then(function (r) {
+          if (r.status === 429) throw new Error("rate limited");  // polled again, as after a network error
+          return r.ok ? r.json() : {status: "failed"};
+        })
         .then(function (file) {
           row.dataset.status = file.status;
           if (file.status === "queued" || file.status === "processing") {

@@ -3,12 +3,14 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from unittest.mock import patch
 
 import pytest
 from channels.db import database_sync_to_async
 from django.db import connections
+from django.test import Client
 from hypothesis import given
 from hypothesis import settings as settings_hypothesis
 from hypothesis import strategies as st
@@ -16,19 +18,21 @@ from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory, force_authenticate
 from rest_framework.views import APIView
 
+from accounts.metering import metered
 from accounts.models import ApiKey, Tier
 from accounts.ratelimit import (
     Charge,
     bucket_consume,
     bucket_refund,
     buckets_consume,
+    buckets_peek,
     buckets_refund,
     buckets_reset,
 )
 from accounts.services import api_key_create, request_admit
 from chatsite.errors import ClientError
-from conversations.models import Message
-from conversations.services import message_send
+from conversations.models import Conversation, Message
+from conversations.services import conversation_start, message_send
 from inference.models import Generation
 from inference.selectors import deployment_get
 from tests.conftest import next_event, open_socket, rate_limits_clear
@@ -67,6 +71,23 @@ def test_redis_buckets_behave_like_the_local_ones(redis_url):
     assert bucket_consume(key="r", capacity=2, period_s=60).retry_after in range(1, 31)
     bucket_refund(key="r", capacity=2, period_s=60, amount=1)
     assert bucket_consume(key="r", capacity=2, period_s=60).allowed
+
+
+def _a_peek_reads_what_is_left_and_takes_nothing() -> None:
+    charges = [Charge("peeked", 10, 600), Charge("never-used", 5, 60)]
+    assert buckets_consume([Charge("peeked", 10, 600, 4)]) is None
+    for _ in range(2):
+        left, fresh = buckets_peek(charges)
+        assert 6 <= left < 6.1 and fresh == 5
+    assert buckets_consume([Charge("peeked", 10, 600, 6)]) is None  # the peeks took none of the six
+
+
+def test_a_peek_reads_what_is_left_and_takes_nothing(db):
+    _a_peek_reads_what_is_left_and_takes_nothing()
+
+
+def test_a_peek_on_redis_reads_what_is_left_and_takes_nothing(redis_url):
+    _a_peek_reads_what_is_left_and_takes_nothing()
 
 
 def _a_reset_fills_a_bucket_again() -> None:
@@ -311,6 +332,54 @@ def test_the_api_answers_a_rate_limit_with_429_and_retry_after_keyed_on_the_user
     assert responses[1].status_code == 429
     assert int(responses[1]["Retry-After"]) >= 1
     assert responses[1].data["error"]["code"] == "rate_limited"
+
+
+# --- every endpoint's declared limit (accounts.metering) ---------------------------------------
+
+
+def test_a_declared_limit_refuses_the_request_past_it_before_the_view_runs(alice):
+    Tier.objects.filter(name="free").update(other_requests_per_minute=2)
+    client = Client()
+    client.force_login(alice)
+    answers = [client.get("/api/conversations/") for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert 1 <= int(answers[-1]["Retry-After"]) <= 30
+    error = answers[-1].json()["error"]
+    assert (error["code"], error["type"]) == ("rate_limited", "rate_limit_error")
+    assert "2 page and API requests a minute" in error["message"]
+    # The bucket is the user's, whatever the view: a page is refused as well, and changes nothing.
+    refused = client.post(f"/c/{conversation_start(user=alice).id}/rename/", {"title": "renamed"})
+    assert refused.status_code == 429
+    assert not Conversation.objects.filter(title="renamed").exists()
+
+
+def test_a_declared_limit_holds_on_a_class_based_page_and_for_visitors_by_address(monkeypatch):
+    monkeypatch.setattr("accounts.services.ANONYMOUS_REQUESTS_PER_MINUTE", 2)
+    client = Client()
+    assert [client.get("/accounts/login/").status_code for _ in range(2)] == [200, 200]
+    refused = client.get("/accounts/login/", HTTP_ACCEPT="text/html,application/xhtml+xml")
+    assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
+    assert "Too many requests" in refused.content.decode()  # a page for a person, not JSON
+    assert client.get("/accounts/login/").json()["error"]["code"] == "rate_limited"
+    # Another address has its own bucket.
+    assert Client(REMOTE_ADDR="10.9.8.7").get("/accounts/login/").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_sockets_plain_frames_are_metered_and_its_sends_by_the_admission(alice, engine_not_started):
+    await Tier.objects.filter(name="free").aupdate(other_requests_per_minute=1)
+    socket, _ = await open_socket(alice)
+    for _ in range(2):
+        await socket.send_json_to({"type": "generation.stop", "generation": str(uuid.uuid4())})
+    first, second = await next_event(socket, timeout=10), await next_event(socket, timeout=10)
+    assert first["code"] == "not_found"
+    assert (second["code"], second["retry_after"] >= 1) == ("rate_limited", True)
+    await socket.disconnect()
+
+
+def test_a_declaration_naming_an_action_the_machinery_does_not_know_is_refused_at_import():
+    with pytest.raises(ValueError):
+        metered("requests_per_fortnight")
 
 
 @settings_hypothesis(max_examples=60, deadline=None)

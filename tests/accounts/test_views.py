@@ -106,6 +106,16 @@ def test_an_account_is_locked_after_repeated_failures_even_for_the_right_passwor
     assert _log_in(client, "Alice", PASSWORD, address="198.51.100.1").status_code == 429
 
 
+def test_the_admins_sign_in_is_throttled_as_the_sites(client, alice, buckets_stand_still):
+    alice.is_staff = True
+    alice.save()
+    for _ in range(LOGIN_FAILURES_PER_ACCOUNT):
+        client.post("/admin/login/", {"username": "alice", "password": "guess"}, REMOTE_ADDR="203.0.113.7")
+    locked = client.post("/admin/login/", {"username": "alice", "password": PASSWORD}, REMOTE_ADDR="203.0.113.7")
+    assert "Too many failed sign-ins for this account" in locked.content.decode()
+    assert "_auth_user_id" not in client.session
+
+
 def test_successful_sign_ins_do_not_count_towards_the_lock(client, alice):
     for _ in range(LOGIN_FAILURES_PER_ACCOUNT + 2):
         assert _log_in(client, "alice", PASSWORD).status_code == 302

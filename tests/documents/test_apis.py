@@ -178,3 +178,57 @@ def test_the_usage_page_counts_storage(alice, upload_ready):
     page.login(username="alice", password=PASSWORD)
     html = page.get("/accounts/usage/").content.decode()
     assert "files" in html and "1 ·" in html and "bytes" in html
+
+
+def test_a_free_users_uploads_are_limited_per_hour_and_deleting_gives_none_back(alice):
+    client = client_for(alice)
+    limit = alice.tier.file_uploads_per_hour
+    for _ in range(limit):
+        created = client.post("/api/files/", {"file": a_file()}, format="multipart")
+        assert created.status_code == 201, created.json()
+        assert client.delete(f"/api/files/{created.json()['id']}/").status_code == 204
+    refused = client.post("/api/files/", {"file": a_file()}, format="multipart")
+    assert refused.status_code == 429
+    assert int(refused["Retry-After"]) > 0
+    error = refused.json()["error"]
+    assert (error["code"], error["type"]) == ("rate_limited", "rate_limit_error")
+    assert f"{limit} file uploads an hour" in error["message"]
+    assert not Document.objects.exists()
+
+
+def test_the_days_processing_limit_refuses_an_upload_on_every_way_in(alice):
+    alice.tier.documents_per_day = 1
+    alice.tier.save()
+    client = client_for(alice)
+    assert client.post("/api/files/", {"file": a_file()}, format="multipart").status_code == 201
+    conversation = conversation_start(user=alice, title="")
+    refused = [
+        client.post("/api/files/", {"file": a_file()}, format="multipart"),
+        client.post(f"/api/conversations/{conversation.id}/files/", {"file": a_file()}, format="multipart"),
+    ]
+    page = Client()
+    page.login(username="alice", password=PASSWORD)
+    refused.append(page.post("/files/", {"file": a_file()}))
+    for response in refused:
+        assert response.status_code == 429
+        assert "files processed a day" in response.json()["error"]["message"]
+    assert Document.objects.count() == 1
+
+
+def test_searches_are_limited_per_minute(alice):
+    client = client_for(alice)
+    limit = alice.tier.file_searches_per_minute
+    statuses = [client.get("/api/files/search/", {"q": "harbour"}).status_code for _ in range(limit + 1)]
+    assert statuses == [200] * limit + [429]
+
+
+def test_an_upload_refused_for_the_day_has_not_used_one_of_the_hours(alice):
+    alice.tier.documents_per_day = 1
+    alice.tier.file_uploads_per_hour = 2
+    alice.tier.save()
+    client = client_for(alice)
+    assert client.post("/api/files/", {"file": a_file()}, format="multipart").status_code == 201
+    assert client.post("/api/files/", {"file": a_file()}, format="multipart").status_code == 429
+    alice.tier.documents_per_day = None
+    alice.tier.save()
+    assert client.post("/api/files/", {"file": a_file()}, format="multipart").status_code == 201

@@ -6,7 +6,7 @@ from asgiref.sync import sync_to_async
 
 from conversations.models import Message
 from conversations.services import ANSWER_CUT
-from tests.browser.conftest import BROWSER_MARKS, page, sign_up  # noqa: F401 (`page` is a fixture)
+from tests.browser.conftest import BROWSER_MARKS, chromium, page, sign_up  # noqa: F401 (`chromium` and `page` are fixtures)
 
 pytestmark = BROWSER_MARKS
 
