@@ -168,11 +168,15 @@ _RULE_SPECS: tuple[tuple[str, str | tuple[str, ...], float], ...] = (
         r"|\bhitman\b|\buntraceable (?:gun|firearm)\b|\bghost gun\b",
         0.8,
     ),
-    # A stated plan to attack: an intent, an act, and a crowd or a weapon.
+    # A stated plan to attack: an intent, an act, and a crowd or a weapon. A plan to attack many is a
+    # threat as well, which the default policy blocks for review rather than answering with a warning.
     ("violence", _one_sentence(_INTENT, _MASS_ACT), 0.9),
     ("violence", _one_sentence(_INTENT, _HARM_ACT, _CROWD), 0.9),
     ("violence", _one_sentence(_INTENT, _HARM_ACT, _PERSON), 0.9),
     ("violence", _one_sentence(_INTENT, _WEAPON, _CROWD), 0.9),
+    ("harassment/threatening", _one_sentence(_INTENT, _MASS_ACT), 0.9),
+    ("harassment/threatening", _one_sentence(_INTENT, _HARM_ACT, _CROWD), 0.9),
+    ("harassment/threatening", _one_sentence(_INTENT, _WEAPON, _CROWD), 0.9),
     # Asking which weapon or when, for an attack on many.
     (
         "violence",
@@ -185,9 +189,12 @@ _RULE_SPECS: tuple[tuple[str, str | tuple[str, ...], float], ...] = (
         _one_sentence(_WEAPON, r"\b(?:kill\w*|hurt\w*|attack\w*|shoot\w*|damage|casualties)\b", _ASK, _CROWD),
         0.8,
     ),
-    # Praise of an attack with a call to repeat it, and calls on others to attack.
+    # Praise of an attack with a call to repeat it, and calls on others to attack: incitement, which
+    # threatens whoever the next attack would strike, so it is blocked for review as a threat is.
     ("violence", _one_sentence(_IMITATE, _ATTACK, _PRAISE), 0.9),
     ("violence", _one_sentence(_VIOLENT_VERB, _URGE, _FOLLOWERS), 0.9),
+    ("harassment/threatening", _one_sentence(_IMITATE, _ATTACK, _PRAISE), 0.9),
+    ("harassment/threatening", _one_sentence(_VIOLENT_VERB, _URGE, _FOLLOWERS), 0.9),
     # The same aimed at a group of people for who they are.
     ("hate/threatening", _one_sentence(_INTENT, _HARM_ACT, _GROUP), 0.9),
     ("hate/threatening", _one_sentence(_INTENT, _MASS_ACT, _GROUP), 0.9),
