@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -299,6 +301,24 @@ async def test_the_scripted_engine_starts_at_once_and_keeps_its_pace(scripted, s
     assert [d.completion_tokens for d in deltas] == list(range(1, 11))
     assert deltas[-1].finish_reason == "length" and deltas[-1].prompt_tokens == 3
     assert 0.18 <= elapsed < 1.0
+
+
+def test_the_engine_hosts_import_nothing_of_vllm():
+    """vLLM is imported when a vLLM engine is built, never for the scripted one: a demo or a load
+    test needs no vLLM installed (the tokenizer comes from transformers)."""
+    imported = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, inference.engine.host, inference.engine.scripted; print(sorted(sys.modules))",
+        ],
+        cwd=settings.BASE_DIR,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "'inference.engine.scripted'" in imported
+    assert "vllm" not in imported and "torch" not in imported
 
 
 # --- the production topology -----------------------------------------------------------------------------
