@@ -261,6 +261,30 @@ async def test_a_user_turn_asks_for_a_call_when_the_model_may_choose(scripted, s
     assert plain.choices[0].message.content == expected_answer("Just talk.")
 
 
+async def test_a_response_format_and_log_probabilities_are_honoured(scripted, server_without_engine, alice, client_of):
+    client = await client_of(server_without_engine, alice)
+    schema = {
+        "type": "object",
+        "properties": {"name": {"enum": ["Paris", "Lima"]}, "population": {"type": "integer"}},
+        "required": ["name", "population"],
+        "additionalProperties": False,
+    }
+    city = await client.chat.completions.create(
+        model=SCRIPTED,
+        messages=[{"role": "user", "content": "A capital, as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}},
+        max_tokens=60,
+    )
+    certain = await client.chat.completions.create(
+        model=SCRIPTED, messages=[{"role": "user", "content": "Hi"}], max_tokens=6, logprobs=True, top_logprobs=1
+    )
+
+    assert json.loads(city.choices[0].message.content) == {"name": "Paris", "population": 1}
+    tokens = certain.choices[0].logprobs.content
+    assert "".join(t.token for t in tokens) == certain.choices[0].message.content
+    assert [t.logprob for t in tokens] == [0.0] * 6
+
+
 # --- what the deployment says it is ---------------------------------------------------------------------
 
 
