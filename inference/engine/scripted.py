@@ -66,6 +66,8 @@ class ScriptedEngineHost(EngineHostBase):
     ) -> AsyncGenerator[Delta, None]:
         await self.wait_ready()
         request = ScriptedRequest.parse(sampling)
+        if request.max_tokens is None:  # as vLLM: the rest of the window
+            request.max_tokens = max(1, self.spec.max_context - len(prompt_token_ids))
         text, ended = self._answer(prompt_token_ids, request)
         prompt_tokens = len(prompt_token_ids)
         writer = StopWriter(request.stop, keep=request.include_stop)
@@ -172,6 +174,8 @@ class ScriptedRequest:
             tag = json.loads(structured["structural_tag"])
             self.tags = list(_tags(tag))
             self.forced = tag.get("format", {}).get("type") == "tags_with_separator"
+            # Tools offered beside a response_format: an answer that calls none follows the format.
+            self.json_schema = next(_schemas_outside_tags(tag), None)
         elif "json" in structured:
             schema = structured["json"]
             self.json_schema = json.loads(schema) if isinstance(schema, str) else schema
@@ -259,6 +263,21 @@ def _tags(node: Any) -> Iterator[dict[str, Any]]:
     elif isinstance(node, list):
         for value in node:
             yield from _tags(value)
+
+
+def _schemas_outside_tags(node: Any) -> Iterator[dict[str, Any]]:
+    """The JSON schemas of a structural tag that are not a call's arguments (a response_format's)."""
+    if isinstance(node, dict):
+        if node.get("type") == "tag":
+            return
+        if node.get("type") == "json_schema" and isinstance(node.get("json_schema"), dict):
+            yield node["json_schema"]
+            return
+        for value in node.values():
+            yield from _schemas_outside_tags(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _schemas_outside_tags(value)
 
 
 def tool_tag(tags: list[dict[str, Any]], name: str | None, *, forced: bool) -> dict[str, Any] | None:

@@ -275,11 +275,20 @@ async def test_a_response_format_and_log_probabilities_are_honoured(scripted, se
         response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}},
         max_tokens=60,
     )
+    offered_tools = await client.chat.completions.create(
+        model=SCRIPTED,
+        messages=[{"role": "user", "content": "A capital, as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+        tools=[WEATHER],
+        max_tokens=60,
+    )
     certain = await client.chat.completions.create(
         model=SCRIPTED, messages=[{"role": "user", "content": "Hi"}], max_tokens=6, logprobs=True, top_logprobs=1
     )
 
     assert json.loads(city.choices[0].message.content) == {"name": "Paris", "population": 1}
+    assert json.loads(offered_tools.choices[0].message.content) == {"name": "Paris", "population": 1}
+    assert not offered_tools.choices[0].message.tool_calls
     tokens = certain.choices[0].logprobs.content
     assert "".join(t.token for t in tokens) == certain.choices[0].message.content
     assert [t.logprob for t in tokens] == [0.0] * 6
@@ -325,6 +334,13 @@ async def test_the_scripted_engine_starts_at_once_and_keeps_its_pace(scripted, s
     assert [d.completion_tokens for d in deltas] == list(range(1, 11))
     assert deltas[-1].finish_reason == "length" and deltas[-1].prompt_tokens == 3
     assert 0.18 <= elapsed < 1.0
+
+    # Without max_tokens, an answer that may not end runs to the window's end, as on vLLM.
+    endless = [
+        delta
+        async for delta in host.stream(request_id="endless", prompt_token_ids=[1] * 8180, sampling={"ignore_eos": True})
+    ]
+    assert (endless[-1].completion_tokens, endless[-1].finish_reason) == (scripted.max_context - 8180, "length")
 
 
 def test_the_engine_hosts_import_nothing_of_vllm():
