@@ -267,6 +267,14 @@ INFERENCE_MODELS_DIR = env_path("INFERENCE_MODELS_DIR", DATA_DIR / "models")
 INFERENCE_DEFAULT_DEPLOYMENT = env_str("INFERENCE_DEFAULT_DEPLOYMENT", DEFAULT_DEPLOYMENT_NAME)
 # Deployments this process hosts an engine for (local backend, or a worker when not given --queues).
 INFERENCE_LOCAL_DEPLOYMENTS = env_list("INFERENCE_LOCAL_DEPLOYMENTS", [INFERENCE_DEFAULT_DEPLOYMENT])
+# "scripted": every generating deployment runs on the scripted engine (inference/engine/scripted.py),
+# whatever its own `engine` says: for load tests and demos with no model. Web processes and workers
+# must agree. Blank: each deployment's own.
+INFERENCE_ENGINE = env_str("INFERENCE_ENGINE", "")
+if INFERENCE_ENGINE not in {"", "vllm", "scripted"}:
+    raise ImproperlyConfigured(f"INFERENCE_ENGINE must be 'vllm', 'scripted' or blank, got {INFERENCE_ENGINE!r}")
+# The scripted engine's pace, tokens a second per answer; 0: as fast as the event loop turns.
+INFERENCE_SCRIPTED_TOKENS_PER_S = env_float("INFERENCE_SCRIPTED_TOKENS_PER_S", 25.0, minimum=0)
 # CUDA graphs / torch.compile make start-up minutes long on the CPU; eager is the right default there.
 INFERENCE_ENFORCE_EAGER = env_bool("INFERENCE_ENFORCE_EAGER", True)
 # On a CPU host vLLM's scheduler process busy-waits for each step's output, a whole core while it

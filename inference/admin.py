@@ -13,13 +13,14 @@ class ModelDeploymentAdmin(admin.ModelAdmin):
         "public_name",
         "weight",
         "model",
+        "engine",
         "max_context",
         "tensor_parallel_size",
         "max_queued",
         "is_enabled",
     )
     list_editable = ("weight", "is_enabled")
-    list_filter = ("public_name", "is_enabled")
+    list_filter = ("public_name", "engine", "is_enabled")
 
 
 @admin.register(Generation)

@@ -20,6 +20,12 @@ DTYPE_CHOICES = [
 class ModelDeployment(models.Model):
     """A model the service can serve: where its weights are, how big its window is, how it runs."""
 
+    class Engine(models.TextChoices):
+        VLLM = "vllm", "vLLM"
+        # Deterministic text at a set pace, no model (inference/engine/scripted.py): for tests, load
+        # tests and demos, never for users' answers. Its answers say so in their model name.
+        SCRIPTED = "scripted", "Scripted (no model: tests, load tests, demos)"
+
     class Task(models.TextChoices):
         GENERATE = "generate", "Text generation (vLLM)"
         # Served in the web process by the sentence-embedding backend (inference/openai_embeddings.py).
@@ -45,6 +51,13 @@ class ModelDeployment(models.Model):
         choices=Task.choices,
         default=Task.GENERATE,
         help_text="What it serves: chat and text completions, or /v1/embeddings.",
+    )
+    engine = models.CharField(
+        max_length=16,
+        choices=Engine.choices,
+        default=Engine.VLLM,
+        help_text="What writes its answers: vLLM on the model, or the scripted engine (no model; only its "
+        "tokenizer), whose answers carry ':scripted' in their model name. INFERENCE_ENGINE overrides it.",
     )
     max_context = models.PositiveIntegerField(default=2048, validators=[MinValueValidator(128)])
     tensor_parallel_size = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
@@ -124,6 +137,17 @@ class ModelDeployment(models.Model):
     @property
     def label(self) -> str:
         return self.display_name or self.name
+
+    @property
+    def engine_kind(self) -> str:
+        """The engine that runs it: the process's INFERENCE_ENGINE where set, else its own `engine`."""
+        return settings.INFERENCE_ENGINE or self.engine
+
+    @property
+    def answer_model(self) -> str:
+        """The model name its answers carry: its name, marked where no model writes them. A slug
+        cannot hold ':', so the mark can never name another deployment."""
+        return f"{self.name}:{self.Engine.SCRIPTED}" if self.engine_kind == self.Engine.SCRIPTED else self.name
 
     @property
     def public_model(self) -> str:

@@ -118,7 +118,7 @@ def deployment_serving(*, model: str) -> ModelDeployment:
 def generation_writer(generation: Generation) -> str:
     """The deployment that writes a generation (the router's choice), where its row came with it;
     never a query, so async code may ask."""
-    return generation.deployment.name if Generation.deployment.is_cached(generation) else ""
+    return generation.deployment.answer_model if Generation.deployment.is_cached(generation) else ""
 
 
 def queue_length_annotation() -> RawSQL:
@@ -162,6 +162,8 @@ def engine_spec_for(deployment: ModelDeployment) -> EngineSpec:
         name=deployment.name,
         model_path=deployment.model_path,
         max_context=deployment.max_context,
+        engine=deployment.engine_kind,
+        tokens_per_s=settings.INFERENCE_SCRIPTED_TOKENS_PER_S,
         tensor_parallel_size=deployment.tensor_parallel_size,
         dtype=deployment.dtype,
         enforce_eager=settings.INFERENCE_ENFORCE_EAGER,

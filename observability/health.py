@@ -47,21 +47,19 @@ def _redis_ping(url: str) -> None:
 
 
 def _engines() -> dict[str, Any]:
-    """Each enabled generating deployment's engine state; fails unless every one has a ready engine
+    """Each enabled generating deployment's engine state and kind (vllm, scripted); fails unless every one has a ready engine
     (an embedding deployment runs in the web process, not on an engine)."""
     from inference.execution.dispatch import engine_state
     from inference.models import ModelDeployment
 
-    states = {
-        name: engine_state(name)
-        for name in ModelDeployment.objects.filter(is_enabled=True, task=ModelDeployment.Task.GENERATE).values_list(
-            "name", flat=True
-        )
-    }
+    deployments = list(ModelDeployment.objects.filter(is_enabled=True, task=ModelDeployment.Task.GENERATE))
+    states = {d.name: engine_state(d.name) for d in deployments}
+    # Which engine each runs on: a probe shows plainly a deployment answered by the scripted engine.
+    kinds = {d.name: d.engine_kind for d in deployments}
     not_ready = sorted(name for name, state in states.items() if state != "ready")
     if not_ready:
-        raise RuntimeError(f"no ready engine for {', '.join(not_ready)} ({states})")
-    return {"deployments": states}
+        raise RuntimeError(f"no ready engine for {', '.join(not_ready)} ({states}; engines {kinds})")
+    return {"deployments": states, "engines": kinds}
 
 
 def readiness() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The engine host: one long-lived vLLM AsyncLLM per deployment per process.
+"""The engine host: one long-lived vLLM AsyncLLM per deployment per process (or the scripted engine).
 
 Every request in the process goes into that one engine, concurrently, so vLLM's continuous batching
 and prefix cache do their work. The host is bound to the event loop that started it: the web
@@ -9,87 +9,37 @@ touches the database; it turns token ids and sampling fields into a stream of te
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import os
-import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator
 from typing import Any
 
+from inference.engine.base import (
+    Delta,
+    EngineHostBase,
+    EngineRequestError,
+    EngineSpec,
+    EngineState,
+    EngineUnavailable,
+    StateListener,
+)
+from inference.engine.scripted import ScriptedEngineHost
+
+__all__ = [
+    "Delta",
+    "EngineHost",
+    "EngineHostBase",
+    "EngineRequestError",
+    "EngineSpec",
+    "EngineState",
+    "EngineUnavailable",
+    "ScriptedEngineHost",
+    "StateListener",
+    "engine_host_for",
+    "engine_hosts",
+]
+
 logger = logging.getLogger(__name__)
-
-
-class EngineState(enum.StrEnum):
-    IDLE = "idle"
-    LOADING = "loading"
-    READY = "ready"
-    FAILED = "failed"
-
-
-class EngineUnavailable(Exception):
-    """The engine failed to start or did not become ready in time."""
-
-
-class EngineRequestError(Exception):
-    """The engine refused or failed one request (bad parameters, engine died mid-stream)."""
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """What an engine needs to start; built from a ModelDeployment, free of the ORM."""
-
-    name: str
-    model_path: str
-    max_context: int
-    tensor_parallel_size: int = 1
-    dtype: str = "auto"
-    enforce_eager: bool = True
-    # How long, on a CPU host, vLLM's scheduler process busy-waits for a step's output before it
-    # sleeps until it comes (see `inference/engine/vllm_internals.py`); 1000 is vLLM's own and leaves it.
-    cpu_scheduler_spin_ms: int = 1000
-    # How long, on a CPU host, vLLM's model processes busy-wait for the next step before they sleep
-    # until it comes (see `_shorten_worker_spin`); 1000 is vLLM's own and leaves them alone.
-    cpu_worker_spin_ms: int = 1000
-    extra_args: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def uses_priority(self) -> bool:
-        return self.extra_args.get("scheduling_policy") == "priority"
-
-    def engine_args(self) -> dict[str, Any]:
-        args: dict[str, Any] = {
-            "model": self.model_path,
-            "served_model_name": self.name,
-            "max_model_len": self.max_context,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "dtype": self.dtype,
-            "enforce_eager": self.enforce_eager,
-            "enable_prefix_caching": True,
-            # vLLM's own metrics (running/waiting requests, KV-cache use, prefix-cache hits) on
-            # /metrics of the process hosting the engine, as `vllm serve` has them; an engine step
-            # pays a few counters for it. Nothing calls its periodic log line, so none is written.
-            "disable_log_stats": False,
-            # Adds the methods the host calls on the model processes (inference/engine/vllm_internals.py).
-            "worker_extension_cls": "inference.engine.vllm_internals.WorkerTuning",
-        }
-        args.update(self.extra_args)
-        return args
-
-
-@dataclass(frozen=True)
-class Delta:
-    """New text from one engine step, with the running token counts, and the log probabilities of
-    its tokens when the request asked for them (`token_logprobs`)."""
-
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    finished: bool
-    finish_reason: str | None
-    logprobs: list[dict[str, Any]] | None = None
-    # Of the prompt's tokens, those the prefix cache held (vLLM's RequestOutput.num_cached_tokens).
-    cached_tokens: int = 0
 
 
 def token_logprobs(token_ids: Any, positions: Any, top: int) -> list[dict[str, Any]]:
@@ -113,75 +63,21 @@ def token_logprobs(token_ids: Any, positions: Any, top: int) -> list[dict[str, A
     return entries
 
 
-StateListener = Callable[[str, EngineState], Awaitable[None]]
+class EngineHost(EngineHostBase):
+    """vLLM's AsyncLLM, built in a thread (tens of seconds) on first start."""
 
+    kind = "vllm"
 
-class EngineHost:
     def __init__(self, spec: EngineSpec) -> None:
-        self.spec = spec
-        self.state = EngineState.IDLE
-        self.error = ""
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.started_at: float | None = None
-        self.ready_after_s: float | None = None
-        # What the engine computes in, once loaded ("auto" resolved): "bfloat16", "float32", ...
-        self.dtype = ""
+        super().__init__(spec)
         self._engine: Any = None
-        self._ready = asyncio.Event()
-        self._load_task: asyncio.Task | None = None
-        self._listeners: list[StateListener] = []
 
-    def add_listener(self, listener: StateListener) -> None:
-        self._listeners.append(listener)
-
-    def start(self) -> None:
-        """Begin loading on the running loop; returns at once. Calling it again does nothing."""
-        if self._load_task is not None:
-            return
-        self.loop = asyncio.get_running_loop()
-        self._ready = asyncio.Event()
-        self._load_task = self.loop.create_task(self._load(), name=f"engine-load-{self.spec.name}")
-
-    async def wait_ready(self, timeout: float | None = None) -> None:
-        if self.state is EngineState.FAILED:
-            raise EngineUnavailable(self.error)
-        if self._load_task is None:
-            self.start()
-        try:
-            await asyncio.wait_for(self._ready.wait(), timeout)
-        except TimeoutError:
-            raise EngineUnavailable(f"model {self.spec.name} did not load within {timeout:.0f} s") from None
-        if self.state is not EngineState.READY:
-            raise EngineUnavailable(self.error or f"model {self.spec.name} is not available")
-
-    async def _load(self) -> None:
-        self.started_at = time.monotonic()
-        await self._set_state(EngineState.LOADING)
-        logger.info("loading model %s from %s", self.spec.name, self.spec.model_path)
-        try:
-            # Construction takes tens of seconds and blocks; keep it off the event loop. AsyncLLM
-            # starts its background tasks lazily on the loop of its first request, which is ours.
-            self._engine = await asyncio.to_thread(_build_engine, self.spec)
-            await _shorten_worker_spin(self._engine, self.spec.cpu_worker_spin_ms)
-        except Exception as exc:
-            logger.exception("model %s failed to load", self.spec.name)
-            self.error = f"model {self.spec.name} failed to load: {exc}"[:500]
-            await self._set_state(EngineState.FAILED)
-        else:
-            self.ready_after_s = time.monotonic() - self.started_at
-            self.dtype = str(self._engine.model_config.dtype).removeprefix("torch.")
-            logger.info("model %s ready in %.1f s, in %s", self.spec.name, self.ready_after_s, self.dtype)
-            await self._set_state(EngineState.READY)
-        finally:
-            self._ready.set()
-
-    async def _set_state(self, state: EngineState) -> None:
-        self.state = state
-        for listener in self._listeners:
-            try:
-                await listener(self.spec.name, state)
-            except Exception:
-                logger.exception("engine state listener failed")
+    async def _open(self) -> None:
+        # Construction takes tens of seconds and blocks; keep it off the event loop. AsyncLLM
+        # starts its background tasks lazily on the loop of its first request, which is ours.
+        self._engine = await asyncio.to_thread(_build_engine, self.spec)
+        await _shorten_worker_spin(self._engine, self.spec.cpu_worker_spin_ms)
+        self.dtype = str(self._engine.model_config.dtype).removeprefix("torch.")
 
     async def stream(
         self,
@@ -237,17 +133,11 @@ class EngineHost:
 
         return unfinished_requests(self._engine) if self._engine is not None else 0
 
-    async def aclose(self) -> None:
-        """Shut down, first letting a load in progress finish (its thread cannot be interrupted)."""
-        if self._load_task is not None and not self._load_task.done():
-            await asyncio.wait([self._load_task])
-        self.shutdown()
-
     def shutdown(self) -> None:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
-        self.state = EngineState.IDLE
+        super().shutdown()
 
 
 def engine_environment_set() -> None:
@@ -345,16 +235,21 @@ async def _shorten_worker_spin(engine: Any, spin_ms: int) -> None:
         logger.warning("a model process found no queue to shorten the busy-wait of: %s", tuned)
 
 
-_hosts: dict[str, EngineHost] = {}
+_hosts: dict[str, EngineHostBase] = {}
+
+# The hosts a deployment's `engine` names (ModelDeployment.Engine).
+HOSTS: dict[str, type[EngineHostBase]] = {EngineHost.kind: EngineHost, ScriptedEngineHost.kind: ScriptedEngineHost}
 
 
-def engine_host_for(spec: EngineSpec) -> EngineHost:
-    """The process's host for a deployment, created on first use (not started)."""
+def engine_host_for(spec: EngineSpec) -> EngineHostBase:
+    """The process's host for a deployment, created on first use (not started): vLLM's, or the
+    scripted engine's where the spec says so. The one place a host is chosen, for the web process
+    and the Celery worker alike."""
     host = _hosts.get(spec.name)
     if host is None:
-        host = _hosts[spec.name] = EngineHost(spec)
+        host = _hosts[spec.name] = HOSTS[spec.engine](spec)
     return host
 
 
-def engine_hosts() -> dict[str, EngineHost]:
+def engine_hosts() -> dict[str, EngineHostBase]:
     return dict(_hosts)

@@ -143,7 +143,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     shape = responding.ChatShape(
         completion_id=f"chatcmpl-{generations[0].id.hex}",
         created=int(time.time()),
-        model=generations[0].deployment.name,
+        model=generations[0].deployment.answer_model,
         include_usage=data["stream"] and include_usage,
         logprobs=data.get("logprobs") is not None,
         readers=readers,
@@ -224,7 +224,8 @@ class ModelListApi(APIView):
             return int(listed[1].created_at.timestamp())
 
         def get_owned_by(self, listed) -> str:
-            return "chatsite"
+            # A name served by the scripted engine says so, as its answers' model names do.
+            return "chatsite:scripted" if listed[1].engine_kind == listed[1].Engine.SCRIPTED else "chatsite"
 
     @extend_schema(
         responses=inline_serializer(

@@ -173,7 +173,7 @@ async def completions(request: HttpRequest) -> HttpResponseBase:
     shape = responding.TextShape(
         completion_id=f"cmpl-{generations[0].id.hex}",
         created=int(time.time()),
-        model=generations[0].deployment.name,
+        model=generations[0].deployment.answer_model,
         include_usage=data["stream"] and include_usage,
         logprobs=data.get("logprobs") is not None,
     )
