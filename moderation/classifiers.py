@@ -189,12 +189,13 @@ _RULE_SPECS: tuple[tuple[str, str | tuple[str, ...], float], ...] = (
         _one_sentence(_WEAPON, r"\b(?:kill\w*|hurt\w*|attack\w*|shoot\w*|damage|casualties)\b", _ASK, _CROWD),
         0.8,
     ),
-    # Praise of an attack with a call to repeat it, and calls on others to attack: incitement, which
-    # threatens whoever the next attack would strike, so it is blocked for review as a threat is.
+    # Praise of an attack with a call to repeat it, and calls on others to attack. A call to repeat an
+    # attack is incitement, which threatens whoever the next attack would strike, so it is blocked for
+    # review as a threat is; a call to violence that repeats nothing stays a violence warning.
     ("violence", _one_sentence(_IMITATE, _ATTACK, _PRAISE), 0.9),
     ("violence", _one_sentence(_VIOLENT_VERB, _URGE, _FOLLOWERS), 0.9),
     ("harassment/threatening", _one_sentence(_IMITATE, _ATTACK, _PRAISE), 0.9),
-    ("harassment/threatening", _one_sentence(_VIOLENT_VERB, _URGE, _FOLLOWERS), 0.9),
+    ("harassment/threatening", _one_sentence(_IMITATE, _VIOLENT_VERB, _URGE, _FOLLOWERS), 0.9),
     # The same aimed at a group of people for who they are.
     ("hate/threatening", _one_sentence(_INTENT, _HARM_ACT, _GROUP), 0.9),
     ("hate/threatening", _one_sentence(_INTENT, _MASS_ACT, _GROUP), 0.9),
