@@ -217,7 +217,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         try:
             actions = self.metering.actions_for(kind)
             if actions != (ADMITTED,):
-                await db_async(request_meter)(user=self.user, address="", actions=actions)
+                # Repeated on a fresh connection if the database drops it (the plan is read before a
+                # bucket is charged): a Stop must land even then.
+                await _reconnecting(request_meter)(user=self.user, address="", actions=actions)
             await handler(content)
         except ClientError as exc:
             request_refused.send(type(self), status=exc.status, code=exc.code)
