@@ -14,6 +14,9 @@ TORCH_INDEX_URL ?=
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 # A Redis database of the tests' own: the suite empties it when it starts.
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
+# Both runs of `make test` in two processes (pytest-xdist): the real engine's tests together in one,
+# the fault tests in one (tests/conftest.py). TEST_PARALLEL= runs them in one process.
+TEST_PARALLEL ?= -n 2 --dist loadgroup
 
 .PHONY: run test screenshots fault-test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-trace benchmark-scale benchmark-embedded benchmark-moderation benchmark-moderation-quality benchmark-cuts benchmark-dtype benchmark-interference benchmark-capacity benchmark-peer benchmark-retrieval benchmark-semantic-cache benchmark-injection clean
 
@@ -81,13 +84,13 @@ test: install-dev model
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	@echo "== the suite in the embedded default (SQLite, in-memory channel layer, engine in process) =="
-	@start=$$(date +%s); $(PY) -m pytest --durations=20; status=$$?; \
+	@start=$$(date +%s); $(PY) -m pytest $(TEST_PARALLEL) --durations=20; status=$$?; \
 		echo "== the embedded run took $$(( $$(date +%s) - start )) s =="; exit $$status
 	@if $(PY) -c "import psycopg, redis, sys; psycopg.connect(sys.argv[1], connect_timeout=3).close(); \
 			redis.Redis.from_url(sys.argv[2], socket_connect_timeout=3).ping()" "$(TEST_DATABASE_URL)" "$(TEST_REDIS_URL)" 2>/dev/null; then \
 		echo "== the tests about the production topology (PostgreSQL, Redis, Celery GPU worker processes) =="; \
 		start=$$(date +%s); \
-		DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m "topology and not browser" --durations=20; \
+		DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest $(TEST_PARALLEL) -m "topology and not browser" --durations=20; \
 		status=$$?; echo "== the production-topology run took $$(( $$(date +%s) - start )) s =="; exit $$status; \
 	elif [ -n "$$CI" ]; then echo "PostgreSQL ($(TEST_DATABASE_URL)) or Redis ($(TEST_REDIS_URL)) is not reachable, and CI must test on them"; exit 1; \
 	else echo "PostgreSQL ($(TEST_DATABASE_URL)) or Redis ($(TEST_REDIS_URL)) is not reachable: skipped the production-topology run"; fi

@@ -137,7 +137,8 @@ def _writers_attach(messages: list[Message], *, model: str) -> None:
     for message in messages:
         generation = message.generation if message.role == Message.Role.ASSISTANT else None
         if generation is not None:
-            message.writer = generation.deployment.name
+            # As the live page has it (message.accepted's model): marked where the scripted engine wrote it.
+            message.writer = generation.deployment.answer_model
             message.answered_by = "" if message.writer == model else message.writer
 
 

@@ -53,7 +53,7 @@ def _engines() -> dict[str, Any]:
     from inference.models import ModelDeployment
 
     deployments = list(ModelDeployment.objects.filter(is_enabled=True, task=ModelDeployment.Task.GENERATE))
-    states = {d.name: engine_state(d.name) for d in deployments}
+    states = {d.name: engine_state(d.answer_model) for d in deployments}
     # Which engine each runs on: a probe shows plainly a deployment answered by the scripted engine.
     kinds = {d.name: d.engine_kind for d in deployments}
     not_ready = sorted(name for name, state in states.items() if state != "ready")

@@ -210,7 +210,7 @@ def _refusal(deployment: ModelDeployment, *, engines: bool, soft: bool) -> str |
     if queued >= deployment.max_queued:
         return f"{FULL} ({queued} of {deployment.max_queued})"
     if engines:
-        state = engine_state(deployment.name)
+        state = engine_state(deployment.answer_model)
         if state == "failed":
             return "has a failed engine"
         if soft and state == "offline":

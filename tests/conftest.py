@@ -20,19 +20,26 @@ import pytest
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.core.cache import cache
+from django.test import override_settings
 
 from accounts import ratelimit
 from accounts.defaults import create_default_tiers
 from accounts.models import Tier, TierModelPrice
 from accounts.services import user_create
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME, DEFAULT_DEPLOYMENT_TOOL_FIELDS
-from inference.engine.host import EngineState, engine_hosts
+from inference.engine.host import EngineState, engine_host_for, engine_hosts
 from inference.execution.dispatch import local_backend
 from inference.execution.workers import worker_command
 from inference.models import ModelDeployment
 from inference.selectors import deployment_cache_clear
+from tests.parallel import redis_test_url
 
 PASSWORD = "a long enough password 1"
+# The scripted engine's pace in the tests (here and in their Celery workers): an answer of its ~60
+# tokens takes about 0.6 s, long enough to be stopped mid-stream, short enough not to be waited on.
+SCRIPTED_TOKENS_PER_S = 100.0
+# The model name the default deployment's answers carry on the scripted engine (`engine_kind_for`).
+SCRIPTED_DEFAULT = f"{DEFAULT_DEPLOYMENT_NAME}:scripted"
 
 
 # The modules about what the production topology changes: PostgreSQL's concurrent writers and dropped
@@ -75,13 +82,15 @@ def pytest_configure(config):
     tests: the production hasher (Argon2id) is slow on purpose, and most tests sign someone in.
     tests/accounts/test_settings.py checks what production uses."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    settings.INFERENCE_SCRIPTED_TOKENS_PER_S = SCRIPTED_TOKENS_PER_S
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups set here
 def pytest_collection_modifyitems(config, items):
-    """Mark the topology's tests (above), and run the fault tests first: they run a worker on a Redis
-    of their own, and the session's worker (the `engine` fixture, started by the first test that
-    needs it) would take that worker's running answers for orphans, its heartbeat being on the other
-    Redis."""
+    """Mark the topology's tests (above); run the fault tests first (they stop the run's worker, whose
+    reaper would take their workers' answers for orphans), then the real engine's, then the rest, so
+    that the run's worker changes engine once at most (`celery_engine_worker`); and group them for
+    pytest-xdist."""
     for item in items:
         if (
             item.module.__name__ in TOPOLOGY_MODULES
@@ -89,7 +98,18 @@ def pytest_collection_modifyitems(config, items):
             or item.get_closest_marker("fault")
         ):
             item.add_marker(pytest.mark.topology)
-    items.sort(key=lambda item: item.get_closest_marker("fault") is None)
+        if "engine" in getattr(item, "fixturenames", ()) and settings.INFERENCE_BACKEND == "local":
+            # The engine `engine` picks, started first: once a test's database transaction has written,
+            # SQLite's file is locked against the start's own write (its process heartbeat).
+            real = item.get_closest_marker("engine") is not None
+            item.fixturenames.insert(0, "vllm_engine" if real else "scripted_engine")
+        if item.get_closest_marker("fault"):
+            # Under pytest-xdist, in one process, before anything there starts the run's worker.
+            item.add_marker(pytest.mark.xdist_group("faults"))
+        elif item.get_closest_marker("engine"):
+            # Under pytest-xdist, the real engine's tests run in one process, which alone loads it.
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+    items.sort(key=lambda item: (item.get_closest_marker("fault") is None, item.get_closest_marker("engine") is None))
 
 
 @pytest.fixture(autouse=True)
@@ -104,12 +124,34 @@ def default_deployment(request):
     ):
         return None
     request.getfixturevalue("transactional_db" if "transactional_db" in request.fixturenames else "db")
+    kind = engine_kind_for(request)
     deployment, _ = ModelDeployment.objects.get_or_create(
-        name=DEFAULT_DEPLOYMENT_NAME, defaults={**DEFAULT_DEPLOYMENT_FIELDS, **DEFAULT_DEPLOYMENT_TOOL_FIELDS}
+        name=DEFAULT_DEPLOYMENT_NAME,
+        defaults={**DEFAULT_DEPLOYMENT_FIELDS, **DEFAULT_DEPLOYMENT_TOOL_FIELDS, "engine": kind},
     )
+    if deployment.engine != kind:
+        ModelDeployment.objects.filter(id=deployment.id).update(engine=kind)
+        deployment.engine = kind
     create_default_tiers(tier_model=Tier, price_model=TierModelPrice, deployment=deployment)
     staff_groups_restore()
     return deployment
+
+
+def engine_kind_for(request) -> str:
+    """The engine a test's answers come from: the real vLLM engine for a test marked `engine` (what
+    vLLM itself decides), else the scripted one (inference/engine/scripted.py), which answers in
+    milliseconds without a model, for everything about what surrounds an answer."""
+    if request.node.get_closest_marker("engine"):
+        return ModelDeployment.Engine.VLLM
+    return ModelDeployment.Engine.SCRIPTED
+
+
+@pytest.fixture(autouse=True)
+def deployments_on_the_tests_engine(request, monkeypatch):
+    """Every deployment a test creates without naming an engine runs on the test's (`engine_kind_for`),
+    as the default deployment does: the row says so, so a Celery worker reads it too."""
+    kind = engine_kind_for(request)
+    monkeypatch.setattr(ModelDeployment._meta.get_field("engine"), "_get_default", lambda: kind, raising=False)
 
 
 @pytest.fixture
@@ -208,7 +250,7 @@ def mallory(make_user):
     return make_user("mallory")
 
 
-REDIS_TEST_URL = "redis://127.0.0.1:6379/2"
+REDIS_TEST_URL = redis_test_url()
 
 
 @pytest.fixture
@@ -366,33 +408,94 @@ class LocalEngine:
         return engine_hosts()[deployment].dtype
 
 
-@pytest.fixture(scope="session")
-async def engine(django_db_setup, django_db_blocker, clean_redis):
-    """The real vLLM engine on the default model, started once for the whole run (≈40 s on a CPU).
+@pytest.fixture
+def engine(request):
+    """The engine behind a test's answers, started: the real vLLM engine on the default model for a
+    test marked `engine`, else the scripted engine (`engine_kind_for`).
 
-    Embedded default: it lives on the session's event loop, which every async test shares, exactly as
-    it lives on the server's loop. Production topology (REDIS_URL set): it lives in a real Celery
-    worker process, and every engine test goes web → Celery → Redis channel layer → socket. It starts
-    after Redis is emptied, which would otherwise drop its worker's first heartbeat.
+    Embedded default: either lives on the session's event loop, which every async test shares, exactly
+    as it lives on the server's loop. Production topology (REDIS_URL set): both live in one real Celery
+    worker process (`celery_engine_worker`), and every such test goes web → Celery → Redis channel
+    layer → socket.
     """
-    with django_db_blocker.unblock():
+    if settings.INFERENCE_BACKEND == "celery":
+        return request.getfixturevalue("celery_engine_worker")
+    real = engine_kind_for(request) == ModelDeployment.Engine.VLLM
+    return request.getfixturevalue("vllm_engine" if real else "scripted_engine")
+
+
+@pytest.fixture(scope="session")
+async def vllm_engine(django_db_setup, django_db_blocker):
+    """The real vLLM engine on the default model in this process, started once for the run (≈40 s
+    on a CPU)."""
+    host = await _local_engine_ready(django_db_blocker, ModelDeployment.Engine.VLLM)
+    yield LocalEngine(host)
+
+
+@pytest.fixture(scope="session")
+async def scripted_engine(django_db_setup, django_db_blocker):
+    """The default deployment on the scripted engine in this process (its tokenizer loads in well
+    under a second)."""
+    host = await _local_engine_ready(django_db_blocker, ModelDeployment.Engine.SCRIPTED)
+    yield LocalEngine(host)
+
+
+async def _local_engine_ready(django_db_blocker, kind: str):
+    from chatsite.database import db_async
+    from inference.selectors import engine_spec_for
+
+    def spec():
         # Earlier transactional tests may have flushed the migration's row.
-        await ModelDeployment.objects.aget_or_create(
-            name=DEFAULT_DEPLOYMENT_NAME, defaults={**DEFAULT_DEPLOYMENT_FIELDS, **DEFAULT_DEPLOYMENT_TOOL_FIELDS}
+        deployment, _ = ModelDeployment.objects.get_or_create(
+            name=DEFAULT_DEPLOYMENT_NAME,
+            defaults={**DEFAULT_DEPLOYMENT_FIELDS, **DEFAULT_DEPLOYMENT_TOOL_FIELDS},
         )
-        if settings.INFERENCE_BACKEND == "celery":
-            worker = CeleryWorker(deployments=[settings.INFERENCE_DEFAULT_DEPLOYMENT], name="test-gpu")
-            try:
-                await worker.wait_ready()
-                yield worker
-            finally:
-                worker.kill()
-            return
+        deployment.engine = kind
+        with override_settings(INFERENCE_ENGINE=""):
+            return engine_spec_for(deployment)
+
+    with django_db_blocker.unblock():
         await local_backend.start()
-        host = engine_hosts()[settings.INFERENCE_DEFAULT_DEPLOYMENT]
+        host = engine_host_for(await db_async(spec)())
         await host.wait_ready(timeout=settings.INFERENCE_ENGINE_START_TIMEOUT_S)
-        assert host.state is EngineState.READY
-        yield LocalEngine(host)
+    assert host.state is EngineState.READY
+    return host
+
+
+class EngineWorkers:
+    """The run's Celery worker for tests that need an engine (`celery_engine_worker`), and the engine
+    it hosts ("vllm" or "scripted")."""
+
+    worker: CeleryWorker | None = None
+    kind = ""
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+        self.worker, self.kind = None, ""
+
+
+@pytest.fixture(scope="session")
+def engine_workers(django_db_setup, django_db_blocker, clean_redis):
+    workers = EngineWorkers()
+    yield workers
+    workers.stop()
+
+
+@pytest.fixture
+async def celery_engine_worker(engine_workers, default_deployment):
+    """The run's real Celery worker serving the default deployment on the engine its row names
+    (`default_deployment`): the tests of one engine follow each other (`pytest_collection_modifyitems`),
+    so it is started once for each. It starts after Redis is emptied, which would otherwise drop its
+    first heartbeat."""
+    kind = default_deployment.engine
+    if engine_workers.worker is not None and engine_workers.kind == kind:
+        return engine_workers.worker
+    engine_workers.stop()
+    worker = CeleryWorker(deployments=[settings.INFERENCE_DEFAULT_DEPLOYMENT], name=f"test-gpu-{kind}")
+    engine_workers.worker, engine_workers.kind = worker, kind
+    await worker.wait_ready()
+    return worker
 
 
 class CeleryWorker:
@@ -428,6 +531,7 @@ class CeleryWorker:
                 # As in this process (`titles_from_first_words`): a title is a generation of its own, which the
                 # worker would otherwise ask for after each first answer.
                 "CHAT_TITLES_FROM_MODEL": "false",
+                "INFERENCE_SCRIPTED_TOKENS_PER_S": str(SCRIPTED_TOKENS_PER_S),
                 **worker_tracing_environment(name),
                 **({"VLLM_CPU_OMP_THREADS_BIND": cores} if cores else {}),
             },

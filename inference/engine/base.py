@@ -54,6 +54,13 @@ class EngineSpec:
     extra_args: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def host_name(self) -> str:
+        """What its host is known by in a process, its heartbeat and its state: the deployment's name,
+        marked as its answers' model name is where the scripted engine answers (`answer_model`). A
+        deployment switched from one engine to the other is then two hosts, never one taken for the other."""
+        return self.name if self.engine == "vllm" else f"{self.name}:{self.engine}"
+
+    @property
     def uses_priority(self) -> bool:
         return self.extra_args.get("scheduling_policy") == "priority"
 
@@ -75,6 +82,12 @@ class EngineSpec:
         }
         args.update(self.extra_args)
         return args
+
+
+def host_names(deployment: str) -> list[str]:
+    """The hosts (`EngineSpec.host_name`) a name may mean, in order: a host's own name exactly, or, for a
+    bare deployment name, its vLLM engine, then its scripted one."""
+    return [deployment] if ":" in deployment else [deployment, f"{deployment}:scripted"]
 
 
 @dataclass(frozen=True)

@@ -245,11 +245,12 @@ def engine_host_for(spec: EngineSpec) -> EngineHostBase:
     """The process's host for a deployment, created on first use (not started): vLLM's, or the
     scripted engine's where the spec says so. The one place a host is chosen, for the web process
     and the Celery worker alike."""
-    host = _hosts.get(spec.name)
+    host = _hosts.get(spec.host_name)
     if host is None:
-        host = _hosts[spec.name] = HOSTS[spec.engine](spec)
+        host = _hosts[spec.host_name] = HOSTS[spec.engine](spec)
     return host
 
 
 def engine_hosts() -> dict[str, EngineHostBase]:
+    """This process's hosts by `EngineSpec.host_name`: a deployment's name, or it marked ':scripted'."""
     return dict(_hosts)

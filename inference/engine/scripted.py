@@ -14,7 +14,8 @@ What it writes:
 - an object of the schema a `response_format` asks for;
 - else a text answer that quotes the start of the newest user turn and then `PASSAGE`, ended as a
   model ends (finish reason "stop") unless `max_tokens` comes first, or `ignore_eos` / `min_tokens`
-  make it write the passage again.
+  make it write the passage again, as does `[write on]` in the newest user turn (a long answer, as
+  a person asking for a story gets: it ends only at `max_tokens`).
 
 It loads only the tokenizer (well under a second for the default model) and imports nothing of vLLM.
 """
@@ -38,6 +39,8 @@ PASSAGE = (
 )
 # In a user's turn, asks for a call of that tool when the request offers it (`tool_choice` "auto").
 CALL_REQUEST = re.compile(r"\[call ([A-Za-z0-9_-]{1,64})\]")
+# In a user's turn, asks for an answer that goes on until `max_tokens`.
+WRITE_ON = "[write on]"
 QUOTED_CHARS = 80
 SENTINEL = "\u2063scripted-user-turn\u2063"
 
@@ -117,7 +120,7 @@ class ScriptedEngineHost(EngineHostBase):
             return json.dumps(schema_value(request.json_schema)), True
         quoted = " ".join(user_text.split())[:QUOTED_CHARS]
         opening = f'You said "{quoted}". ' if quoted else ""
-        return opening + PASSAGE, not request.ignore_eos
+        return opening + PASSAGE, not (request.ignore_eos or WRITE_ON in user_text)
 
     def _newest_user_text(self, prompt_token_ids: list[int]) -> str:
         if self._user_turn is None:

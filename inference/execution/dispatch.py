@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from inference.engine.base import host_names
 from inference.engine.host import EngineState, engine_host_for, engine_hosts
 from inference.selectors import LOCAL_WORKER_PREFIX
 
@@ -121,7 +122,8 @@ class LocalBackend:
             self.runner.release_threadsafe(generation_id)
 
     def engine_state(self, deployment: str) -> str:
-        host = engine_hosts().get(deployment)
+        hosts = engine_hosts()
+        host = next((hosts[name] for name in host_names(deployment) if name in hosts), None)
         return host.state.value if host else EngineState.IDLE.value
 
 
@@ -218,4 +220,6 @@ def generation_gate_open(*, generation_id: Any) -> None:
 
 
 def engine_state(deployment: str) -> str:
+    """The state of the engine that answers for `deployment`: a host's name (`ModelDeployment.answer_model`,
+    exact), or a bare deployment name, which means the vLLM engine where one is hosted, else the scripted one."""
     return backend.engine_state(deployment)

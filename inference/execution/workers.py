@@ -293,11 +293,14 @@ def release_broadcast(generation_id: Any) -> None:
 def worker_engine_state(deployment: str) -> str:
     """ready if any live worker's engine for it is ready, else loading if one is loading, else failed
     if one failed to load, else offline (no live worker serves it)."""
+    from inference.engine.base import host_names
+
     client = _redis()
     since = time.time() - settings.INFERENCE_WORKER_HEARTBEAT_TTL_S
-    for state in ("ready", "loading", "failed"):
-        if client.zcount(ENGINE_STATE_KEY.format(deployment=deployment, state=state), since, "+inf"):
-            return state
+    for name in host_names(deployment):
+        for state in ("ready", "loading", "failed"):
+            if client.zcount(ENGINE_STATE_KEY.format(deployment=name, state=state), since, "+inf"):
+                return state
     return "offline"
 
 

@@ -184,7 +184,6 @@ async def test_a_suspended_users_queued_answer_is_stopped_and_its_end_announced(
     assert done["type"] == "generation.done" and done["status"] == "stopped"
 
 
-@pytest.mark.engine
 async def test_a_suspended_users_running_answer_is_stopped_in_the_engine(engine, alice):
     socket, _ = await open_socket(alice)
     await socket.send_json_to(

@@ -52,7 +52,6 @@ async def sign_up(page, username: str) -> None:
 
 BROWSER_MARKS = [
     pytest.mark.browser,
-    pytest.mark.engine,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Chromium is not installed (apt-get install chromium)"),
 ]

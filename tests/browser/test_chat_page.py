@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import re
 
+import pytest
+
 from conversations.models import Message
 from inference.models import Generation
 from tests.browser.conftest import ARTIFACTS, BROWSER_MARKS, SOURCE, sign_up
@@ -18,6 +20,7 @@ pytestmark = BROWSER_MARKS
 # The markdown an answer shows (its .content holds it rendered: tests/browser/test_rendering.py).
 
 
+@pytest.mark.engine  # the one browser chat on the real engine; the others' answers are scripted
 async def test_a_new_user_gets_a_streamed_answer_that_is_still_there_after_a_reload(page):
     await sign_up(page, "erin")
     await page.fill("#input", "What is the capital of France?")

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from inference.defaults import DEFAULT_DEPLOYMENT_NAME
 from inference.models import ModelDeployment
 from tests.browser.conftest import BROWSER_MARKS, sign_up
+from tests.conftest import SCRIPTED_DEFAULT
 from tests.orchestration.test_routing import full_canary_before
 
 pytestmark = BROWSER_MARKS
@@ -28,10 +28,10 @@ async def test_an_answer_that_fell_back_says_which_model_wrote_it_live_and_after
 
     answer = page.locator("article.message.assistant").last
     await page.wait_for_selector("article.message.assistant[data-status=complete]")
-    assert await answer.locator(".answered-by").text_content() == f"Answered by {DEFAULT_DEPLOYMENT_NAME}"
+    assert await answer.locator(".answered-by").text_content() == f"Answered by {SCRIPTED_DEFAULT}"
 
     await page.reload()
     await page.wait_for_selector("article.message.assistant[data-status=complete]")
     answer = page.locator("article.message.assistant").last
-    assert await answer.locator(".answered-by").text_content() == f"Answered by {DEFAULT_DEPLOYMENT_NAME}"
+    assert await answer.locator(".answered-by").text_content() == f"Answered by {SCRIPTED_DEFAULT}"
     assert await page.input_value("#model") == "chat"

@@ -169,7 +169,6 @@ async def test_a_static_file_keeps_its_caching_for_a_signed_in_person():
     assert b"cookie" not in headers.get(b"vary", b"").lower()
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_a_streamed_completion_is_not_stored(chat_server, alice):
     key = await database_sync_to_async(lambda: api_key_create(user=alice, name="t", scopes=["chat"]).key)()

@@ -340,7 +340,6 @@ def sse_events(text: str) -> list[tuple[str, dict]]:
     return events
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_a_message_streams_its_answer_and_is_saved_complete(chat_server, alice):
     key = await database_sync_to_async(lambda: api_key_create(user=alice, name="t", scopes=["chat"]).key)()
@@ -376,7 +375,6 @@ async def _send_and_read(server: str, key: str, body: dict) -> list[tuple[str, d
         return sse_events("".join([chunk async for chunk in response.aiter_text()]))
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_a_send_repeated_with_its_client_id_is_saved_and_answered_once(chat_server, alice):
     key = await database_sync_to_async(lambda: api_key_create(user=alice, name="t", scopes=["chat"]).key)()
@@ -396,7 +394,6 @@ async def test_a_send_repeated_with_its_client_id_is_saved_and_answered_once(cha
     assert await Generation.objects.filter(user=alice).acount() == 1
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_a_send_repeated_after_its_answer_is_gone_from_the_buffer_gets_it_whole_from_the_row(
     chat_server, alice, monkeypatch
@@ -421,7 +418,6 @@ async def test_a_send_repeated_after_its_answer_is_gone_from_the_buffer_gets_it_
     assert await Generation.objects.filter(user=alice).acount() == 1
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_a_client_that_disconnects_stops_the_answer(chat_server, alice):
     key = await database_sync_to_async(lambda: api_key_create(user=alice, name="t", scopes=["chat"]).key)()

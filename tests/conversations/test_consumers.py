@@ -233,7 +233,6 @@ async def _stop_after_three_deltas(socket) -> tuple[tuple[dict, list[dict], list
     return (accepted, deltas, events, timeline), running
 
 
-@pytest.mark.engine
 async def test_stop_ends_the_generation_in_the_engine_and_keeps_the_partial_text(engine, alice):
     socket, _ = await open_socket(alice)
     accepted, deltas, events, timeline = await stopped_while_streaming(lambda: _stop_after_three_deltas(socket))
@@ -258,7 +257,6 @@ async def test_stop_ends_the_generation_in_the_engine_and_keeps_the_partial_text
     await socket.disconnect()
 
 
-@pytest.mark.engine
 async def test_a_reconnecting_client_resumes_from_the_last_seq_it_saw(engine, alice):
     first, _ = await open_socket(alice)
     await first.send_json_to({"type": "message.send", "content": "Name three colours of the rainbow."})
@@ -283,7 +281,6 @@ async def test_a_reconnecting_client_resumes_from_the_last_seq_it_saw(engine, al
     await second.disconnect()
 
 
-@pytest.mark.engine
 async def test_a_stream_that_ends_while_a_follower_joins_reaches_it_whole(
     engine, alice, default_deployment, monkeypatch
 ):
@@ -484,7 +481,6 @@ async def test_a_socket_whose_buffer_cannot_be_read_still_ends_an_answer_from_it
     await socket.disconnect()
 
 
-@pytest.mark.engine
 async def test_a_message_sent_again_after_its_socket_dropped_is_answered_once(engine, alice):
     """The page's socket drops after sending, before it hears the answer (a web process restarted,
     a network change): on its next socket it sends the same frame as a retry, and gets the message
@@ -533,7 +529,6 @@ async def test_a_refused_send_names_its_client_id(alice):
     await socket.disconnect()
 
 
-@pytest.mark.engine
 async def test_a_message_sent_while_the_model_loads_waits_for_it(engine, alice):
     # The engine is already up here; what matters is that the runner waits on readiness, not that it
     # races it: a send straight after connecting is answered, not refused.
@@ -544,7 +539,6 @@ async def test_a_message_sent_while_the_model_loads_waits_for_it(engine, alice):
     await socket.disconnect()
 
 
-@pytest.mark.engine
 async def test_a_second_tab_on_the_same_conversation_sees_the_same_stream(engine, alice, short_answers):
     first, _ = await open_socket(alice)
     second, _ = await open_socket(alice)
@@ -565,7 +559,6 @@ async def test_a_second_tab_on_the_same_conversation_sees_the_same_stream(engine
     await second.disconnect()
 
 
-@pytest.mark.engine
 async def test_a_failed_answer_is_regenerated_over_the_socket(engine, alice):
     from inference.services import generation_finish
 

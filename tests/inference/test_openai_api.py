@@ -38,7 +38,6 @@ def client_for(server: str, key: str, *, sync: bool = False):
     return cls(base_url=f"{server}/v1", api_key=key, max_retries=0, timeout=120)
 
 
-@pytest.mark.engine
 async def test_a_streamed_completion_matches_the_openai_wire_format(chat_server, alice, key_for):
     client = client_for(chat_server, await database_sync_to_async(key_for)(alice))
     stream = await client.chat.completions.create(
@@ -62,7 +61,6 @@ async def test_a_streamed_completion_matches_the_openai_wire_format(chat_server,
     assert all(c.usage is None for c in chunks[:-1])
 
 
-@pytest.mark.engine
 async def test_a_completion_without_streaming_has_a_message_and_usage(chat_server, alice, key_for):
     key = await database_sync_to_async(key_for)(alice)
 
@@ -82,7 +80,6 @@ async def test_a_completion_without_streaming_has_a_message_and_usage(chat_serve
     assert sorted(g.sampling["seed"] for g in generations) == [7, 8]
 
 
-@pytest.mark.engine
 async def test_a_client_that_disconnects_stops_the_generation(chat_server, alice, key_for):
     key = await database_sync_to_async(key_for)(alice)
     body = {
@@ -132,7 +129,6 @@ async def test_errors_surface_as_the_clients_own_exception_types(chat_server, al
     assert not await Generation.objects.aexists()
 
 
-@pytest.mark.engine
 async def test_a_rate_limit_answers_429_with_retry_after(chat_server, alice, key_for):
     await Tier.objects.filter(name="free").aupdate(requests_per_minute=1)
     key = await database_sync_to_async(key_for)(alice)

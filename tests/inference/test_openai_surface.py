@@ -69,7 +69,6 @@ async def test_a_text_completion_continues_the_prompt_and_is_charged(chat_server
     assert record.prompt_tokens == completion.usage.prompt_tokens
 
 
-@pytest.mark.engine
 async def test_a_streamed_text_completion_has_text_chunks_and_usage(chat_server, alice, key_for):
     client = client_for(chat_server, await database_sync_to_async(key_for)(alice))
 
@@ -210,7 +209,7 @@ async def test_a_model_is_retrieved_by_name_and_an_unknown_one_is_not_found(
 ):
     client = client_for(server_without_engine, await database_sync_to_async(key_for)(alice))
     model = await in_thread(lambda: client.models.retrieve(MODEL))
-    assert model.id == MODEL and model.object == "model" and model.owned_by == "chatsite"
+    assert model.id == MODEL and model.object == "model" and model.owned_by == "chatsite:scripted"
     assert {m.id for m in (await in_thread(client.models.list)).data} == {"auto", MODEL, EMBEDDER}
     with pytest.raises(openai.NotFoundError) as raised:
         await in_thread(lambda: client.models.retrieve("no-such-model"))

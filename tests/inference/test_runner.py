@@ -18,7 +18,6 @@ from inference.services import generation_from_order, generation_order
 from inference.streaming.streams import replay_buffer
 
 pytestmark = [
-    pytest.mark.engine,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(settings.INFERENCE_BACKEND != "local", reason="the runner lives in a worker process there"),
 ]
@@ -174,6 +173,7 @@ async def test_an_ordered_run_is_moderated_under_the_tier_its_order_carries(engi
     assert (under_her_own.status, under_her_own.completion_tokens) == (Generation.Status.COMPLETE, 8)
 
 
+@pytest.mark.engine  # vLLM's own refusal of a sampling field
 async def test_an_ordered_run_the_engine_refuses_is_still_claimed_and_recorded_failed(
     engine, alice, default_deployment
 ):

@@ -136,15 +136,17 @@ async def test_a_stop_ends_the_scripted_answer_at_once_and_frees_the_engine(scri
     generation = await Generation.objects.aget(id=accepted["generation"])
     assert (generation.status, generation.finish_reason) == ("stopped", "abort")
     assert 0 < generation.completion_tokens < scripted_tokens(expected_answer("Tell me a long story."))
-    assert engine_hosts()[SCRIPTED].unfinished_requests() == 0
+    assert engine_hosts()[f"{SCRIPTED}:scripted"].unfinished_requests() == 0
 
 
 # --- the OpenAI API, with the official client ----------------------------------------------------------
 
 
 async def test_the_official_client_gets_a_marked_model_name_the_text_and_its_usage(
-    scripted, server_without_engine, alice, client_of
+    scripted, server_without_engine, alice, client_of, default_deployment
 ):
+    # Beside a deployment on vLLM (listed only, never asked).
+    await ModelDeployment.objects.filter(id=default_deployment.id).aupdate(engine=ModelDeployment.Engine.VLLM)
     client = await client_of(server_without_engine, alice)
     whole = await client.chat.completions.create(
         model=SCRIPTED, messages=[{"role": "user", "content": "Hello there"}], max_tokens=200
@@ -184,6 +186,19 @@ async def test_max_tokens_ends_a_scripted_answer_with_length(scripted, server_wi
     assert answer.choices[0].finish_reason == "length"
     assert answer.usage.completion_tokens == 5
     assert expected_answer("Hello there").startswith(answer.choices[0].message.content)
+
+
+async def test_write_on_in_the_user_turn_makes_an_answer_that_ends_only_at_max_tokens(
+    scripted, server_without_engine, alice, client_of
+):
+    client = await client_of(server_without_engine, alice)
+    asked = "Tell me a long story [write on]"
+    answer = await client.chat.completions.create(
+        model=SCRIPTED, messages=[{"role": "user", "content": asked}], max_tokens=300
+    )
+    assert (answer.choices[0].finish_reason, answer.usage.completion_tokens) == ("length", 300)
+    text = answer.choices[0].message.content
+    assert text.startswith(expected_answer(asked)) and text.count(PASSAGE) >= 2
 
 
 async def test_a_stop_string_ends_a_scripted_answer_before_it(scripted, server_without_engine, alice, client_of):
@@ -309,6 +324,7 @@ async def test_readyz_names_the_engine_each_deployment_runs_on(scripted, default
 
 
 def test_inference_engine_puts_every_deployment_on_the_scripted_engine(default_deployment, settings):
+    default_deployment.engine = ModelDeployment.Engine.VLLM
     assert engine_spec_for(default_deployment).engine == "vllm"
     assert default_deployment.answer_model == DEFAULT_DEPLOYMENT_NAME
     settings.INFERENCE_ENGINE = "scripted"
@@ -379,6 +395,6 @@ async def test_a_celery_worker_hosts_the_scripted_engine(alice):
         generation = await Generation.objects.aget(id=accepted["generation"])
         assert generation.worker.startswith("test-scripted@")
         assert await UsageRecord.objects.filter(generation=generation).aexists()
-        assert worker.status()["dtypes"] == {SCRIPTED: "scripted"}
+        assert worker.status()["dtypes"] == {f"{SCRIPTED}:scripted": "scripted"}
     finally:
         worker.kill()

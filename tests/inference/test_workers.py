@@ -21,7 +21,6 @@ from inference.services import generation_claim
 from tests.conftest import CeleryWorker, drain_until_finished, next_event, open_socket, stopped_while_streaming
 
 pytestmark = [
-    pytest.mark.engine,
     pytest.mark.redis,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(settings.INFERENCE_BACKEND != "celery", reason="needs the production topology (REDIS_URL)"),
@@ -255,7 +254,9 @@ async def test_an_answer_its_live_worker_no_longer_runs_is_ended(engine, alice, 
 
     # While the worker runs an answer, its heartbeat lists it, and the reaper leaves it alone.
     socket, _ = await open_socket(alice)
-    await socket.send_json_to({"type": "message.send", "content": "Write a long story about a storm at sea."})
+    await socket.send_json_to(
+        {"type": "message.send", "content": "Write a long story about a storm at sea. [write on]"}
+    )
     accepted = None
     while True:
         event = await next_event(socket)

@@ -197,7 +197,6 @@ async def _held_generation_of(user) -> Generation:
     raise AssertionError("the held answer was never claimed while its message was judged")
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_a_held_answer_shows_nothing_until_its_message_passes(engine, alice, monkeypatch, make_policy):
     from moderation.defaults import DEFAULT_RULES
@@ -231,7 +230,6 @@ async def test_a_held_answer_shows_nothing_until_its_message_passes(engine, alic
     await socket.disconnect()
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_a_held_answer_whose_socket_closes_before_the_verdict_is_still_released_by_it(engine, alice, monkeypatch):
     """The socket's handler is cancelled when it closes; the verdict is still taken and applied
@@ -250,7 +248,6 @@ async def test_a_held_answer_whose_socket_closes_before_the_verdict_is_still_rel
         await asyncio.sleep(0.05)
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_a_held_answer_whose_message_is_blocked_is_withdrawn_unseen(engine, alice, monkeypatch):
     from tests.conftest import next_event, open_socket
@@ -316,7 +313,6 @@ async def _held_generation_queued(user, deployment, *, max_tokens: int) -> Gener
     )
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_a_release_whose_message_was_lost_is_found_in_the_database(engine, alice, default_deployment):
     """Pub/sub delivers at most once: the runner holding an answer looks for its verdict in the row."""
@@ -339,7 +335,6 @@ async def test_a_release_whose_message_was_lost_is_found_in_the_database(engine,
     assert "".join(e.get("text", "") for e in events if e["type"] == "generation.delta").strip()
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.skipif(settings.INFERENCE_BACKEND != "local", reason="the runner lives in a worker process there")
 @pytest.mark.parametrize(("content", "shown"), [(HARMLESS, True), (BOMB, False)])

@@ -270,7 +270,6 @@ def test_an_answer_is_moderated_under_the_tier_its_message_was_sent_under(
     assert output_monitor_for(generation=generation).policy.rules != {"violence": (0.0, "block")}
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_a_flagged_answer_is_cut_mid_stream_and_ends_with_content_filter(engine, alice, make_policy):
     # A threshold of zero trips on the first sentence the real model writes.

@@ -42,7 +42,6 @@ def test_readiness_fails_while_redis_is_down_and_recovers(client, settings):
         server.stop()
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_readiness_needs_a_ready_engine_for_every_enabled_deployment(engine, async_client):
     ready = await async_client.get("/readyz")
@@ -82,7 +81,6 @@ async def _wait_ready(*args: str) -> tuple[int, str]:
     return process.returncode, out.decode()
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_the_readiness_wait_says_when_the_service_can_take_messages_and_why_not(engine, chat_server):
     procfile = (settings.BASE_DIR / "Procfile").read_text()

@@ -26,7 +26,6 @@ async def until_changed(url: str, name: str, before: float, *, timeout: float = 
         await asyncio.sleep(0.2)
 
 
-@pytest.mark.engine
 async def test_a_chat_message_and_an_api_call_move_the_counters_and_histograms(engine, chat_server, alice):
     engine_url = engine_metrics_url(engine, chat_server)
     before = await scrape(engine_url)
@@ -75,7 +74,7 @@ async def test_a_chat_message_and_an_api_call_move_the_counters_and_histograms(e
 
     web = await scrape(f"{chat_server}/metrics")
     assert "chatsite_queue_depth" in web or total(web, "chatsite_generations_running") == 0
-    assert total(web, "chatsite_workers", deployment=MODEL, state="ready") >= 1
+    assert total(web, "chatsite_workers", deployment=f"{MODEL}:scripted", state="ready") >= 1
 
 
 @pytest.mark.django_db(transaction=False)

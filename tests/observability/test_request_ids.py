@@ -48,7 +48,6 @@ def test_json_lines_carry_the_request_id():
     assert line["message"] == "hello alice" and line["request_id"] == "rid-1" and line["level"] == "INFO"
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_the_request_id_reaches_the_log_lines_of_its_generation(engine, chat_server, alice, caplog):
     """Embedded default: the runner's records carry it. Production topology: the worker's log file

@@ -88,7 +88,6 @@ async def _spans_until(receiver, trace_id: str, holds, *, timeout: float = 20) -
         await asyncio.sleep(0.2)
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_an_api_call_is_one_trace_from_the_web_request_to_the_engine(
     engine, chat_server, alice, traced_web_process

@@ -176,7 +176,6 @@ class TestTheApiPath:
         assert not generation.cached
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_the_api_streams_a_cached_answer_and_says_so(chat_server, alice, bob):
     await database_sync_to_async(ModelDeployment.objects.filter(name=MODEL).update)(semantic_cache=True)
@@ -213,7 +212,6 @@ async def test_the_api_streams_a_cached_answer_and_says_so(chat_server, alice, b
     assert rows == [("cached", 0), ("cached", 0)]
 
 
-@pytest.mark.engine
 @pytest.mark.django_db(transaction=True)
 async def test_the_chat_page_streams_a_cached_answer_marked_as_cached(engine, alice, bob):
     await database_sync_to_async(ModelDeployment.objects.filter(name=MODEL).update)(semantic_cache=True)

@@ -330,13 +330,15 @@ def redis_engine_state():
 
     def report(deployment: ModelDeployment, state: EngineState, *, at: float | None = None) -> None:
         if settings.INFERENCE_BACKEND == "local":
-            host = engine_host_for(engine_spec_for(deployment))
+            spec = engine_spec_for(deployment)
+            host = engine_host_for(spec)
             host.state = state
-            touched.append(deployment.name)
+            touched.append(spec.host_name)
             return
         from inference.execution.workers import ENGINE_STATE_KEY, _redis
 
-        key = ENGINE_STATE_KEY.format(deployment=deployment.name, state=state.value)
+        # As a worker names its host: marked where the row puts it on the scripted engine.
+        key = ENGINE_STATE_KEY.format(deployment=deployment.answer_model, state=state.value)
         _redis().zadd(key, {"routing-test": time.time() if at is None else at})
         written.append(key)
 

@@ -17,7 +17,7 @@ from accounts.models import Tier, TierModelPrice, UsageRecord
 from accounts.services import api_key_create, user_set_tier
 from inference.defaults import DEFAULT_DEPLOYMENT_NAME
 from inference.models import Generation, ModelDeployment
-from tests.conftest import drain_until_finished, open_socket
+from tests.conftest import SCRIPTED_DEFAULT, drain_until_finished, open_socket
 from tests.orchestration.test_routing import CANARY, fill_queue, full_canary_before
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,13 +40,13 @@ def client_for(server: str, key: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=key, max_retries=0, timeout=120)
 
 
-@pytest.mark.engine
 async def test_a_chat_message_falls_back_and_the_page_says_which_model_wrote_it(engine, alice, chat_name):
     socket, _ = await open_socket(alice)
     await socket.send_json_to({"type": "message.send", "content": "Say hello in five words.", "model": "chat"})
     events = await drain_until_finished(socket)
     accepted = next(e for e in events if e["type"] == "message.accepted")
-    assert accepted["model"] == DEFAULT_DEPLOYMENT_NAME
+    # The scripted engine answers here, and the name says so (ModelDeployment.answer_model).
+    assert accepted["model"] == SCRIPTED_DEFAULT
     assert events[-1]["type"] == "generation.done", events[-1]
     assert "cached_tokens" in events[-1]["usage"]["prompt_tokens_details"]
     generation = await Generation.objects.select_related("deployment").aget(id=accepted["generation"])
@@ -57,11 +57,10 @@ async def test_a_chat_message_falls_back_and_the_page_says_which_model_wrote_it(
     client = Client()
     await database_sync_to_async(client.force_login)(alice)
     page = await database_sync_to_async(client.get)(f"/c/{accepted['conversation']}/")
-    assert f"Answered by {DEFAULT_DEPLOYMENT_NAME}" in page.content.decode()
+    assert f"Answered by {SCRIPTED_DEFAULT}" in page.content.decode()
     assert '<option value="chat" selected>' in page.content.decode()
 
 
-@pytest.mark.engine
 async def test_the_openai_client_asks_for_a_public_name_and_is_told_which_model_wrote_it(
     chat_server, alice, key_for, chat_name
 ):
@@ -71,7 +70,7 @@ async def test_the_openai_client_asks_for_a_public_name_and_is_told_which_model_
     completion = await client.chat.completions.create(
         model="chat", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8
     )
-    assert completion.model == DEFAULT_DEPLOYMENT_NAME
+    assert completion.model == SCRIPTED_DEFAULT
     assert completion.choices[0].message.content
 
 
