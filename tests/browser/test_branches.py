@@ -11,7 +11,7 @@ from conversations.models import Conversation, Message, MessageFeedback
 from conversations.services import message_send
 from inference.models import Generation
 from inference.services import generation_finish
-from tests.browser.conftest import BROWSER_MARKS, SOURCE, sign_up
+from tests.browser.conftest import BROWSER_MARKS, SOURCE, sign_in
 
 # These tests are about the tree, not what the answers say.
 pytestmark = [*BROWSER_MARKS, pytest.mark.usefixtures("short_answers")]
@@ -47,7 +47,7 @@ async def _ask(page, text: str) -> None:
 
 
 async def test_an_edit_is_a_branch_the_page_navigates_and_a_reload_keeps(page):
-    await sign_up(page, "nina")
+    await sign_in(page, "nina")
     await _ask(page, "Name a colour.")
     question = page.locator("article.message.user").first
     await question.locator("button.edit").click()
@@ -81,7 +81,7 @@ async def test_an_edit_is_a_branch_the_page_navigates_and_a_reload_keeps(page):
 
 
 async def test_regenerate_adds_an_answer_beside_the_old_and_answers_take_copy_and_feedback(page):
-    await sign_up(page, "oscar")
+    await sign_in(page, "oscar")
     await page.context.grant_permissions(["clipboard-read", "clipboard-write"])
     await _ask(page, "Say hi.")
     first_text = await page.locator("article.message.assistant .content").evaluate(SOURCE)
@@ -126,7 +126,7 @@ async def _conversation_with_an_ended_answer(username: str, monkeypatch, **finis
 
 
 async def test_an_answer_cut_at_its_length_limit_says_so_after_a_reload_and_continues(page, monkeypatch):
-    await sign_up(page, "petra")
+    await sign_in(page, "petra")
     conversation = await _conversation_with_an_ended_answer(
         "petra", monkeypatch, status="complete", text="2 + 2 equals", finish_reason="length", completion_tokens=5
     )
@@ -148,7 +148,7 @@ async def test_an_answer_cut_at_its_length_limit_says_so_after_a_reload_and_cont
 
 
 async def test_a_failed_answer_says_why_and_retry_answers_again_beside_it(page, monkeypatch):
-    await sign_up(page, "quinn")
+    await sign_in(page, "quinn")
     conversation = await _conversation_with_an_ended_answer(
         "quinn", monkeypatch, status="failed", text="", error_code="worker_lost", error_message="The worker stopped."
     )

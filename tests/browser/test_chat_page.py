@@ -13,7 +13,7 @@ import pytest
 
 from conversations.models import Message
 from inference.models import Generation
-from tests.browser.conftest import ARTIFACTS, BROWSER_MARKS, SOURCE, sign_up
+from tests.browser.conftest import ARTIFACTS, BROWSER_MARKS, SOURCE, sign_in, sign_up
 
 pytestmark = BROWSER_MARKS
 
@@ -50,7 +50,7 @@ async def test_a_new_user_gets_a_streamed_answer_that_is_still_there_after_a_rel
 
 
 async def test_stop_keeps_the_partial_answer(page):
-    await sign_up(page, "frank")
+    await sign_in(page, "frank")
     await page.fill("#input", "Write a very long story about a lighthouse keeper and his cat.")
     await page.click("#send")
     answer = page.locator("article.message.assistant").last
@@ -68,7 +68,7 @@ async def test_stop_keeps_the_partial_answer(page):
 
 
 async def test_text_that_looks_like_html_stays_text(page):
-    await sign_up(page, "grace")
+    await sign_in(page, "grace")
     payload = '<img src=x onerror="window.pwned=1"><b>bold</b>'
     await page.fill("#input", payload)
     await page.keyboard.press("Enter")
@@ -137,7 +137,7 @@ async def dropped_before_the_page_hears(page, event_type: str) -> asyncio.Event:
 
 
 async def test_a_message_written_while_disconnected_waits_and_is_sent_on_reconnect(page):
-    await sign_up(page, "heidi")
+    await sign_in(page, "heidi")
     allowed = await written_while_disconnected(page, "Say hello.")
     # Kept on the page, pending, and not refused: nothing has reached the server.
     assert await page.locator("article.message.user .content").last.text_content() == "Say hello."
@@ -152,7 +152,7 @@ async def test_a_message_written_while_disconnected_waits_and_is_sent_on_reconne
 
 
 async def test_stop_takes_back_a_message_still_waiting_for_the_socket(page):
-    await sign_up(page, "judy")
+    await sign_in(page, "judy")
     allowed = await written_while_disconnected(page, "Never mind.")
     await page.click("#stop")
     assert await page.locator("article.message").count() == 0
@@ -168,7 +168,7 @@ async def test_stop_takes_back_a_message_still_waiting_for_the_socket(page):
 async def test_a_message_whose_acceptance_was_lost_is_sent_again_and_answered_once(page):
     """The socket drops after the server saved the message, before the page heard so: the page sends
     it again on its next socket, and the server answers with the message it saved, not a second one."""
-    await sign_up(page, "ivan")
+    await sign_in(page, "ivan")
     dropped = await dropped_before_the_page_hears(page, "message.accepted")
     await page.fill("#input", "Name a colour.")
     await page.keyboard.press("Enter")
@@ -187,7 +187,7 @@ async def test_a_message_whose_acceptance_was_lost_is_sent_again_and_answered_on
 async def test_a_regenerate_whose_answer_was_lost_is_sent_again_and_answered_once(page, short_answers):
     """The socket drops after the server began the new answer, before the page heard so: the page
     asks again on its next socket, naming the answer it showed, and follows the one already begun."""
-    await sign_up(page, "kim")
+    await sign_in(page, "kim")
     await page.fill("#input", "Name a fruit.")
     await page.keyboard.press("Enter")
     await page.wait_for_selector("article.message.assistant.status-complete")

@@ -9,7 +9,7 @@ from channels.db import database_sync_to_async
 from accounts.models import User
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create
-from tests.browser.conftest import BROWSER_MARKS, SOURCE, sign_up
+from tests.browser.conftest import BROWSER_MARKS, SOURCE, sign_in
 
 pytestmark = BROWSER_MARKS
 
@@ -30,7 +30,7 @@ async def _chat(username: str, title: str, *exchange: str) -> Conversation:
 
 async def test_a_new_chat_gets_the_models_title_and_its_actions_without_a_reload(page, settings):
     settings.CHAT_TITLES_FROM_MODEL = True
-    await sign_up(page, "hazel")
+    await sign_in(page, "hazel")
     assert await page.locator("#conversation-actions").is_hidden()
     await page.fill("#input", "What is the capital of France?")
     await page.keyboard.press("Enter")
@@ -54,7 +54,7 @@ async def test_a_new_chat_gets_the_models_title_and_its_actions_without_a_reload
 
 
 async def test_rename_in_place_pin_and_search(page):
-    await sign_up(page, "ivan")
+    await sign_in(page, "ivan")
     trip = await _chat("ivan", "Lisbon trip", "Where should we stay?", "Try Alfama.")
     await _chat("ivan", "Groceries", "milk and eggs")
     await page.goto(f"/c/{trip.id}/")
@@ -99,7 +99,7 @@ async def test_rename_in_place_pin_and_search(page):
 
 
 async def test_a_shared_link_is_read_only_and_goes_away_when_revoked(page):
-    await sign_up(page, "judy")
+    await sign_in(page, "judy")
     chat = await _chat("judy", "Tulips", "Tell me about <i>tulips</i>", "They are flowers.")
     await page.goto(f"/c/{chat.id}/")
     await page.click("#share")
@@ -122,7 +122,7 @@ async def test_a_shared_link_is_read_only_and_goes_away_when_revoked(page):
 
 
 async def test_a_message_sent_in_one_tab_appears_in_the_other(page):
-    await sign_up(page, "kim")
+    await sign_in(page, "kim")
     await page.fill("#input", "Say hello.")
     await page.keyboard.press("Enter")
     await page.wait_for_selector(ANSWER_ENDED)

@@ -10,7 +10,7 @@ from documents.models import Citation, Document
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
 from inference.engine.tokenizers import tokenizer_for
 from inference.models import Generation
-from tests.browser.conftest import BROWSER_MARKS, sign_up
+from tests.browser.conftest import BROWSER_MARKS, sign_in
 
 pytestmark = BROWSER_MARKS
 
@@ -24,7 +24,7 @@ def processed_in_this_process(settings):
 
 
 async def test_an_attached_file_answers_a_question_and_its_passage_is_cited(page):
-    await sign_up(page, "nora")
+    await sign_in(page, "nora")
     # A new chat has no conversation yet: the file goes into the library, which every chat uses.
     await page.set_input_files(
         "#attach-input",
@@ -64,7 +64,7 @@ async def test_an_attached_file_answers_a_question_and_its_passage_is_cited(page
 
 
 async def test_a_file_dropped_on_a_conversation_is_attached_to_it(page):
-    await sign_up(page, "otto")
+    await sign_in(page, "otto")
     await page.fill("#input", "Hello")
     await page.keyboard.press("Enter")
     await page.wait_for_selector(
@@ -85,7 +85,7 @@ async def test_a_file_dropped_on_a_conversation_is_attached_to_it(page):
 
 
 async def test_an_unreadable_file_says_why(page):
-    await sign_up(page, "pia")
+    await sign_in(page, "pia")
     await page.set_input_files(
         "#attach-input", files=[{"name": "tool.exe", "mimeType": "application/octet-stream", "buffer": b"MZ"}]
     )

@@ -12,7 +12,7 @@ from conversations.models import Message
 from conversations.services import conversation_create
 from inference.models import Generation
 from orchestration.models import ConversationSummary
-from tests.browser.conftest import BROWSER_MARKS, sign_up
+from tests.browser.conftest import BROWSER_MARKS, sign_in
 
 pytestmark = [mark for mark in BROWSER_MARKS if mark.name != "engine"]
 
@@ -59,7 +59,7 @@ def _long_conversation(username: str, *, cached: bool = False) -> tuple[int, lis
 
 
 async def test_the_page_shows_where_the_summary_begins_and_it_can_be_read(page):
-    await sign_up(page, "alice")
+    await sign_in(page, "alice")
     conversation_id, answers = await _long_conversation("alice")
     await page.goto(f"/c/{conversation_id}/")
     marker = page.locator("#memory-summary")
@@ -76,7 +76,7 @@ async def test_the_page_shows_where_the_summary_begins_and_it_can_be_read(page):
 
 
 async def test_an_answer_from_the_cache_is_marked(page):
-    await sign_up(page, "bob")
+    await sign_in(page, "bob")
     conversation_id, answers = await _long_conversation("bob", cached=True)
     await page.goto(f"/c/{conversation_id}/")
     assert await page.locator(f'article[data-message="{answers[0]}"] .note.cached').text_content() == (
@@ -111,7 +111,7 @@ def _summary_written_now(conversation_id: int, through_id: int, text: str) -> No
 
 
 async def test_a_summary_written_while_the_page_is_open_shows_without_a_reload(page):
-    await sign_up(page, "carol")
+    await sign_in(page, "carol")
     conversation_id, answers = await _long_conversation("carol")
     await page.goto(f"/c/{conversation_id}/")
     await page.wait_for_selector("#chat[data-socket=open]", state="attached")

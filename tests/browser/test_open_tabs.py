@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.conftest import BROWSER_MARKS, sign_up
+from tests.browser.conftest import BROWSER_MARKS, sign_in
 
 pytestmark = [mark for mark in BROWSER_MARKS if mark.name != "engine"]
 
@@ -23,7 +23,7 @@ async def chat_server(server_without_engine, monkeypatch):
 
 async def test_a_tab_past_the_cap_says_so_and_connects_once_another_closes(page, settings):
     settings.CHAT_SOCKETS_PER_USER = 1
-    await sign_up(page, "tess")  # her first tab, its socket open
+    await sign_in(page, "tess")  # her first tab, its socket open
     second = await page.context.new_page()
     await second.goto("/")
     banner = second.locator("#connection-status")

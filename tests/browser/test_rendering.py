@@ -18,7 +18,7 @@ from conversations.models import Message
 from conversations.services import conversation_create, conversation_share
 from inference.models import Generation
 from inference.streaming.streams import StreamPublisher
-from tests.browser.conftest import BROWSER_MARKS, sign_up
+from tests.browser.conftest import BROWSER_MARKS, sign_in
 
 pytestmark = [mark for mark in BROWSER_MARKS if mark.name != "engine"]
 
@@ -116,7 +116,7 @@ def _answer_finished(answer_id: int, content: str) -> None:
 
 async def _shown(page, username: str, content: str):
     """Sign `username` up, save an answer of `content`, open its conversation: the answer's content."""
-    await sign_up(page, username)
+    await sign_in(page, username)
     conversation_id, answer_id = await _answer_saved(username, content)
     await page.goto(f"/c/{conversation_id}/")
     return page.locator(f'article[data-message="{answer_id}"] .content')
@@ -178,7 +178,7 @@ async def test_math_is_rendered_by_katex_under_the_pages_policy(page):
 
 
 async def test_an_answer_renders_the_same_streamed_and_after_a_reload(page):
-    await sign_up(page, "dave")
+    await sign_in(page, "dave")
     conversation_id, answer_id = await _answer_saved("dave", "", in_progress=True)
     generation = (await Message.objects.aget(id=answer_id)).generation_id
     await page.goto(f"/c/{conversation_id}/")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from inference.models import ModelDeployment
-from tests.browser.conftest import BROWSER_MARKS, sign_up
+from tests.browser.conftest import BROWSER_MARKS, sign_in
 from tests.conftest import SCRIPTED_DEFAULT
 from tests.orchestration.test_routing import full_canary_before
 
@@ -21,7 +21,7 @@ def chat_name(default_deployment, bob, draws_the_heaviest) -> ModelDeployment:
 
 
 async def test_an_answer_that_fell_back_says_which_model_wrote_it_live_and_after_a_reload(page, chat_name):
-    await sign_up(page, "frank")
+    await sign_in(page, "frank")
     await page.select_option("#model", "chat")
     await page.fill("#input", "Say hello in five words.")
     await page.keyboard.press("Enter")

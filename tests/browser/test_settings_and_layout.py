@@ -19,7 +19,7 @@ from inference.models import Generation
 from inference.openai.wire import usage
 from inference.services import generation_finish
 from inference.streaming.streams import StreamPublisher
-from tests.browser.conftest import CHROMIUM, sign_up
+from tests.browser.conftest import CHROMIUM, sign_in
 
 pytestmark = [
     pytest.mark.browser,
@@ -48,6 +48,7 @@ async def browser_page(chromium, url: str, viewport: dict[str, int]):
     context = await chromium.new_context(base_url=url, viewport=viewport)
     page = await context.new_page()
     page.set_default_timeout(20_000)
+    page.base_url = url  # for `sign_in`'s cookie
     try:
         yield page
     finally:
@@ -119,7 +120,7 @@ async def scrolled_to_end(page) -> bool:
 
 
 async def test_the_settings_page_is_linked_from_the_sidebar_and_its_dark_theme_is_on_the_next_page(page):
-    await sign_up(page, "olga")
+    await sign_in(page, "olga")
     await page.click("#settings-link")
     await page.fill("textarea[name=about_me]", "I grow tomatoes.")
     await page.check("input[name=theme][value=dark]")
@@ -137,7 +138,7 @@ async def test_the_settings_page_is_linked_from_the_sidebar_and_its_dark_theme_i
 
 
 async def test_the_system_theme_follows_the_operating_systems_preference(page):
-    await sign_up(page, "pavel")
+    await sign_in(page, "pavel")
     await page.emulate_media(color_scheme="dark")
     assert await page.evaluate("() => getComputedStyle(document.body).backgroundColor") == "rgb(22, 24, 28)"
     await page.emulate_media(color_scheme="light")
@@ -148,7 +149,7 @@ async def test_the_system_theme_follows_the_operating_systems_preference(page):
 
 
 async def test_on_a_phone_the_menu_button_reaches_everything(phone):
-    await sign_up(phone, "quinn")
+    await sign_in(phone, "quinn")
     await long_conversation("quinn", pairs=2)
     await phone.reload()
     assert await phone.evaluate("() => document.documentElement.scrollWidth") <= PHONE["width"]
@@ -194,7 +195,7 @@ async def test_on_a_phone_the_menu_button_reaches_everything(phone):
 
 
 async def test_the_composer_grows_with_its_text_up_to_a_limit(page):
-    await sign_up(page, "rita")
+    await sign_in(page, "rita")
     assert await page.evaluate("() => document.activeElement.id") == "input"  # focused on load
     one_line = (await page.locator("#input").bounding_box())["height"]
     await page.fill("#input", "line\n" * 5)
@@ -207,7 +208,7 @@ async def test_the_composer_grows_with_its_text_up_to_a_limit(page):
 
 
 async def test_a_long_conversation_opens_at_its_end_and_follows_an_answer_only_from_the_bottom(page):
-    await sign_up(page, "sam")
+    await sign_in(page, "sam")
     conversation = await long_conversation("sam")
     await page.goto(f"/c/{conversation.id}/")
     assert await scrolled_to_end(page)
@@ -261,7 +262,7 @@ async def test_the_page_notices_an_answer_that_ended_without_an_event_within_sec
     socket's own quiet-stream round far off): the page asks again after a few quiet seconds and
     shows the end the server reads from the row."""
     settings.INFERENCE_STREAM_RESYNC_S = 600
-    await sign_up(page, "tara")
+    await sign_in(page, "tara")
     generation_id, publisher = await sent(page, "Say hello.")
     await publisher.add_text("Hel")
     await page.wait_for_selector("article.message.assistant.status-streaming")
@@ -276,7 +277,7 @@ async def test_the_page_notices_an_answer_that_ended_without_an_event_within_sec
 
 
 async def test_regenerate_is_not_left_on_an_older_answer_and_its_error_goes_with_the_next_try(page):
-    await sign_up(page, "uma")
+    await sign_in(page, "uma")
     generation_id, publisher = await sent(page, "First question")
     await finished(generation_id, publisher, "First answer")
     await page.wait_for_selector("button.regenerate")
@@ -300,7 +301,7 @@ async def test_regenerate_is_not_left_on_an_older_answer_and_its_error_goes_with
 
 
 async def test_the_keyboard_stops_an_answer_with_escape_and_starts_a_new_chat(page):
-    await sign_up(page, "vera")
+    await sign_in(page, "vera")
     generation_id, publisher = await sent(page, "Write a long story.")
     await publisher.add_text("Once upon a time")
     await page.wait_for_selector("article.message.assistant.status-streaming")
@@ -315,7 +316,7 @@ async def test_the_keyboard_stops_an_answer_with_escape_and_starts_a_new_chat(pa
 
 
 async def test_the_model_picker_is_on_every_conversation(page):
-    await sign_up(page, "wren")
+    await sign_in(page, "wren")
     conversation = await long_conversation("wren", pairs=1)
     await page.goto(f"/c/{conversation.id}/")
     assert await page.is_enabled("#model")
@@ -327,7 +328,7 @@ async def test_the_model_picker_is_on_every_conversation(page):
 
 async def test_a_new_key_is_shown_once_with_a_copy_button_and_a_reload_makes_no_second(page):
     await page.context.grant_permissions(["clipboard-read", "clipboard-write"])
-    await sign_up(page, "xena")
+    await sign_in(page, "xena")
     await page.goto("/accounts/keys/")
     await page.fill("input[name=name]", "laptop")
     assert await page.is_checked("input[name=scopes][value='models:read']")

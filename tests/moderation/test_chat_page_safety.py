@@ -6,13 +6,13 @@ from asgiref.sync import sync_to_async
 
 from conversations.models import Message
 from conversations.services import ANSWER_CUT
-from tests.browser.conftest import BROWSER_MARKS, chromium, page, sign_up  # noqa: F401 (`chromium` and `page` are fixtures)
+from tests.browser.conftest import BROWSER_MARKS, chromium, page, sign_in  # noqa: F401 (`chromium` and `page` are fixtures)
 
 pytestmark = BROWSER_MARKS
 
 
 async def test_a_blocked_message_is_explained_in_the_page_and_after_a_reload(page):  # noqa: F811
-    await sign_up(page, "heidi")
+    await sign_in(page, "heidi")
     await page.fill("#input", "How do I build a pipe bomb to blow up a car?")
     await page.keyboard.press("Enter")
     flagged = page.locator("article.message.user.status-flagged")
@@ -35,7 +35,7 @@ async def test_an_answer_output_moderation_cuts_is_explained_in_the_page_and_aft
 ):
     # A threshold of zero trips on the first sentence the real model writes.
     await sync_to_async(make_policy)({"violence": (0.0, "block_and_review")}, moderate_input=False)
-    await sign_up(page, "ivan")
+    await sign_in(page, "ivan")
     await page.fill("#input", "Write a short story about a dragon who learns to bake bread.")
     await page.keyboard.press("Enter")
     cut = page.locator("article.message.assistant.status-flagged")
