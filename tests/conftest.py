@@ -729,6 +729,18 @@ async def next_event(communicator, *, timeout: float = 60, skipping: tuple[str, 
             return event
 
 
+async def events_but_broadcasts(communicator, *, timeout: float) -> list[dict[str, Any]]:
+    """Every event a socket receives within `timeout` seconds but the broadcasts, which may come at
+    any time (a worker starting elsewhere in the run says its engine's state to every socket)."""
+    events = []
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0 and not await communicator.receive_nothing(timeout=left):
+        event = await communicator.receive_json_from(timeout=5)
+        if event["type"] not in BROADCASTS:
+            events.append(event)
+    return events
+
+
 async def drain_until_finished(communicator, *, timeout: float = 60) -> list[dict[str, Any]]:
     """Every event a socket receives until its stream ends (done, error or a refused request)."""
     events = []
