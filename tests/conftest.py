@@ -42,41 +42,6 @@ SCRIPTED_TOKENS_PER_S = 100.0
 SCRIPTED_DEFAULT = f"{DEFAULT_DEPLOYMENT_NAME}:scripted"
 
 
-# The modules about what the production topology changes: PostgreSQL's concurrent writers and dropped
-# connections, Redis as channel layer, replay buffer, cache, limits and broker, and the Celery workers
-# that host the engines. They are marked `topology`, with every test marked `redis` or `fault`; the
-# production-topology run of `make test` runs these (the embedded run runs everything), so the suite
-# runs once in full and not twice.
-TOPOLOGY_MODULES = frozenset(
-    {
-        "tests.accounts.test_admission",
-        "tests.accounts.test_rate_limits",
-        "tests.accounts.test_socket_places",
-        "tests.accounts.test_socket_revocation",
-        "tests.chatsite.test_batching",
-        "tests.chatsite.test_cache",
-        "tests.chatsite.test_database",
-        "tests.conversations.test_consumers",
-        "tests.conversations.test_cross_tab",
-        "tests.conversations.test_services",
-        "tests.documents.test_celery_processing",
-        "tests.inference.test_admission",
-        "tests.inference.test_dispatch",
-        "tests.inference.test_lifespan",
-        "tests.inference.test_openai_clients",
-        "tests.inference.test_priorities",
-        "tests.inference.test_redis_faults",
-        "tests.inference.test_services",
-        "tests.inference.test_streaming",
-        "tests.inference.test_worker_clients",
-        "tests.inference.test_workers",
-        "tests.observability.test_health",
-        "tests.observability.test_metrics",
-        "tests.orchestration.test_routing",
-    }
-)
-
-
 def pytest_configure(config):
     """Hash the test personas' passwords with a fast hasher, as Django's documentation recommends for
     tests: the production hasher (Argon2id) is slow on purpose, and most tests sign someone in.
@@ -87,16 +52,16 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups set here
 def pytest_collection_modifyitems(config, items):
-    """Mark the topology's tests (above); run the fault tests first (they stop the run's worker, whose
-    reaper would take their workers' answers for orphans), then the real engine's, then the rest, so
-    that the run's worker changes engine once at most (`celery_engine_worker`); and group them for
-    pytest-xdist."""
+    """Mark `topology` every test marked `redis` or `fault`; run the fault tests first (they stop the
+    run's worker, whose reaper would take their workers' answers for orphans), then the real engine's,
+    then the rest, so that the run's worker changes engine once at most (`celery_engine_worker`); and
+    group them for pytest-xdist.
+
+    `make test` runs every test in the embedded default, then only those marked `topology` on
+    PostgreSQL, Redis and Celery workers: the tests whose outcome these could change, each marked
+    where it is written, so that the second run repeats none that prove nothing new there."""
     for item in items:
-        if (
-            item.module.__name__ in TOPOLOGY_MODULES
-            or item.get_closest_marker("redis")
-            or item.get_closest_marker("fault")
-        ):
+        if item.get_closest_marker("redis") or item.get_closest_marker("fault"):
             item.add_marker(pytest.mark.topology)
         if "engine" in getattr(item, "fixturenames", ()) and settings.INFERENCE_BACKEND == "local":
             # The engine `engine` picks, started first: once a test's database transaction has written,

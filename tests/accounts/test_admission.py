@@ -47,6 +47,7 @@ def test_a_users_own_tier_decides_even_where_the_default_tier_includes_the_model
     assert "Pro" in refused.value.message
 
 
+@pytest.mark.topology
 def test_the_tier_and_its_model_list_are_read_in_one_statement(alice, default_deployment, django_assert_num_queries):
     # Every send reads both on its way to the first token.
     with django_assert_num_queries(1):
@@ -64,16 +65,19 @@ def test_a_send_with_no_plan_to_fall_back_on_is_refused_and_saves_nothing(alice)
     assert not Message.objects.exists()
 
 
+@pytest.mark.topology
 def test_a_tier_with_all_models_may_use_one_added_later(alice, put_on_tier, big_model):
     put_on_tier(alice, "enterprise")
     request_admit(user=alice, deployment=big_model, prompt_tokens=10, max_tokens=10)
 
 
+@pytest.mark.topology
 def test_an_admin_adding_a_model_to_a_tier_opens_it_at_once(alice, big_model):
     Tier.objects.get(name="free").deployments.add(big_model)
     request_admit(user=alice, deployment=big_model, prompt_tokens=10, max_tokens=10)
 
 
+@pytest.mark.topology
 def test_the_answer_is_capped_at_the_tiers_output_and_context_limits(alice, big_model, put_on_tier):
     put_on_tier(alice, "pro").deployments.add(big_model)
     Tier.objects.filter(name="pro").update(max_context=4096, max_output_tokens=1000, tokens_per_minute=None)
@@ -86,12 +90,14 @@ def test_the_answer_is_capped_at_the_tiers_output_and_context_limits(alice, big_
     assert refused.value.code == "context_length_exceeded"
 
 
+@pytest.mark.topology
 def test_a_message_uses_the_tiers_output_limit(alice):
     Tier.objects.filter(name="free").update(max_output_tokens=64)
     sent = message_send(user=alice, content="Tell me a story")
     assert sent.generation.sampling["max_tokens"] == 64
 
 
+@pytest.mark.topology
 def test_the_generation_takes_its_tiers_priority(alice, bob, put_on_tier):
     put_on_tier(bob, "pro")
     free = message_send(user=alice, content="hi").generation
@@ -100,6 +106,7 @@ def test_the_generation_takes_its_tiers_priority(alice, bob, put_on_tier):
     assert (free.priority, pro.priority) == (4, 2)
 
 
+@pytest.mark.topology
 def test_a_user_whose_daily_quota_is_spent_is_told_when_it_resets(alice):
     Tier.objects.filter(name="free").update(tokens_per_day=1000, tokens_per_minute=None)
     _spend(alice, 1000)
@@ -115,12 +122,14 @@ def test_a_user_whose_daily_quota_is_spent_is_told_when_it_resets(alice):
     assert Message.objects.filter(content="more please").count() == 0
 
 
+@pytest.mark.topology
 def test_yesterdays_usage_does_not_count_against_todays_quota(alice):
     Tier.objects.filter(name="free").update(tokens_per_day=1000, tokens_per_month=None, tokens_per_minute=None)
     _spend(alice, 1000, when=timezone.now() - dt.timedelta(days=1, hours=1))
     message_send(user=alice, content="a new day")
 
 
+@pytest.mark.topology
 def test_the_monthly_quota_waits_for_the_first_of_next_month(alice):
     Tier.objects.filter(name="free").update(tokens_per_day=None, tokens_per_month=2000, tokens_per_minute=None)
     _spend(alice, 2000)
@@ -131,6 +140,7 @@ def test_the_monthly_quota_waits_for_the_first_of_next_month(alice):
     assert refused.value.retry_after > (now.replace(day=28) - now).total_seconds() or now.day >= 28
 
 
+@pytest.mark.topology
 def test_answers_in_flight_count_against_the_quota(alice, default_deployment):
     Tier.objects.filter(name="free").update(tokens_per_day=1000, tokens_per_minute=None, requests_per_minute=None)
     message_send(user=alice, content="long answer please")  # queued: prompt + up to 512 tokens reserved
@@ -140,6 +150,7 @@ def test_answers_in_flight_count_against_the_quota(alice, default_deployment):
     assert admission.max_tokens == 1000 - reserved_tokens - 10
 
 
+@pytest.mark.topology
 def test_failed_answers_do_not_count_against_the_quota(alice):
     Tier.objects.filter(name="free").update(tokens_per_day=1000, tokens_per_minute=None)
     sent = message_send(user=alice, content="hi")

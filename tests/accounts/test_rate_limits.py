@@ -38,12 +38,14 @@ from inference.selectors import deployment_get
 from tests.conftest import next_event, open_socket, rate_limits_clear
 
 
+@pytest.mark.topology
 def test_a_bucket_admits_its_capacity_then_says_when_to_come_back(db):
     decisions = [bucket_consume(key="user:1:requests", capacity=3, period_s=60) for _ in range(4)]
     assert [d.allowed for d in decisions] == [True, True, True, False]
     assert 1 <= decisions[-1].retry_after <= 20  # one unit refills in 60/3 seconds
 
 
+@pytest.mark.topology
 def test_a_bucket_refills_continuously(db):
     for _ in range(2):
         assert bucket_consume(key="k", capacity=2, period_s=0.4).allowed
@@ -52,6 +54,7 @@ def test_a_bucket_refills_continuously(db):
     assert bucket_consume(key="k", capacity=2, period_s=0.4).allowed
 
 
+@pytest.mark.topology
 def test_a_refund_gives_units_back_but_never_above_capacity(db):
     assert bucket_consume(key="k", capacity=2, period_s=60, amount=2).allowed
     bucket_refund(key="k", capacity=2, period_s=60, amount=5)
@@ -59,6 +62,7 @@ def test_a_refund_gives_units_back_but_never_above_capacity(db):
     assert not bucket_consume(key="k", capacity=2, period_s=60).allowed
 
 
+@pytest.mark.topology
 def test_a_request_larger_than_the_bucket_is_refused_with_a_full_refill_time(db):
     decision = bucket_consume(key="k", capacity=10, period_s=60, amount=11)
     assert not decision.allowed
@@ -66,6 +70,7 @@ def test_a_request_larger_than_the_bucket_is_refused_with_a_full_refill_time(db)
 
 
 @pytest.mark.redis
+@pytest.mark.topology
 def test_redis_buckets_behave_like_the_local_ones(redis_url):
     assert [bucket_consume(key="r", capacity=2, period_s=60).allowed for _ in range(3)] == [True, True, False]
     assert bucket_consume(key="r", capacity=2, period_s=60).retry_after in range(1, 31)
@@ -82,10 +87,12 @@ def _a_peek_reads_what_is_left_and_takes_nothing() -> None:
     assert buckets_consume([Charge("peeked", 10, 600, 6)]) is None  # the peeks took none of the six
 
 
+@pytest.mark.topology
 def test_a_peek_reads_what_is_left_and_takes_nothing(db):
     _a_peek_reads_what_is_left_and_takes_nothing()
 
 
+@pytest.mark.topology
 def test_a_peek_on_redis_reads_what_is_left_and_takes_nothing(redis_url):
     _a_peek_reads_what_is_left_and_takes_nothing()
 
@@ -97,11 +104,13 @@ def _a_reset_fills_a_bucket_again() -> None:
     assert bucket_consume(key="reset", capacity=2, period_s=600, amount=2).allowed
 
 
+@pytest.mark.topology
 def test_a_reset_fills_a_bucket_again(db):
     _a_reset_fills_a_bucket_again()
 
 
 @pytest.mark.redis
+@pytest.mark.topology
 def test_a_reset_fills_a_redis_bucket_again(redis_url):
     _a_reset_fills_a_bucket_again()
 
@@ -126,15 +135,18 @@ def _charges_paid_together_or_not_at_all() -> None:
     assert buckets_consume([Charge("both:requests", 3, 60, 3), Charge("both:tokens", 100, 60, 100)]) is None
 
 
+@pytest.mark.topology
 def test_charges_paid_together_take_nothing_when_one_bucket_is_short(db):
     _charges_paid_together_or_not_at_all()
 
 
 @pytest.mark.redis
+@pytest.mark.topology
 def test_charges_paid_together_on_redis_take_nothing_when_one_bucket_is_short(redis_url):
     _charges_paid_together_or_not_at_all()
 
 
+@pytest.mark.topology
 def test_a_charge_larger_than_its_bucket_is_refused_before_any_is_taken(db):
     refusal = buckets_consume([Charge("big:requests", 5, 60), Charge("big:tokens", 10, 60, 11)])
     assert refusal is not None and refusal.index == 1 and refusal.retry_after == 60
@@ -144,6 +156,7 @@ def test_a_charge_larger_than_its_bucket_is_refused_before_any_is_taken(db):
 
 
 @pytest.mark.redis
+@pytest.mark.topology
 def test_a_concurrent_burst_on_redis_admits_at_most_the_limit_across_threads(redis_url):
     limit, attempts = 10, 64
     start = threading.Barrier(16)
@@ -168,6 +181,7 @@ def _burst_in_a_process(url: str, count: int, results) -> None:
 
 
 @pytest.mark.redis
+@pytest.mark.topology
 def test_a_concurrent_burst_on_redis_admits_at_most_the_limit_across_processes(redis_url):
     context = multiprocessing.get_context("fork")
     results = context.Queue()
@@ -182,6 +196,7 @@ def test_a_concurrent_burst_on_redis_admits_at_most_the_limit_across_processes(r
 
 @pytest.mark.redis
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.topology
 def test_parallel_requests_from_one_user_over_the_limit_admit_at_most_the_limit(redis_url, alice, default_deployment):
     Tier.objects.filter(name="free").update(requests_per_minute=5, tokens_per_minute=None)
     outcomes = []
@@ -201,6 +216,7 @@ def test_parallel_requests_from_one_user_over_the_limit_admit_at_most_the_limit(
     assert outcomes.count("rate_limited") == 15
 
 
+@pytest.mark.topology
 def test_a_free_user_over_the_request_limit_is_told_when_to_come_back(alice):
     Tier.objects.filter(name="free").update(requests_per_minute=2)
     for i in range(2):
@@ -217,6 +233,7 @@ def test_a_free_user_over_the_request_limit_is_told_when_to_come_back(alice):
     assert Generation.objects.count() == 2
 
 
+@pytest.mark.topology
 def test_the_token_limit_counts_the_prompt_and_the_answers_budget(alice, bob, default_deployment):
     Tier.objects.filter(name="free").update(requests_per_minute=None, tokens_per_minute=1000)
     admission = request_admit(user=alice, deployment=default_deployment, prompt_tokens=100, max_tokens=400)
@@ -229,6 +246,7 @@ def test_the_token_limit_counts_the_prompt_and_the_answers_budget(alice, bob, de
     request_admit(user=bob, deployment=default_deployment, prompt_tokens=100, max_tokens=400)
 
 
+@pytest.mark.topology
 def test_a_token_refusal_gives_back_the_request_it_counted(alice, default_deployment):
     Tier.objects.filter(name="free").update(requests_per_minute=2, tokens_per_minute=500)
     request_admit(user=alice, deployment=default_deployment, prompt_tokens=100, max_tokens=400)
@@ -238,6 +256,7 @@ def test_a_token_refusal_gives_back_the_request_it_counted(alice, default_deploy
     request_admit(user=alice, deployment=default_deployment, prompt_tokens=100, max_tokens=400)
 
 
+@pytest.mark.topology
 def test_two_keys_of_one_user_share_the_plans_buckets(alice, bob, default_deployment):
     Tier.objects.filter(name="free").update(requests_per_minute=1, tokens_per_minute=None)
     first, second = (api_key_create(user=alice, name=n, scopes=["chat"]).api_key for n in ("one", "two"))
@@ -249,6 +268,7 @@ def test_two_keys_of_one_user_share_the_plans_buckets(alice, bob, default_deploy
     request_admit(user=bob, deployment=default_deployment, prompt_tokens=10, max_tokens=10)
 
 
+@pytest.mark.topology
 def test_the_browser_and_a_key_share_the_plans_buckets(alice, default_deployment):
     Tier.objects.filter(name="free").update(requests_per_minute=None, tokens_per_minute=1000)
     key = api_key_create(user=alice, name="script", scopes=["chat"]).api_key
@@ -258,6 +278,7 @@ def test_the_browser_and_a_key_share_the_plans_buckets(alice, default_deployment
     assert refused.value.code == "rate_limited" and "tokens a minute" in refused.value.message
 
 
+@pytest.mark.topology
 def test_a_keys_own_cap_below_the_plan_refuses_earlier_and_only_with_that_key(alice, default_deployment):
     Tier.objects.filter(name="free").update(requests_per_minute=3, tokens_per_minute=None)
     capped = api_key_create(user=alice, name="capped", scopes=["chat"], requests_per_minute=1).api_key
@@ -274,6 +295,7 @@ def test_a_keys_own_cap_below_the_plan_refuses_earlier_and_only_with_that_key(al
     assert "your plan's limit of 3 requests a minute" in refused.value.message
 
 
+@pytest.mark.topology
 def test_a_keys_own_token_cap_caps_the_answers_budget_and_is_charged_with_the_plans(alice, default_deployment):
     Tier.objects.filter(name="free").update(requests_per_minute=None, tokens_per_minute=8000)
     key = api_key_create(user=alice, name="capped", scopes=["chat"], tokens_per_minute=300).api_key
@@ -291,6 +313,7 @@ def test_a_key_cap_that_is_not_a_positive_whole_number_is_refused(alice, cap):
     assert not ApiKey.objects.exists()
 
 
+@pytest.mark.topology
 def test_an_admin_tier_without_limits_is_never_rate_limited(alice, put_on_tier, default_deployment):
     put_on_tier(alice, "admin")
     for _ in range(50):
@@ -298,6 +321,7 @@ def test_an_admin_tier_without_limits_is_never_rate_limited(alice, put_on_tier, 
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.topology
 async def test_the_socket_tells_a_limited_user_when_to_come_back(alice):
     await Tier.objects.filter(name="free").aupdate(requests_per_minute=1)
     # The minute's one request is already spent (e.g. by another tab).
@@ -321,6 +345,7 @@ class SendView(APIView):
         return Response({"ok": True})
 
 
+@pytest.mark.topology
 def test_the_api_answers_a_rate_limit_with_429_and_retry_after_keyed_on_the_user(alice):
     Tier.objects.filter(name="free").update(requests_per_minute=1)
     responses = []
@@ -337,6 +362,7 @@ def test_the_api_answers_a_rate_limit_with_429_and_retry_after_keyed_on_the_user
 # --- every endpoint's declared limit (accounts.metering) ---------------------------------------
 
 
+@pytest.mark.topology
 def test_a_declared_limit_refuses_the_request_past_it_before_the_view_runs(alice):
     Tier.objects.filter(name="free").update(other_requests_per_minute=2)
     client = Client()
@@ -353,6 +379,7 @@ def test_a_declared_limit_refuses_the_request_past_it_before_the_view_runs(alice
     assert not Conversation.objects.filter(title="renamed").exists()
 
 
+@pytest.mark.topology
 def test_a_declared_limit_holds_on_a_class_based_page_and_for_visitors_by_address(monkeypatch):
     monkeypatch.setattr("accounts.services.ANONYMOUS_REQUESTS_PER_MINUTE", 2)
     client = Client()
@@ -366,6 +393,7 @@ def test_a_declared_limit_holds_on_a_class_based_page_and_for_visitors_by_addres
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.topology
 async def test_a_sockets_plain_frames_are_metered_and_its_sends_by_the_admission(alice, engine_not_started):
     await Tier.objects.filter(name="free").aupdate(other_requests_per_minute=1)
     socket, _ = await open_socket(alice)
@@ -384,6 +412,7 @@ def test_a_declaration_naming_an_action_the_machinery_does_not_know_is_refused_a
 
 @settings_hypothesis(max_examples=60, deadline=None)
 @given(steps=st.lists(st.tuples(st.floats(0, 5), st.integers(1, 4)), min_size=1, max_size=60))
+@pytest.mark.topology
 def test_a_bucket_never_admits_more_than_its_capacity_plus_what_refilled(steps):
     """Over any run of requests, admitted units <= capacity + refill rate x elapsed time."""
     capacity, period = 5, 10.0

@@ -19,7 +19,11 @@ from django.test import Client
 from accounts.sockets import socket_place_take
 from tests.conftest import _open_sockets, open_socket
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine_not_started")]
+pytestmark = [
+    pytest.mark.topology,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("engine_not_started"),
+]
 
 TOO_MANY = 4429
 

@@ -25,7 +25,7 @@ from moderation.models import Flag
 from moderation.services import flag_create, input_moderate
 from tests.conftest import PASSWORD, next_event, open_socket
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.topology, pytest.mark.django_db(transaction=True)]
 
 # The socket must be closed this soon after the change is committed.
 CLOSED_WITHIN_S = 2.0

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from chatsite.batching import Batcher
+
+pytestmark = pytest.mark.topology
 
 
 class Doubles:

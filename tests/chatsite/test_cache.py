@@ -5,7 +5,7 @@ import asyncio
 import pytest
 from django.core.cache import caches
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.topology, pytest.mark.redis]
 
 
 @pytest.fixture

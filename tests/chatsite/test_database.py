@@ -11,7 +11,7 @@ from django.db import connection
 from chatsite import database
 from chatsite.database import database_calls_concurrent, db_async
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.topology, pytest.mark.django_db(transaction=True)]
 
 
 def _backend_pid() -> int:

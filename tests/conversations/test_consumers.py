@@ -50,6 +50,7 @@ async def test_a_socket_without_an_origin_is_refused(alice):
     assert not connected
 
 
+@pytest.mark.topology
 async def test_it_refuses_to_send_into_another_users_conversation(alice, mallory):
     sent = await database_sync_to_async(message_send)(user=alice, content="Alice's private question")
     socket, connected = await open_socket(mallory)
@@ -61,6 +62,7 @@ async def test_it_refuses_to_send_into_another_users_conversation(alice, mallory
     await socket.disconnect()
 
 
+@pytest.mark.topology
 async def test_it_refuses_to_stop_or_follow_another_users_answer(alice, mallory):
     sent = await database_sync_to_async(message_send)(user=alice, content="Alice's question")
     socket, _ = await open_socket(mallory)
@@ -140,6 +142,7 @@ DEEP_FRAME = "[" * 100_000 + "]" * 100_000
         {"type": "generation.resume", "after_seq": [0]},
     ],
 )
+@pytest.mark.topology
 async def test_a_frame_of_wrong_types_gets_an_error_and_the_socket_goes_on(
     alice, finished_generation, engine_not_started, frame
 ):
@@ -188,6 +191,7 @@ async def test_a_conversation_named_by_a_bool_is_refused_not_taken_for_id_1(alic
 
 
 @pytest.mark.engine
+@pytest.mark.topology
 async def test_a_message_streams_deltas_in_order_and_ends_with_done(engine, alice):
     socket, _ = await open_socket(alice)
     await socket.send_json_to(
@@ -240,6 +244,7 @@ async def _stop_after_three_deltas(socket) -> tuple[tuple[dict, list[dict], list
     return (accepted, deltas, events, timeline), running
 
 
+@pytest.mark.topology
 async def test_stop_ends_the_generation_in_the_engine_and_keeps_the_partial_text(engine, alice):
     socket, _ = await open_socket(alice)
     accepted, deltas, events, timeline = await stopped_while_streaming(lambda: _stop_after_three_deltas(socket))
@@ -264,6 +269,7 @@ async def test_stop_ends_the_generation_in_the_engine_and_keeps_the_partial_text
     await socket.disconnect()
 
 
+@pytest.mark.topology
 async def test_a_reconnecting_client_resumes_from_the_last_seq_it_saw(engine, alice):
     first, _ = await open_socket(alice)
     await first.send_json_to({"type": "message.send", "content": "Name three colours of the rainbow."})
@@ -288,6 +294,7 @@ async def test_a_reconnecting_client_resumes_from_the_last_seq_it_saw(engine, al
     await second.disconnect()
 
 
+@pytest.mark.topology
 async def test_a_stream_that_ends_while_a_follower_joins_reaches_it_whole(
     engine, alice, default_deployment, monkeypatch
 ):
@@ -328,6 +335,7 @@ async def test_a_stream_that_ends_while_a_follower_joins_reaches_it_whole(
     await socket.disconnect()
 
 
+@pytest.mark.topology
 async def test_a_stream_is_forwarded_while_the_shared_sync_thread_is_busy(alice, default_deployment):
     """Deltas reach the socket without a hop to the process's one shared sync thread: channels checks
     database connections there before every event a consumer handles, so any sync work queued on
@@ -346,6 +354,7 @@ async def test_a_stream_is_forwarded_while_the_shared_sync_thread_is_busy(alice,
     await socket.disconnect()
 
 
+@pytest.mark.topology
 async def test_a_socket_takes_what_live_delivery_skipped_from_the_buffer(alice, default_deployment):
     """Live delivery may drop an event (a full channel, a lost connection): one that never arrives
     live is taken from the replay buffer when the next one shows the gap, so the socket still passes
@@ -368,6 +377,7 @@ async def test_a_socket_takes_what_live_delivery_skipped_from_the_buffer(alice, 
     await socket.disconnect()
 
 
+@pytest.mark.topology
 async def test_a_socket_finds_an_ending_live_delivery_dropped(alice, default_deployment, settings):
     """Nothing comes after a stream's last event to show the gap: a stream that has gone quiet is
     looked up in the buffer, or the answer would never finish on screen."""
@@ -387,6 +397,7 @@ async def served_elsewhere():
     return await ModelDeployment.objects.acreate(name="smollm2-elsewhere", **DEFAULT_DEPLOYMENT_FIELDS)
 
 
+@pytest.mark.topology
 async def test_a_queued_answer_ended_in_the_database_ends_on_the_socket(alice, served_elsewhere, settings):
     """An answer ended where this process hears nothing of it (another server on the same database,
     a reaper whose Redis lost the stream) has only its row to say so: a socket waiting on it reads
@@ -414,6 +425,7 @@ async def test_a_queued_answer_ended_in_the_database_ends_on_the_socket(alice, s
     await socket.disconnect()
 
 
+@pytest.mark.topology
 async def test_a_streaming_answer_ended_in_the_database_ends_on_the_socket_with_its_whole_text(
     alice, served_elsewhere, settings
 ):
@@ -440,6 +452,7 @@ async def test_a_streaming_answer_ended_in_the_database_ends_on_the_socket_with_
     await socket.disconnect()
 
 
+@pytest.mark.topology
 async def test_asking_again_for_an_answer_that_ended_without_its_end_in_the_buffer_ends_it_at_once(
     alice, served_elsewhere, settings
 ):
@@ -467,6 +480,7 @@ async def test_asking_again_for_an_answer_that_ended_without_its_end_in_the_buff
     await socket.disconnect()
 
 
+@pytest.mark.topology
 async def test_a_socket_whose_buffer_cannot_be_read_still_ends_an_answer_from_its_row(
     alice, served_elsewhere, settings, monkeypatch
 ):
@@ -488,6 +502,7 @@ async def test_a_socket_whose_buffer_cannot_be_read_still_ends_an_answer_from_it
     await socket.disconnect()
 
 
+@pytest.mark.topology
 async def test_a_message_sent_again_after_its_socket_dropped_is_answered_once(engine, alice):
     """The page's socket drops after sending, before it hears the answer (a web process restarted,
     a network change): on its next socket it sends the same frame as a retry, and gets the message
@@ -536,6 +551,7 @@ async def test_a_refused_send_names_its_client_id(alice):
     await socket.disconnect()
 
 
+@pytest.mark.topology
 async def test_a_message_sent_while_the_model_loads_waits_for_it(engine, alice):
     # The engine is already up here; what matters is that the runner waits on readiness, not that it
     # races it: a send straight after connecting is answered, not refused.
@@ -546,6 +562,7 @@ async def test_a_message_sent_while_the_model_loads_waits_for_it(engine, alice):
     await socket.disconnect()
 
 
+@pytest.mark.topology
 async def test_a_second_tab_on_the_same_conversation_sees_the_same_stream(engine, alice, short_answers):
     first, _ = await open_socket(alice)
     second, _ = await open_socket(alice)
@@ -566,6 +583,7 @@ async def test_a_second_tab_on_the_same_conversation_sees_the_same_stream(engine
     await second.disconnect()
 
 
+@pytest.mark.topology
 async def test_a_failed_answer_is_regenerated_over_the_socket(engine, alice):
     from inference.services import generation_finish
 
@@ -587,6 +605,7 @@ async def test_a_failed_answer_is_regenerated_over_the_socket(engine, alice):
     await socket.disconnect()
 
 
+@pytest.mark.topology
 async def test_a_regenerate_sent_again_is_answered_with_the_answer_it_began(alice, monkeypatch):
     """The socket dropped after the server began the new answer, before the page heard so: the page
     sends the same request again on its next socket, and follows that answer; none is queued."""
@@ -633,6 +652,7 @@ async def test_a_regenerate_sent_again_is_answered_with_the_answer_it_began(alic
     await socket.disconnect()
 
 
+@pytest.mark.topology
 async def test_a_stream_just_queued_is_followed_without_waiting_for_the_database(alice, default_deployment):
     """Eight messages sent at once: while the others' transactions hold every database thread, a
     socket whose message was just queued joins its stream at once, so its first text is not held
@@ -674,6 +694,7 @@ async def _following_a_stream(user, deployment):
 # --- faults on the server ---------------------------------------------------------------------------
 
 
+@pytest.mark.topology
 async def test_a_send_whose_database_connection_drops_after_its_commit_is_still_accepted(
     alice, one_database_thread, monkeypatch
 ):
@@ -705,6 +726,7 @@ async def test_a_send_whose_database_connection_drops_after_its_commit_is_still_
     assert not generation.awaiting_verdict  # released: its answer is shown
 
 
+@pytest.mark.topology
 async def test_a_send_whose_database_connection_was_dropped_before_it_is_saved_once_and_accepted(
     alice, one_database_thread
 ):
@@ -750,6 +772,7 @@ async def test_a_send_that_fails_on_the_server_is_answered_and_the_socket_closed
     assert (await socket.receive_output(timeout=5)) == {"type": "websocket.close", "code": 1011}
 
 
+@pytest.mark.topology
 async def test_a_socket_that_ends_on_an_exception_ends_its_background_tasks(alice, monkeypatch):
     """An exception out of a consumer ends it without a disconnect: its resync used to run on,
     failing every few seconds for the life of the process."""

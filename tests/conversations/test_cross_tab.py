@@ -10,7 +10,7 @@ from conversations.models import Conversation, Message
 from conversations.services import conversation_rename
 from tests.conftest import drain_until_finished, next_event, open_socket
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.topology, pytest.mark.django_db(transaction=True)]
 
 
 async def _quiet(socket, *, for_s: float = 0.5) -> bool:

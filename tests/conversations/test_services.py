@@ -15,6 +15,7 @@ from inference.services import generation_claim, generation_finish, generation_m
 from tests.conftest import at_the_same_instant
 
 
+@pytest.mark.topology
 def test_sending_a_first_message_creates_the_conversation_and_a_pending_answer(alice):
     sent = message_send(user=alice, content="  Hello there  ")
     assert sent.conversation_created
@@ -32,6 +33,7 @@ def test_sending_a_first_message_creates_the_conversation_and_a_pending_answer(a
     assert generation.sampling["max_tokens"] + generation.prompt_tokens <= 2048
 
 
+@pytest.mark.topology
 def test_a_first_message_reads_its_queue_with_its_model_and_opens_no_savepoint(alice):
     # Each statement is a round trip on the way to the first token: the queue's length comes with
     # the model's row, and only a blocked message rolls back (in full), so none needs a savepoint.
@@ -46,6 +48,7 @@ def test_a_first_message_reads_its_queue_with_its_model_and_opens_no_savepoint(a
     assert len(counts) == 1 and '"inference_modeldeployment"' in counts[0]
 
 
+@pytest.mark.topology
 def test_a_message_into_a_conversation_reads_and_locks_it_with_its_queue_in_one_statement(alice):
     first = message_send(user=alice, content="Hello there")
     _finish(first.conversation)
@@ -60,6 +63,7 @@ def test_a_message_into_a_conversation_reads_and_locks_it_with_its_queue_in_one_
     assert counts == reads  # the queue's length read with the conversation's deployment
 
 
+@pytest.mark.topology
 def test_a_message_into_a_conversation_reads_none_of_its_earlier_prompts(alice):
     # Every generation holds its whole prompt's token ids: reading them to place a message would
     # read the conversation again for each answer in it, more with every turn.
@@ -95,6 +99,7 @@ def test_a_message_too_long_for_the_window_leaves_nothing_behind(alice):
     assert not Message.objects.exists()
 
 
+@pytest.mark.topology
 def test_it_refuses_another_users_conversation(alice, bob):
     bobs = message_send(user=bob, content="Bob's secret").conversation
     _finish(bobs)
@@ -104,6 +109,7 @@ def test_it_refuses_another_users_conversation(alice, bob):
     assert bobs.messages.count() == 2
 
 
+@pytest.mark.topology
 def test_a_new_message_moves_its_conversation_to_the_top_of_the_list(alice):
     older = message_send(user=alice, content="First conversation").conversation
     _finish(older)
@@ -114,6 +120,7 @@ def test_a_new_message_moves_its_conversation_to_the_top_of_the_list(alice):
     assert list(Conversation.objects.filter(user=alice)) == [older, newer]
 
 
+@pytest.mark.topology
 def test_a_second_message_waits_for_the_answer_in_progress(alice):
     sent = message_send(user=alice, content="First")
     with pytest.raises(ClientError) as refused:
@@ -122,6 +129,7 @@ def test_a_second_message_waits_for_the_answer_in_progress(alice):
     assert sent.conversation.messages.count() == 2
 
 
+@pytest.mark.topology
 def test_the_answer_follows_its_generation_from_pending_to_complete(alice):
     sent = message_send(user=alice, content="Hi")
     generation = generation_claim(generation_id=sent.generation.id, worker="test")
@@ -140,6 +148,7 @@ def test_the_answer_follows_its_generation_from_pending_to_complete(alice):
     assert sent.assistant_message.token_count == 3
 
 
+@pytest.mark.topology
 def test_a_generation_is_claimed_and_finished_once(alice):
     sent = message_send(user=alice, content="Hi")
     assert generation_claim(generation_id=sent.generation.id, worker="one") is not None
@@ -150,6 +159,7 @@ def test_a_generation_is_claimed_and_finished_once(alice):
     assert (sent.assistant_message.status, sent.assistant_message.content) == ("stopped", "Hel")
 
 
+@pytest.mark.topology
 def test_stopping_a_queued_answer_ends_it_before_any_engine_sees_it(alice):
     sent = message_send(user=alice, content="Hi")
     assert generation_request_stop(generation=sent.generation) is not None
@@ -160,6 +170,7 @@ def test_stopping_a_queued_answer_ends_it_before_any_engine_sees_it(alice):
     assert sent.assistant_message.status == Message.Status.STOPPED
 
 
+@pytest.mark.topology
 def test_the_history_goes_into_the_next_prompt(alice):
     first = message_send(user=alice, content="My name is Alice.")
     _finish(first.conversation, text="Nice to meet you, Alice.")
@@ -173,6 +184,7 @@ def test_the_history_goes_into_the_next_prompt(alice):
     )
 
 
+@pytest.mark.topology
 def test_renaming_checks_the_title(alice):
     conversation = message_send(user=alice, content="Hi").conversation
     with pytest.raises(ClientError):
@@ -185,6 +197,7 @@ def _finish(conversation, text="ok"):
         generation_finish(generation_id=message.generation_id, status="complete", text=text, finish_reason="stop")
 
 
+@pytest.mark.topology
 def test_a_failed_answer_is_regenerated_as_a_new_answer_beside_it(alice):
     from conversations.services import message_regenerate
 
@@ -206,6 +219,7 @@ def test_a_failed_answer_is_regenerated_as_a_new_answer_beside_it(alice):
     assert Conversation.objects.get(id=sent.conversation.id).active_leaf_id == answer.id
 
 
+@pytest.mark.topology
 def test_regenerating_is_refused_for_others_answers_and_answers_in_progress(alice, mallory):
     from conversations.services import message_regenerate
 
@@ -220,6 +234,7 @@ def test_regenerating_is_refused_for_others_answers_and_answers_in_progress(alic
         assert refused.value.code == "not_found"
 
 
+@pytest.mark.topology
 def test_a_regenerate_sent_again_is_answered_with_the_answer_it_began(alice):
     from conversations.services import message_regenerate
 
@@ -241,6 +256,7 @@ def test_a_regenerate_sent_again_is_answered_with_the_answer_it_began(alice):
 
 
 @pytest.mark.parametrize("replaces", ["not-a-uuid", 7, ["x"]])
+@pytest.mark.topology
 def test_a_regenerate_with_a_bad_replaces_is_refused_and_queues_nothing(alice, replaces):
     from conversations.services import message_regenerate
 
@@ -254,6 +270,7 @@ def test_a_regenerate_with_a_bad_replaces_is_refused_and_queues_nothing(alice, r
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.topology
 def test_two_tabs_regenerating_at_once_get_one_new_answer(alice):
     from conversations.services import message_regenerate
 
@@ -274,6 +291,7 @@ CLIENT_ID = "0b8f3c3e-8d7a-4f57-9a5e-3f1c2b7d9e10"
 
 
 @pytest.mark.parametrize("retry", [True, False])
+@pytest.mark.topology
 def test_a_message_sent_twice_is_saved_and_answered_once(alice, retry):
     first = message_send(user=alice, content="Hello there", client_id=CLIENT_ID)
     again = message_send(user=alice, content="Hello there", client_id=CLIENT_ID, retry=retry)
@@ -288,6 +306,7 @@ def test_a_message_sent_twice_is_saved_and_answered_once(alice, retry):
     assert Generation.objects.count() == 1
 
 
+@pytest.mark.topology
 def test_a_message_sent_twice_into_a_conversation_is_not_refused_as_busy(alice):
     opening = message_send(user=alice, content="First")
     _finish(opening.conversation)
@@ -300,6 +319,7 @@ def test_a_message_sent_twice_into_a_conversation_is_not_refused_as_busy(alice):
     assert opening.conversation.messages.count() == 4
 
 
+@pytest.mark.topology
 def test_a_message_sent_twice_is_charged_once(alice):
     from accounts.models import Tier
 
@@ -315,6 +335,7 @@ def test_a_message_sent_twice_is_charged_once(alice):
     assert refused.value.code == "rate_limited"
 
 
+@pytest.mark.topology
 def test_a_held_back_message_sent_twice_is_held_back_once(alice):
     from moderation.models import Flag
 
@@ -327,6 +348,7 @@ def test_a_held_back_message_sent_twice_is_held_back_once(alice):
     assert (Message.objects.count(), Flag.objects.count(), Generation.objects.count()) == (1, 1, 0)
 
 
+@pytest.mark.topology
 def test_another_users_client_id_is_refused_and_reveals_nothing(alice, bob):
     bobs = message_send(user=bob, content="Bob's secret", client_id=CLIENT_ID)
     for retry in (True, False):
@@ -347,6 +369,7 @@ def test_a_malformed_client_id_is_refused_and_leaves_nothing_behind(alice, clien
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.topology
 def test_one_message_sent_twice_at_the_same_instant_is_saved_once(alice):
     """Two sends of one client_id race (a retry on a new socket while the first socket's send is
     still being saved): the unique constraint makes the second wait for the first, then answer with it."""
@@ -362,6 +385,7 @@ def test_one_message_sent_twice_at_the_same_instant_is_saved_once(alice):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.topology
 def test_messages_sent_into_one_conversation_at_the_same_instant_get_one_answer(alice):
     """Sends into one conversation wait for each other's lock, and each then sees the answer the one
     before it queued: one is answered, the others are told an answer is being written."""
@@ -417,6 +441,7 @@ def _prompt_text(generation) -> str:
     return tokenizer_for(generation.deployment.model_path).decode(generation.prompt_token_ids)
 
 
+@pytest.mark.topology
 def test_custom_instructions_go_into_the_prompt_of_the_persons_own_chats_only(alice, bob):
     UserSettings.objects.create(user=alice, about_me="I keep bees.", answer_style="Answer in one sentence.")
     alices = message_send(user=alice, content="What should I plant?")
@@ -425,6 +450,7 @@ def test_custom_instructions_go_into_the_prompt_of_the_persons_own_chats_only(al
     assert "bees" not in _prompt_text(message_send(user=bob, content="What should I plant?").generation)
 
 
+@pytest.mark.topology
 def test_a_new_chat_without_a_model_starts_on_the_persons_default(alice, second_model):
     UserSettings.objects.create(user=alice, default_model="smollm2-second")
     assert message_send(user=alice, content="Hi").conversation.deployment == second_model
@@ -433,6 +459,7 @@ def test_a_new_chat_without_a_model_starts_on_the_persons_default(alice, second_
     ).conversation.deployment.name == (settings.INFERENCE_DEFAULT_DEPLOYMENT)
 
 
+@pytest.mark.topology
 def test_a_send_with_another_model_moves_the_conversation_to_it_from_that_message_on(alice, second_model):
     first = message_send(user=alice, content="Hello there")
     _finish(first.conversation)
@@ -444,6 +471,7 @@ def test_a_send_with_another_model_moves_the_conversation_to_it_from_that_messag
     assert Conversation.objects.get(id=first.conversation.id).deployment == second_model
 
 
+@pytest.mark.topology
 def test_a_switch_to_a_model_outside_the_plan_is_refused_and_changes_nothing(alice):
     outside = ModelDeployment.objects.create(name="smollm2-pro-only", **DEFAULT_DEPLOYMENT_FIELDS)
     first = message_send(user=alice, content="Hello there")

@@ -16,6 +16,7 @@ from tests.documents.test_answering import FACT
 from tests.documents.test_apis import a_file, client_for
 
 pytestmark = [
+    pytest.mark.topology,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(
         settings.DOCUMENTS_PROCESSING != "celery", reason="the Celery documents queue (the production topology)"

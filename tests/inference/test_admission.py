@@ -32,6 +32,7 @@ class Request:
     created_at: dt.datetime
 
 
+@pytest.mark.topology
 def test_a_full_queue_refuses_new_work_before_it_is_queued(alice, bob, default_deployment):
     ModelDeployment.objects.filter(id=default_deployment.id).update(max_queued=2)
     message_send(user=alice, content="one")
@@ -45,6 +46,7 @@ def test_a_full_queue_refuses_new_work_before_it_is_queued(alice, bob, default_d
     assert not Message.objects.filter(content="three").exists()
 
 
+@pytest.mark.topology
 def test_another_models_queue_does_not_fill_this_ones(alice, default_deployment):
     other = ModelDeployment.objects.create(name="big-model", model="Big", max_context=8192, default_max_tokens=4096)
     ModelDeployment.objects.filter(id=default_deployment.id).update(max_queued=1)
@@ -56,6 +58,7 @@ def test_another_models_queue_does_not_fill_this_ones(alice, default_deployment)
     assert refused.value.code == "at_capacity"
 
 
+@pytest.mark.topology
 def test_running_work_does_not_fill_the_queue(alice, bob, default_deployment):
     ModelDeployment.objects.filter(id=default_deployment.id).update(max_queued=1)
     first = message_send(user=alice, content="one")
@@ -63,6 +66,7 @@ def test_running_work_does_not_fill_the_queue(alice, bob, default_deployment):
     message_send(user=bob, content="two")
 
 
+@pytest.mark.topology
 def test_a_refusal_for_capacity_costs_no_rate_limit_budget(alice, default_deployment):
     Tier.objects.filter(name="free").update(requests_per_minute=1)
     ModelDeployment.objects.filter(id=default_deployment.id).update(max_queued=1)
@@ -75,6 +79,7 @@ def test_a_refusal_for_capacity_costs_no_rate_limit_budget(alice, default_deploy
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.topology
 async def test_the_chat_says_the_model_is_at_capacity(alice, default_deployment):
     # A deployment this process does not host, so no local runner picks its queued work up meanwhile.
     remote = await ModelDeployment.objects.acreate(name="remote", model=default_deployment.model, max_queued=1)
@@ -129,6 +134,7 @@ def test_without_aging_the_order_is_by_priority_alone():
     assert effective_priority(priority=4, waited_s=3600, aging_s=0) == 4
 
 
+@pytest.mark.topology
 def test_the_queue_selector_orders_a_deployments_queued_generations(alice, bob, default_deployment):
     user_set_tier(user=bob, tier=Tier.objects.get(name="pro"))
     free = [message_send(user=alice, content=f"q{i}").generation for i in range(3)]
@@ -154,6 +160,7 @@ def test_the_api_answers_a_full_queue_with_503_and_retry_after(alice, default_de
     assert response.data["error"]["code"] == "at_capacity"
 
 
+@pytest.mark.topology
 def test_a_free_request_that_waited_is_promoted_in_the_broker(alice, settings):
     """Aging reaches the broker: the waiting generation's task is sent again at its aged priority."""
     import datetime as dt

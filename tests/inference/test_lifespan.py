@@ -26,6 +26,7 @@ from inference.models import Generation
 from tests.conftest import free_port
 
 pytestmark = [
+    pytest.mark.topology,
     pytest.mark.redis,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(settings.INFERENCE_BACKEND != "celery", reason="needs the production topology (REDIS_URL)"),

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from accounts.models import UsageRecord
 from accounts.services import api_key_create
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.engine]
+pytestmark = [pytest.mark.topology, pytest.mark.django_db(transaction=True), pytest.mark.engine]
 MODEL = "smollm2-135m"
 # litellm fetches its model price list from the internet when imported unless told to use the
 # copy it ships: this machine, like CI's, has no route there.

@@ -10,6 +10,7 @@ from django.conf import settings
 from inference.execution.dispatch import generation_dispatch
 
 pytestmark = [
+    pytest.mark.topology,
     pytest.mark.redis,
     pytest.mark.skipif(settings.INFERENCE_BACKEND != "celery", reason="needs the production topology (REDIS_URL)"),
 ]

@@ -43,6 +43,7 @@ from inference.models import Generation, ModelDeployment
 from tests.conftest import CeleryWorker, _serving, engine_cores, free_port
 
 pytestmark = [
+    pytest.mark.topology,
     pytest.mark.fault,
     pytest.mark.redis,
     pytest.mark.skipif(settings.INFERENCE_BACKEND != "celery", reason="needs the production topology (REDIS_URL)"),

@@ -16,7 +16,7 @@ from inference.models import Generation
 from inference.services import generation_claim, generation_finish
 from tests.conftest import database_connection_dropped
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.topology, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ from inference.streaming.following import follow_streams
 from inference.streaming.streams import StreamPublisher, generation_group, replay_buffer
 from tests.conftest import DropsLiveSends
 
+pytestmark = pytest.mark.topology
+
 
 async def test_a_follower_takes_what_live_delivery_dropped_from_the_buffer():
     publisher, events, first = await _followed_from_its_first_text(coalesce_ms=0)

@@ -6,7 +6,11 @@ import asyncio
 import gc
 import weakref
 
+import pytest
+
 from inference.execution import workers
+
+pytestmark = pytest.mark.topology
 
 
 async def _clients() -> tuple:

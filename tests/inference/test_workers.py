@@ -21,6 +21,7 @@ from inference.services import generation_claim
 from tests.conftest import CeleryWorker, drain_until_finished, next_event, open_socket, stopped_while_streaming
 
 pytestmark = [
+    pytest.mark.topology,
     pytest.mark.redis,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(settings.INFERENCE_BACKEND != "celery", reason="needs the production topology (REDIS_URL)"),

@@ -20,6 +20,7 @@ def test_healthz_says_the_process_is_alive(client):
 
 
 @pytest.mark.skipif(not shutil.which("redis-server"), reason="needs redis-server to start a Redis of its own")
+@pytest.mark.topology
 def test_readiness_fails_while_redis_is_down_and_recovers(client, settings):
     server = RedisServer()
     server.start()
@@ -43,6 +44,7 @@ def test_readiness_fails_while_redis_is_down_and_recovers(client, settings):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.topology
 async def test_readiness_needs_a_ready_engine_for_every_enabled_deployment(engine, async_client):
     ready = await async_client.get("/readyz")
     assert ready.status_code == 200, ready.json()
@@ -82,6 +84,7 @@ async def _wait_ready(*args: str) -> tuple[int, str]:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.topology
 async def test_the_readiness_wait_says_when_the_service_can_take_messages_and_why_not(engine, chat_server):
     procfile = (settings.BASE_DIR / "Procfile").read_text()
     assert "scripts/wait_ready.py http://${HOST:-127.0.0.1}:${PORT:-8000}/readyz --watch" in procfile

@@ -26,6 +26,7 @@ async def until_changed(url: str, name: str, before: float, *, timeout: float = 
         await asyncio.sleep(0.2)
 
 
+@pytest.mark.topology
 async def test_a_chat_message_and_an_api_call_move_the_counters_and_histograms(engine, chat_server, alice):
     engine_url = engine_metrics_url(engine, chat_server)
     before = await scrape(engine_url)
@@ -78,6 +79,7 @@ async def test_a_chat_message_and_an_api_call_move_the_counters_and_histograms(e
 
 
 @pytest.mark.django_db(transaction=False)
+@pytest.mark.topology
 def test_a_refused_api_call_is_counted_as_rate_limited_on_its_channel(client, alice):
     from accounts.models import Tier
     from accounts.selectors import tier_for_user
@@ -129,6 +131,7 @@ def test_with_a_token_only_its_bearer_reads_metrics(client, settings):
 
 
 @pytest.mark.engine
+@pytest.mark.topology
 async def test_vllms_own_figures_are_on_the_metrics_of_the_process_hosting_the_engine(engine, chat_server, alice):
     """vLLM's stat loggers register in the process that hosts the engine: the web process in the
     embedded default, the GPU worker's own endpoint in the production topology. The same prompt

@@ -91,6 +91,7 @@ def full_canary_before(default_deployment: ModelDeployment, user) -> ModelDeploy
 
 
 @pytest.mark.parametrize(("default_weight", "canary_weight"), [(90, 10), (50, 50), (1, 3)])
+@pytest.mark.topology
 def test_weights_split_a_names_traffic_as_configured(
     alice, default_deployment, canary, engines_live, default_weight, canary_weight
 ):
@@ -102,6 +103,7 @@ def test_weights_split_a_names_traffic_as_configured(
     assert set(counts) <= {DEFAULT_DEPLOYMENT_NAME, CANARY}
 
 
+@pytest.mark.topology
 def test_a_drained_deployment_takes_no_new_requests_and_its_running_answer_finishes(alice, default_deployment, canary):
     ModelDeployment.objects.filter(id=default_deployment.id).update(weight=0)
     sent = message_send(user=alice, content="Hello")
@@ -138,6 +140,7 @@ def test_an_unknown_model_is_not_found(alice):
 # --- stickiness ----------------------------------------------------------------------------------
 
 
+@pytest.mark.topology
 def test_a_conversation_keeps_the_deployment_it_was_routed_to(alice, default_deployment, canary, engines_live):
     ModelDeployment.objects.filter(id__in=[default_deployment.id, canary.id]).update(weight=50)
     for _ in range(3):  # whichever each conversation is routed to first
@@ -153,6 +156,7 @@ def test_a_conversation_keeps_the_deployment_it_was_routed_to(alice, default_dep
         assert regenerated.generation.deployment == first
 
 
+@pytest.mark.topology
 def test_a_conversation_leaves_a_deployment_that_is_disabled(
     alice, default_deployment, canary, engines_live, draws_the_heaviest
 ):
@@ -168,6 +172,7 @@ def test_a_conversation_leaves_a_deployment_that_is_disabled(
 # --- fallback ------------------------------------------------------------------------------------
 
 
+@pytest.mark.topology
 def test_a_full_queue_passes_the_request_to_the_next_deployment_and_the_answer_says_so(
     alice, bob, default_deployment, canary, draws_the_heaviest
 ):
@@ -189,6 +194,7 @@ def test_a_full_queue_passes_the_request_to_the_next_deployment_and_the_answer_s
     assert again.generation.deployment == default_deployment
 
 
+@pytest.mark.topology
 def test_a_failed_engine_passes_the_request_to_the_next_deployment(
     alice, default_deployment, canary, redis_engine_state
 ):
@@ -200,6 +206,7 @@ def test_a_failed_engine_passes_the_request_to_the_next_deployment(
     assert "failed engine" in routed.reason
 
 
+@pytest.mark.topology
 def test_when_no_deployment_can_take_it_the_request_is_refused_with_retry_after(alice, bob, default_deployment, canary):
     ModelDeployment.objects.filter(id__in=[default_deployment.id, canary.id]).update(max_queued=1)
     for deployment in ModelDeployment.objects.filter(id__in=[default_deployment.id, canary.id]):
@@ -214,6 +221,7 @@ def test_when_no_deployment_can_take_it_the_request_is_refused_with_retry_after(
 # --- tiers ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.topology
 def test_one_name_maps_to_a_small_model_on_free_and_a_larger_one_on_pro(alice, bob, put_on_tier, default_deployment):
     small = deployment_of_the_default_model("chat-small", public_name="chat", max_context=1024)
     large = deployment_of_the_default_model("chat-large", public_name="chat")
@@ -283,6 +291,7 @@ def test_auto_weighs_windows_as_the_tier_caps_them(windows):
     assert auto_first(windows.values(), tokens=100, sticky=windows["midi"], max_context=512)[0] == "midi"
 
 
+@pytest.mark.topology
 def test_auto_routes_each_message_of_a_conversation_and_records_why(alice, put_on_tier, windows):
     put_on_tier(alice, "enterprise")  # every model, no cap on the window
     sent = message_send(user=alice, content="Hello", model=AUTO)
@@ -296,6 +305,7 @@ def test_auto_routes_each_message_of_a_conversation_and_records_why(alice, put_o
     assert Conversation.objects.get(id=sent.conversation.id).model == AUTO
 
 
+@pytest.mark.topology
 def test_auto_through_the_hook_inference_routes_by(alice, put_on_tier, windows):
     put_on_tier(alice, "enterprise")
     routed = deployment_route(user=alice, model=AUTO, prompt_tokens=lambda d: 1500)
@@ -305,6 +315,7 @@ def test_auto_through_the_hook_inference_routes_by(alice, put_on_tier, windows):
 # --- cost ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.topology
 def test_a_sticky_message_costs_no_statement_beyond_its_conversations_read(alice, default_deployment, canary):
     # Routing a conversation that stays where it is reads nothing: its deployment and queue came with
     # the conversation's locked read (tests/conversations/test_services.py counts that one).
