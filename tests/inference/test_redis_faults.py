@@ -52,7 +52,8 @@ pytestmark = [
 
 # An answer long enough (up to its 512 tokens) to be streaming still when a fault strikes: the page
 # stops it.
-PROMPT = "Write a long story about a lighthouse keeper and the sea."
+# [write on]: the scripted engine writes on until the plan's cap, so each answer is mid-stream as a fault strikes.
+PROMPT = "Write a long story about a lighthouse keeper and the sea. [write on]"
 
 
 class RedisServer:
@@ -153,7 +154,13 @@ async def fault_workers(on_own_redis, django_db_setup, django_db_blocker):
     """Two real Celery workers with the real engine on the test's Redis, for the whole module: a
     deployment with more than one, so that one killed leaves another to answer. They load at once."""
     with django_db_blocker.unblock():
-        await ModelDeployment.objects.aget_or_create(name=DEFAULT_DEPLOYMENT_NAME, defaults=DEFAULT_DEPLOYMENT_FIELDS)
+        # On the scripted engine, as the tests' own rows say (`default_deployment`): a worker boots
+        # the engine its row names, and these answers are about the faults, not about vLLM.
+        await ModelDeployment.objects.aupdate_or_create(
+            name=DEFAULT_DEPLOYMENT_NAME,
+            defaults={"engine": ModelDeployment.Engine.SCRIPTED},
+            create_defaults={**DEFAULT_DEPLOYMENT_FIELDS, "engine": ModelDeployment.Engine.SCRIPTED},
+        )
         workers = [
             CeleryWorker(deployments=[DEFAULT_DEPLOYMENT_NAME], name=name, redis_url=on_own_redis.url, cores=cores)
             for name, cores in zip(("fault-gpu", "fault-gpu-2"), engine_cores(2), strict=True)

@@ -40,7 +40,11 @@ async def test_a_worker_killed_mid_answer_ends_the_message_with_a_clear_error(en
         assert await _moderation_becomes_ready(doomed), "the worker should load moderation at boot"
         socket, _ = await open_socket(alice)
         await socket.send_json_to(
-            {"type": "message.send", "model": "smollm2-doomed", "content": "Write a long story about a storm at sea."}
+            {
+                "type": "message.send",
+                "model": "smollm2-doomed",
+                "content": "Write a long story about a storm at sea. [write on]",
+            }
         )
         accepted, deltas = None, []
         while len(deltas) < 2:
@@ -103,7 +107,9 @@ async def test_a_stop_whose_publication_was_lost_lands_once_the_abort_listener_i
 
     async def attempt() -> tuple[tuple[list, Generation], bool]:
         socket, _ = await open_socket(alice)
-        await socket.send_json_to({"type": "message.send", "content": "Write a very long story about a lighthouse."})
+        await socket.send_json_to(
+            {"type": "message.send", "content": "Write a very long story about a lighthouse. [write on]"}
+        )
         accepted, deltas = None, 0
         while deltas < 2:
             event = await next_event(socket)
