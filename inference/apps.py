@@ -6,4 +6,12 @@ class InferenceConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.conf import settings
+
         from inference import receivers  # noqa: F401
+
+        if settings.REDIS_URL:
+            # A channels_redis its reaches do not know says so in the log at start-up, not at the first answer.
+            from inference.streaming.channels_redis_internals import internals_supported
+
+            internals_supported()

@@ -28,11 +28,11 @@ import weakref
 from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
-from channels_redis.pubsub import RedisPubSubChannelLayer
 from django.conf import settings
 
 from chatsite.batching import Batcher
 from chatsite.redis_clients import redis_async_client
+from inference.streaming.channels_redis_internals import group_channel, pubsub_on
 
 logger = logging.getLogger(__name__)
 
@@ -121,13 +121,12 @@ class RedisReplayBuffer:
         await self._append(generation_id, event, publish=None)
 
     async def append_and_publish(self, generation_id: str, event: dict[str, Any], layer: Any, group: str) -> bool:
-        pubsub = self._same_redis_pubsub(layer)
+        pubsub = pubsub_on(layer, self.url)
         if pubsub is None:
             await self.append(generation_id, event)
             return False
         # The channel name and the payload exactly as the layer's own group_send makes them.
-        channel = pubsub._get_group_channel_name(group)
-        await self._append(generation_id, event, publish=(channel, layer.serialize(event)))
+        await self._append(generation_id, event, publish=(group_channel(pubsub, group), layer.serialize(event)))
         return True
 
     async def _append(self, generation_id: str, event: dict[str, Any], *, publish: tuple[str, bytes] | None) -> None:
@@ -140,15 +139,6 @@ class RedisReplayBuffer:
         if sends is None:
             sends = self._sends[loop] = Batcher(functools.partial(_in_one_pipeline, self._client()))
         await sends.submit(commands)
-
-    def _same_redis_pubsub(self, layer: Any) -> Any:
-        """This loop's side of `layer` when it is a Redis pub/sub layer with this buffer's Redis as
-        its one host; otherwise None."""
-        if not isinstance(layer, RedisPubSubChannelLayer):
-            return None
-        pubsub = layer._get_layer()
-        shards = pubsub._shards
-        return pubsub if len(shards) == 1 and shards[0].host.get("address") == self.url else None
 
     async def read(self, generation_id: str, after_seq: int) -> list[dict[str, Any]]:
         raw = await self._client().lrange(self._key(generation_id), 0, -1)

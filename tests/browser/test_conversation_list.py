@@ -5,6 +5,7 @@ a message sent in one tab appearing in another."""
 from __future__ import annotations
 
 from channels.db import database_sync_to_async
+from playwright.async_api import expect
 
 from accounts.models import User
 from conversations.models import Conversation, Message
@@ -68,10 +69,9 @@ async def test_rename_in_place_pin_and_search(page):
     await page.fill("#chat-title input", "Porto <b>trip</b>")
     await page.keyboard.press("Enter")
     await page.wait_for_function("() => document.title === 'Porto <b>trip</b>'")
-    assert await page.locator("#chat-title").text_content() == "Porto <b>trip</b>"
-    assert (
-        await page.locator(f'a.conversation-link[data-conversation="{trip.id}"]').text_content() == "Porto <b>trip</b>"
-    )
+    # The heading and the list are written once the server has taken the name.
+    await expect(page.locator("#chat-title")).to_have_text("Porto <b>trip</b>")
+    await expect(page.locator(f'a.conversation-link[data-conversation="{trip.id}"]')).to_have_text("Porto <b>trip</b>")
     assert await page.locator("#chat-title b, #conversation-list b").count() == 0
     assert (await Conversation.objects.aget(id=trip.id)).title == "Porto <b>trip</b>"
 

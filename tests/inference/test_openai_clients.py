@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from accounts.models import UsageRecord
 from accounts.services import api_key_create
 
-pytestmark = [pytest.mark.topology, pytest.mark.django_db(transaction=True), pytest.mark.engine]
+pytestmark = [pytest.mark.topology, pytest.mark.django_db(transaction=True)]
 MODEL = "smollm2-135m"
 # litellm fetches its model price list from the internet when imported unless told to use the
 # copy it ships: this machine, like CI's, has no route there.
@@ -39,6 +39,7 @@ class City(BaseModel):
     population_millions: int = Field(ge=0, le=50)
 
 
+@pytest.mark.engine
 async def test_langchain_invokes_and_streams(chat_server, alice, key_of):
     model = chat_model(chat_server, await key_of(alice))
     answer = await model.ainvoke("Say hello to Alice.")
@@ -50,6 +51,7 @@ async def test_langchain_invokes_and_streams(chat_server, alice, key_of):
     assert await UsageRecord.objects.filter(user=alice).acount() == 2
 
 
+@pytest.mark.engine
 async def test_langchain_structured_output_with_a_json_schema_validates(chat_server, alice, key_of):
     model = chat_model(chat_server, await key_of(alice), max_tokens=60)
     structured = model.with_structured_output(City, method="json_schema", strict=True)
@@ -57,6 +59,9 @@ async def test_langchain_structured_output_with_a_json_schema_validates(chat_ser
     assert isinstance(city, City)
 
 
+# On the scripted engine: what a small model writes in JSON mode may run past any max_tokens, where
+# sampling and the machine's numerics lead it; that JSON mode holds the real engine's answer to an
+# object is proved in test_openai_fields.py. Here: LangChain's JSON mode, through the API, parsed.
 async def test_langchain_structured_output_in_json_mode_parses(chat_server, alice, key_of):
     model = chat_model(chat_server, await key_of(alice), max_tokens=200)
     structured = model.with_structured_output(method="json_mode")
@@ -64,6 +69,7 @@ async def test_langchain_structured_output_in_json_mode_parses(chat_server, alic
     assert isinstance(tags, dict)
 
 
+@pytest.mark.engine
 async def test_litellm_completes_and_streams(chat_server, alice, key_of):
     import litellm
 
