@@ -410,18 +410,21 @@ async def _local_engine_ready(django_db_blocker, kind: str):
     from inference.selectors import engine_spec_for
 
     def spec():
-        # Earlier transactional tests may have flushed the migration's row.
-        deployment, _ = ModelDeployment.objects.get_or_create(
+        # Earlier transactional tests may have flushed the migration's row. The row names the engine
+        # wanted before the local backend starts, which boots the engine its row names: a scripted
+        # test's start would otherwise load vLLM in the background (the migration's row says vllm).
+        deployment, _ = ModelDeployment.objects.update_or_create(
             name=DEFAULT_DEPLOYMENT_NAME,
-            defaults={**DEFAULT_DEPLOYMENT_FIELDS, **DEFAULT_DEPLOYMENT_TOOL_FIELDS},
+            defaults={"engine": kind},
+            create_defaults={**DEFAULT_DEPLOYMENT_FIELDS, **DEFAULT_DEPLOYMENT_TOOL_FIELDS, "engine": kind},
         )
-        deployment.engine = kind
         with override_settings(INFERENCE_ENGINE=""):
             return engine_spec_for(deployment)
 
     with django_db_blocker.unblock():
+        wanted = await db_async(spec)()
         await local_backend.start()
-        host = engine_host_for(await db_async(spec)())
+        host = engine_host_for(wanted)
         await host.wait_ready(timeout=settings.INFERENCE_ENGINE_START_TIMEOUT_S)
     assert host.state is EngineState.READY
     return host
