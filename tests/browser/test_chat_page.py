@@ -51,7 +51,7 @@ async def test_a_new_user_gets_a_streamed_answer_that_is_still_there_after_a_rel
 
 async def test_stop_keeps_the_partial_answer(page):
     await sign_in(page, "frank")
-    await page.fill("#input", "Write a very long story about a lighthouse keeper and his cat.")
+    await page.fill("#input", "Write a very long story about a lighthouse keeper and his cat. [write on]")
     await page.click("#send")
     answer = page.locator("article.message.assistant").last
     await page.wait_for_function(

@@ -425,7 +425,9 @@ async def test_a_client_that_disconnects_stops_the_answer(chat_server, alice):
     async def leave_after_two_deltas() -> tuple[tuple[float, float], bool]:
         async with (
             httpx.AsyncClient(base_url=chat_server, headers={"Authorization": f"Bearer {key}"}, timeout=120) as client,
-            client.stream("POST", send_url(), json={"content": "Write a very long story about the sea."}) as response,
+            client.stream(
+                "POST", send_url(), json={"content": "Write a very long story about the sea. [write on]"}
+            ) as response,
         ):
             sent_at = time.monotonic()
             deltas = 0

@@ -222,7 +222,10 @@ async def _stop_after_three_deltas(socket) -> tuple[tuple[dict, list[dict], list
     acceptance, the deltas before the stop, the events after it and a timeline, and whether the
     answer was still running when the stop was sent."""
     await socket.send_json_to(
-        {"type": "message.send", "content": "Write a very long story about a dragon who learns to bake bread."}
+        {
+            "type": "message.send",
+            "content": "Write a very long story about a dragon who learns to bake bread. [write on]",
+        }
     )
     sent_at = time.monotonic()
     accepted = None

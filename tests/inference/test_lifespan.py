@@ -94,7 +94,7 @@ async def test_a_web_process_asked_to_stop_ends_its_streams_at_once_and_the_answ
     port = free_port()
     process = _web_process(port)
     headers = {"Authorization": f"Bearer {key}"}
-    prompt = "Write a very long story about a lighthouse keeper and the sea."
+    prompt = "Write a very long story about a lighthouse keeper and the sea. [write on]"
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60) as client:
             await _until_serving(client, process)

@@ -86,7 +86,7 @@ async def test_a_client_that_disconnects_stops_the_generation(chat_server, alice
         "model": MODEL,
         "stream": True,
         "max_tokens": 400,
-        "messages": [{"role": "user", "content": "Write a long story."}],
+        "messages": [{"role": "user", "content": "Write a long story. [write on]"}],
     }
 
     async def leave_after_four_chunks() -> tuple[str, bool]:
