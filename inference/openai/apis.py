@@ -30,7 +30,7 @@ from chatsite.errors import ClientError, validated_json_body
 from chatsite.parsers import request_body
 from inference.held import checked_after_commit
 from inference.openai import responding, wire
-from inference.openai.fields import SamplingFieldsSerializer
+from inference.openai.fields import SamplingFieldsSerializer, StopAndStreamOptions
 from inference.openai.ratelimits import with_rate_limits
 from inference.openai.tools import (
     ToolFieldsSerializer,
@@ -41,7 +41,7 @@ from inference.openai.tools import (
 from inference.services import completion_create, newest_user_text
 
 
-class ChatCompletionInputSerializer(SamplingFieldsSerializer, ToolFieldsSerializer):
+class ChatCompletionInputSerializer(StopAndStreamOptions, SamplingFieldsSerializer, ToolFieldsSerializer):
     model = serializers.CharField(max_length=100)
     messages = serializers.ListField(child=serializers.DictField(), min_length=1, max_length=512)
     stream = serializers.BooleanField(default=False)
@@ -86,24 +86,6 @@ class ChatCompletionInputSerializer(SamplingFieldsSerializer, ToolFieldsSerializ
                 f"The messages are longer than {settings.API_MAX_PROMPT_CHARS} characters."
             )
         return cleaned
-
-    def validate_stop(self, stop: Any) -> list[str]:
-        if stop is None:
-            return []
-        stops = [stop] if isinstance(stop, str) else stop
-        if (
-            not isinstance(stops, list)
-            or len(stops) > 4
-            or not all(isinstance(s, str) and 0 < len(s) <= 100 for s in stops)
-        ):
-            raise serializers.ValidationError("stop must be a string or a list of up to 4 strings.")
-        return stops
-
-    def validate_stream_options(self, options: dict[str, Any] | None) -> dict[str, Any]:
-        options = options or {}
-        if not isinstance(options.get("include_usage", False), bool):
-            raise serializers.ValidationError("include_usage must be a boolean.")
-        return options
 
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:
         return tool_fields_check(super().validate(data))

@@ -31,7 +31,7 @@ from chatsite.errors import ClientError, validated_json_body
 from chatsite.parsers import request_body
 from inference.held import checked_after_commit
 from inference.openai import responding, wire
-from inference.openai.fields import MAX_TOP_LOGPROBS
+from inference.openai.fields import MAX_TOP_LOGPROBS, StopAndStreamOptions
 from inference.openai.ratelimits import with_rate_limits
 from inference.services import completion_create
 
@@ -39,7 +39,7 @@ from inference.services import completion_create
 DEFAULT_MAX_TOKENS = 16
 
 
-class CompletionInputSerializer(serializers.Serializer):
+class CompletionInputSerializer(StopAndStreamOptions, serializers.Serializer):
     model = serializers.CharField(max_length=100)
     prompt = serializers.JSONField(help_text="A string, a list of one string, or a list of token ids.")
     stream = serializers.BooleanField(default=False)
@@ -87,24 +87,6 @@ class CompletionInputSerializer(serializers.Serializer):
         raise serializers.ValidationError(
             "Send one prompt: a string, or a list of token ids (several prompts in one request are not supported)."
         )
-
-    def validate_stop(self, stop: Any) -> list[str]:
-        if stop is None:
-            return []
-        stops = [stop] if isinstance(stop, str) else stop
-        if (
-            not isinstance(stops, list)
-            or len(stops) > 4
-            or not all(isinstance(s, str) and 0 < len(s) <= 100 for s in stops)
-        ):
-            raise serializers.ValidationError("stop must be a string or a list of up to 4 strings.")
-        return stops
-
-    def validate_stream_options(self, options: dict[str, Any] | None) -> dict[str, Any]:
-        options = options or {}
-        if not isinstance(options.get("include_usage", False), bool):
-            raise serializers.ValidationError("include_usage must be a boolean.")
-        return options
 
     def validate_echo(self, echo: bool | None) -> bool | None:
         if echo:

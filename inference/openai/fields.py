@@ -188,6 +188,29 @@ STOP_TOKEN_IDS_MAX = 64
 SCHEMA_MAX_CHARS = 50_000
 
 
+class StopAndStreamOptions:
+    """The checks of `stop` and `stream_options`, which the chat and the text completions share (each
+    serializer declares the two fields where its other fields are)."""
+
+    def validate_stop(self, stop: Any) -> list[str]:
+        if stop is None:
+            return []
+        stops = [stop] if isinstance(stop, str) else stop
+        if (
+            not isinstance(stops, list)
+            or len(stops) > 4
+            or not all(isinstance(s, str) and 0 < len(s) <= 100 for s in stops)
+        ):
+            raise serializers.ValidationError("stop must be a string or a list of up to 4 strings.")
+        return stops
+
+    def validate_stream_options(self, options: dict[str, Any] | None) -> dict[str, Any]:
+        options = options or {}
+        if not isinstance(options.get("include_usage", False), bool):
+            raise serializers.ValidationError("include_usage must be a boolean.")
+        return options
+
+
 class SamplingFieldsSerializer(serializers.Serializer):
     """The fields beyond the basics that reach vLLM: `logit_bias`, `response_format`, the log
     probabilities and vLLM's extras. A base of the chat completion serializer, which also runs the

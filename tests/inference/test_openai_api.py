@@ -172,6 +172,33 @@ async def test_invalid_bodies_get_a_4xx_and_change_nothing(chat_server, alice, k
     assert not await Generation.objects.aexists()
 
 
+@pytest.mark.parametrize(("path", "asks"), [("/v1/chat/completions", "messages"), ("/v1/completions", "prompt")])
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("stop", ["a", "b", "c", "d", "e"], "up to 4 strings"),
+        ("stop", [""], "up to 4 strings"),
+        ("stop", {"a": 1}, "up to 4 strings"),
+        ("stream_options", {"include_usage": "yes"}, "include_usage must be a boolean"),
+    ],
+)
+async def test_both_completions_refuse_a_bad_stop_or_stream_options_alike(
+    server_without_engine, alice, key_for, path, asks, field, value, says
+):
+    key = await database_sync_to_async(key_for)(alice)
+    question = [{"role": "user", "content": "hi"}] if asks == "messages" else "hi"
+    async with httpx.AsyncClient(base_url=server_without_engine, timeout=60) as http:
+        response = await http.post(
+            path,
+            json={"model": "smollm2-135m", asks: question, field: value},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert says in error["message"] and error["param"] == field
+    assert not await Generation.objects.aexists()
+
+
 async def test_models_lists_what_the_plan_includes(chat_server, alice, key_for):
     key = await database_sync_to_async(key_for)(alice)
     models = await client_for(chat_server, key).models.list()
