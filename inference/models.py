@@ -9,6 +9,8 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from inference.engine.base import marked_name
+
 DTYPE_CHOICES = [
     ("auto", "auto"),
     ("bfloat16", "bfloat16"),
@@ -145,9 +147,8 @@ class ModelDeployment(models.Model):
 
     @property
     def answer_model(self) -> str:
-        """The model name its answers carry: its name, marked where no model writes them. A slug
-        cannot hold ':', so the mark can never name another deployment."""
-        return f"{self.name}:{self.Engine.SCRIPTED}" if self.engine_kind == self.Engine.SCRIPTED else self.name
+        """The model name its answers carry: its name, marked where no model writes them (`marked_name`)."""
+        return marked_name(self.name, self.engine_kind)
 
     @property
     def public_model(self) -> str:

@@ -49,11 +49,11 @@ def _redis_ping(url: str) -> None:
 def _engines() -> dict[str, Any]:
     """Each enabled generating deployment's engine state and kind (vllm, scripted); fails unless every one has a ready engine
     (an embedding deployment runs in the web process, not on an engine)."""
-    from inference.execution.dispatch import engine_state
+    from inference.execution.dispatch import host_state
     from inference.models import ModelDeployment
 
     deployments = list(ModelDeployment.objects.filter(is_enabled=True, task=ModelDeployment.Task.GENERATE))
-    states = {d.name: engine_state(d.answer_model) for d in deployments}
+    states = {d.name: host_state(d.answer_model) for d in deployments}
     # Which engine each runs on: a probe shows plainly a deployment answered by the scripted engine.
     kinds = {d.name: d.engine_kind for d in deployments}
     not_ready = sorted(name for name, state in states.items() if state != "ready")

@@ -37,7 +37,7 @@ from django.db.models import Q
 
 from accounts.selectors import tier_for_user_or_none
 from chatsite.errors import ClientError
-from inference.execution.dispatch import engine_state
+from inference.execution.dispatch import host_state
 from inference.models import ModelDeployment
 from inference.selectors import Routed, generation_queued_count, queue_length_annotation
 
@@ -210,7 +210,7 @@ def _refusal(deployment: ModelDeployment, *, engines: bool, soft: bool) -> str |
     if queued >= deployment.max_queued:
         return f"{FULL} ({queued} of {deployment.max_queued})"
     if engines:
-        state = engine_state(deployment.answer_model)
+        state = host_state(deployment.answer_model)
         if state == "failed":
             return "has a failed engine"
         if soft and state == "offline":

@@ -20,7 +20,6 @@ import pytest
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.core.cache import cache
-from django.test import override_settings
 
 from accounts import ratelimit
 from accounts.defaults import create_default_tiers
@@ -418,8 +417,7 @@ async def _local_engine_ready(django_db_blocker, kind: str):
             defaults={"engine": kind},
             create_defaults={**DEFAULT_DEPLOYMENT_FIELDS, **DEFAULT_DEPLOYMENT_TOOL_FIELDS, "engine": kind},
         )
-        with override_settings(INFERENCE_ENGINE=""):
-            return engine_spec_for(deployment)
+        return engine_spec_for(deployment)
 
     with django_db_blocker.unblock():
         wanted = await db_async(spec)()
@@ -515,12 +513,12 @@ class CeleryWorker:
         """Its engines are up and its moderation classifiers loaded. Until they are, a stream's
         first sentence waits for them while the engine writes on, and then the whole backlog is
         published in a rush: a test that stops an answer after its first deltas finds it ended."""
-        from inference.execution.workers import worker_engine_state
+        from inference.execution.dispatch import engine_state
 
         deadline = time.monotonic() + settings.INFERENCE_ENGINE_START_TIMEOUT_S
         while time.monotonic() < deadline:
             assert self.process.poll() is None, f"the worker exited; see {self.log.name}"
-            engines_ready = all(worker_engine_state(d) == "ready" for d in self.deployments)
+            engines_ready = all(engine_state(d) == "ready" for d in self.deployments)
             if engines_ready and (self.status() or {}).get("moderation") == "ready":
                 # Its heap is frozen just after (chatsite/heap.py): wait for that collection's pause
                 # here rather than in a test. That it happens at all is a test of its own.

@@ -55,10 +55,10 @@ class EngineSpec:
 
     @property
     def host_name(self) -> str:
-        """What its host is known by in a process, its heartbeat and its state: the deployment's name,
-        marked as its answers' model name is where the scripted engine answers (`answer_model`). A
-        deployment switched from one engine to the other is then two hosts, never one taken for the other."""
-        return self.name if self.engine == "vllm" else f"{self.name}:{self.engine}"
+        """What its host is known by in a process, its heartbeat and its state: the name its answers
+        carry (`marked_name`). A deployment switched from one engine to the other is then two hosts,
+        never one taken for the other."""
+        return marked_name(self.name, self.engine)
 
     @property
     def uses_priority(self) -> bool:
@@ -84,10 +84,17 @@ class EngineSpec:
         return args
 
 
+def marked_name(deployment: str, engine: str) -> str:
+    """The model name a deployment's answers carry on `engine`, and its host's name: its own name on
+    vLLM, marked `<name>:scripted` on the scripted engine. A slug cannot hold ':', so the mark can
+    never name another deployment."""
+    return deployment if engine == "vllm" else f"{deployment}:{engine}"
+
+
 def host_names(deployment: str) -> list[str]:
     """The hosts (`EngineSpec.host_name`) a name may mean, in order: a host's own name exactly, or, for a
     bare deployment name, its vLLM engine, then its scripted one."""
-    return [deployment] if ":" in deployment else [deployment, f"{deployment}:scripted"]
+    return [deployment] if ":" in deployment else [deployment, marked_name(deployment, "scripted")]
 
 
 @dataclass(frozen=True)

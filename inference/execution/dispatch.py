@@ -121,10 +121,9 @@ class LocalBackend:
         if self.runner is not None:
             self.runner.release_threadsafe(generation_id)
 
-    def engine_state(self, deployment: str) -> str:
-        hosts = engine_hosts()
-        host = next((hosts[name] for name in host_names(deployment) if name in hosts), None)
-        return host.state.value if host else EngineState.IDLE.value
+    def host_state(self, host: str) -> str:
+        found = engine_hosts().get(host)
+        return found.state.value if found else EngineState.IDLE.value
 
 
 local_backend = LocalBackend()
@@ -183,10 +182,10 @@ class CeleryBackend:
 
         release_broadcast(generation_id)
 
-    def engine_state(self, deployment: str) -> str:
+    def host_state(self, host: str) -> str:
         from inference.execution.workers import worker_engine_state
 
-        return worker_engine_state(deployment)
+        return worker_engine_state(host)
 
 
 # The one backend of this process, chosen once from its settings: everything below goes through it.
@@ -219,7 +218,21 @@ def generation_gate_open(*, generation_id: Any) -> None:
     backend.release(generation_id)
 
 
+# What a host's state is where no process hosts it: here (idle), or among the workers (offline).
+ABSENT = {EngineState.IDLE.value, "offline"}
+
+
+def host_state(host: str) -> str:
+    """The state of one engine host, by its exact name (`ModelDeployment.answer_model`)."""
+    return backend.host_state(host)
+
+
 def engine_state(deployment: str) -> str:
-    """The state of the engine that answers for `deployment`: a host's name (`ModelDeployment.answer_model`,
-    exact), or a bare deployment name, which means the vLLM engine where one is hosted, else the scripted one."""
-    return backend.engine_state(deployment)
+    """The state of the engine that answers for a deployment named without its row (the page's greeting,
+    a readiness wait): its vLLM engine's where one is hosted, else its scripted one's (`host_names`)."""
+    state = EngineState.IDLE.value
+    for name in host_names(deployment):
+        state = host_state(name)
+        if state not in ABSENT:
+            return state
+    return state

@@ -290,17 +290,14 @@ def release_broadcast(generation_id: Any) -> None:
     _redis().publish(RELEASE_CHANNEL, str(generation_id))
 
 
-def worker_engine_state(deployment: str) -> str:
-    """ready if any live worker's engine for it is ready, else loading if one is loading, else failed
-    if one failed to load, else offline (no live worker serves it)."""
-    from inference.engine.base import host_names
-
+def worker_engine_state(host: str) -> str:
+    """ready if any live worker's engine host of that name (`EngineSpec.host_name`) is ready, else
+    loading if one is loading, else failed if one failed to load, else offline (no live worker hosts it)."""
     client = _redis()
     since = time.time() - settings.INFERENCE_WORKER_HEARTBEAT_TTL_S
-    for name in host_names(deployment):
-        for state in ("ready", "loading", "failed"):
-            if client.zcount(ENGINE_STATE_KEY.format(deployment=name, state=state), since, "+inf"):
-                return state
+    for state in ("ready", "loading", "failed"):
+        if client.zcount(ENGINE_STATE_KEY.format(deployment=host, state=state), since, "+inf"):
+            return state
     return "offline"
 
 
