@@ -545,12 +545,13 @@ def test_a_message_too_long_for_the_window_is_refused_before_any_work(alice, int
     url = send_url(conversation.id if into_a_conversation else None)
     with (
         patch("moderation.services.score_many", side_effect=AssertionError("scored")) as scoring,
-        patch("conversations.services.count_tokens", side_effect=AssertionError("tokenized")) as tokenizing,
+        patch("conversations.services.sending.count_tokens", side_effect=AssertionError("tokenized")) as tokenizing,
+        patch("conversations.services.conversations.count_tokens", side_effect=AssertionError("tokenized")) as measuring,
     ):
         response = client_for(alice).post(url, {"content": huge}, format="json")
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "context_length_exceeded"
-    assert not scoring.called and not tokenizing.called
+    assert not scoring.called and not tokenizing.called and not measuring.called
     assert Conversation.objects.count() == 1 and Message.objects.count() == 2
     assert not Generation.objects.exists()
     assert bucket_consume(key=f"user:{alice.id}:requests", capacity=1, period_s=60).allowed  # untouched

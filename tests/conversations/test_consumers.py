@@ -804,11 +804,12 @@ async def test_a_message_too_long_for_the_window_is_refused_before_any_work(alic
     socket, _ = await open_socket(alice)
     with (
         patch("moderation.services.score_many", side_effect=AssertionError("scored")) as scoring,
-        patch("conversations.services.count_tokens", side_effect=AssertionError("tokenized")) as tokenizing,
+        patch("conversations.services.sending.count_tokens", side_effect=AssertionError("tokenized")) as tokenizing,
+        patch("conversations.services.conversations.count_tokens", side_effect=AssertionError("tokenized")) as measuring,
     ):
         await socket.send_json_to({"type": "message.send", "content": "word " * 6_000})
         reply = await next_event(socket, timeout=10)
     assert reply["type"] == "error" and reply["code"] == "context_length_exceeded"
-    assert not scoring.called and not tokenizing.called
+    assert not scoring.called and not tokenizing.called and not measuring.called
     assert not await Message.objects.aexists() and not await Generation.objects.aexists()
     await socket.disconnect()

@@ -61,7 +61,7 @@ class Chat:
         sent = message_send(user=self.user, content=f"Q{i} {words(f'q{i}')}", conversation_id=self.conversation_id)
         # What runs once the send commits (the test's transaction never does): the summary's request.
         for _, callback, robust in connection.run_on_commit[registered:]:
-            if "_memory_extend" in getattr(callback, "__qualname__", ""):
+            if "memory_extend_after_commit" in getattr(callback, "__qualname__", ""):
                 try:
                     callback()
                 except Exception:
@@ -194,7 +194,7 @@ def test_a_summary_that_cannot_be_asked_for_does_not_fail_the_message(chat, monk
     def broken(**kwargs):
         raise RuntimeError("the utility model is gone")
 
-    monkeypatch.setattr("conversations.services.summary_extend", broken)
+    monkeypatch.setattr("conversations.services.answering.summary_extend", broken)
     i = 0
     for i in range(6):
         sent = chat.exchange(i)

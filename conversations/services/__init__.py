@@ -1,0 +1,65 @@
+"""The conversations app's writes, one module by what it does:
+
+- `conversations`: a conversation started, renamed, pinned, deleted, its branch on screen chosen, and
+  the deployment its next answer goes to.
+- `sending`: a message sent (`message_send`, given a `SendRequest` parsed where it entered), with
+  its answer queued, or held back by moderation; a send repeated with its `client_id`.
+- `answering`: what every new answer needs (its prompt, its rows, its generation and its charge),
+  shared by sends, regenerations and continuations, and an ended generation copied onto its answer.
+- `branches`: an answer regenerated beside the old one, or continued where its length limit cut it.
+- `feedback`: a thumbs up or down on an answer.
+- `titles`: a conversation's title, asked of its model once the first answer ends.
+- `sharing`: a read-only link to a snapshot of the branch on screen.
+
+The names below are the app's write API; callers import them from here.
+"""
+
+from conversations.services.answering import ANSWER_CUT, message_finish_from_generation, message_mark_streaming
+from conversations.services.branches import Regenerated, message_continue, message_regenerate
+from conversations.services.conversations import (
+    conversation_branch_select,
+    conversation_create,
+    conversation_delete,
+    conversation_pin,
+    conversation_rename,
+    conversation_start,
+)
+from conversations.services.feedback import message_feedback_set
+from conversations.services.sending import (
+    ACTIVE_BRANCH,
+    HELD_BACK,
+    SentMessage,
+    clean_message_content,
+    held_back_reason,
+    held_message_recover,
+    message_send,
+)
+from conversations.services.sharing import conversation_share, conversation_share_revoke
+from conversations.services.titles import conversation_title_on_finish, conversation_title_request
+
+__all__ = [
+    "ACTIVE_BRANCH",
+    "ANSWER_CUT",
+    "HELD_BACK",
+    "Regenerated",
+    "SentMessage",
+    "clean_message_content",
+    "conversation_branch_select",
+    "conversation_create",
+    "conversation_delete",
+    "conversation_pin",
+    "conversation_rename",
+    "conversation_share",
+    "conversation_share_revoke",
+    "conversation_start",
+    "conversation_title_on_finish",
+    "conversation_title_request",
+    "held_back_reason",
+    "held_message_recover",
+    "message_continue",
+    "message_feedback_set",
+    "message_finish_from_generation",
+    "message_mark_streaming",
+    "message_regenerate",
+    "message_send",
+]

@@ -1,0 +1,254 @@
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, TextField, Value
+from django.db.models.functions import Concat
+from django.utils import timezone
+
+from accounts.models import ApiKey, User
+from accounts.selectors import user_instructions
+from accounts.services import (
+    Admission,
+    RequestLimits,
+    request_admit,
+    request_limits,
+)
+from conversations.models import Conversation, Message
+from conversations.prompts import AssembledPrompt, Memory, Turn, assemble_prompt
+from conversations.services.conversations import is_row_id
+from documents.retrieval import (
+    NOTHING,
+    Retrieved,
+    passages_quoted,
+    retrieve_for_message,
+)
+from documents.services import citations_record
+from inference.caching import response_cache_probe
+from inference.engine.tokenizers import (
+    continuation_ids,
+    render_chat,
+    special_tokens_defused,
+    tokenizer_for,
+)
+from inference.models import Generation, ModelDeployment
+from inference.services import generation_admit, generation_create
+from moderation.services import (
+    CONTENT_FILTER,
+)
+from orchestration.selectors import summary_for_branch
+from orchestration.services import summary_extend
+
+logger = logging.getLogger(__name__)
+# What an answer output moderation cut says under what it had written (the chat page and its script).
+ANSWER_CUT = "This answer was stopped by an automatic safety check; what it had written before that is kept."
+
+
+def passages_for(*, user_id: int, conversation_id: Any, text: str) -> Retrieved:
+    """The passages of the user's files (the conversation's and the library's) that answer `text`.
+    A search that fails costs the answer its passages, not the message."""
+    if conversation_id is not None and not is_row_id(conversation_id):
+        return NOTHING
+    try:
+        return retrieve_for_message(owner_id=user_id, conversation_id=conversation_id, text=text)
+    except Exception:
+        logger.exception("the search of user %s's files failed; answering without them", user_id)
+        return NOTHING
+
+
+def citations_save(*, user_id: int, answer: Message, prompt: AssembledPrompt, retrieved: Retrieved) -> None:
+    if not retrieved.empty:
+        citations_record(
+            owner_id=user_id,
+            message_id=answer.id,
+            cited=retrieved.passages[: prompt.passages_kept],
+            withheld=retrieved.withheld,
+        )
+
+
+def answer_queue(
+    *,
+    user: User,
+    conversation: Conversation,
+    deployment: ModelDeployment,
+    answer: Message,
+    prompt: AssembledPrompt,
+    api_key: ApiKey | None = None,
+    limits: RequestLimits | None = None,
+    touch_conversation: bool = True,
+    held: bool = False,
+    text_before: str = "",
+    routing_reason: str = "",
+    cacheable: str = "",
+) -> tuple[Generation, Admission]:
+    """Pass the plan's gate, queue the answer's generation, and save `answer` pending. `prompt` is
+    the one assembled for it. `touch_conversation`: move the conversation to the top of its owner's
+    list and make the answer's branch the one shown; a conversation this transaction created has
+    only this branch, and the update would be one more round trip on the way to the first token.
+    `held`: its text is held until its message's verdict is in. `text_before`: the answer is
+    continued, and keeps what it has; its new text goes after it. `cacheable`: the message, when the
+    prompt holds nothing personal (a first message without instructions): the deployment's response
+    cache may answer it (orchestration.cache)."""
+    limits = limits or request_limits(user=user, deployment=deployment, api_key=api_key)
+    # Refuse before anything is queued: a full queue first (so it costs no rate-limit budget), then
+    # the plan's quotas and rate limits.
+    generation_admit(deployment=deployment)
+    admission = request_admit(
+        user=user,
+        api_key=api_key,
+        deployment=deployment,
+        prompt_tokens=len(prompt.token_ids),
+        max_tokens=prompt.max_tokens,
+        limits=limits,
+    )
+    sampling = {
+        "temperature": deployment.temperature,
+        "top_p": deployment.top_p,
+        "repetition_penalty": deployment.repetition_penalty,
+        "max_tokens": admission.max_tokens,
+    }
+    cache = None
+    if cacheable:
+        cache = response_cache_probe(
+            deployment=deployment,
+            system_prompt=deployment.system_prompt,
+            user_text=cacheable,
+            sampling=sampling,
+            max_tokens=admission.max_tokens,
+            user_id=user.id,
+        )
+    generation = generation_create(
+        user=user,
+        deployment=deployment,
+        prompt_token_ids=prompt.token_ids,
+        sampling=sampling,
+        priority=admission.priority,
+        awaiting_verdict=held,
+        tier_id=limits.tier.id,
+        routing_reason=routing_reason,
+        cached=cache.hit if cache is not None else None,
+    )
+    if cache is not None:
+        cache.keep(generation_id=generation.id)
+    answer.generation = generation
+    answer.status = Message.Status.PENDING
+    answer.content = text_before
+    answer.text_before = text_before
+    if not text_before:
+        answer.token_count = 0  # a continued answer adds its new tokens to those it has
+    answer.finish_reason = ""
+    answer.error_code = ""
+    answer.save()
+    if touch_conversation:
+        Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now(), active_leaf=answer)
+    return generation, admission
+
+
+def prompt_for(
+    *,
+    user_id: int,
+    deployment: ModelDeployment,
+    limits: RequestLimits,
+    path: list[Message],
+    new_turn: Turn | None = None,
+    continuing: str = "",
+    retrieved: Retrieved = NOTHING,
+) -> AssembledPrompt:
+    """The prompt for an answer on a branch: `path` (the branch's messages, root first, up to the
+    question or to the answer the new message follows; never another branch's) and `new_turn`, not
+    yet saved. `continuing`: an answer's text so far, after the assistant's cue, for the model to
+    write on from. The window and the answer's budget are the plan's; flagged messages never go into
+    a prompt. `retrieved`: passages of the person's files for the newest question, quoted in the
+    system turn as far as the window's policy lets them (`conversations.prompts.context_budget`)."""
+    tokenizer = tokenizer_for(deployment.model_path)
+    turns = _turns_of(path)
+    if new_turn is not None:
+        turns.append(new_turn)
+    tail = continuation_ids(tokenizer, continuing) if continuing else []
+    quoted = passages_quoted(retrieved.passages)
+    return assemble_prompt(
+        system_prompt=deployment.system_prompt,
+        instructions=user_instructions(user_id=user_id),
+        turns=turns,
+        render=lambda messages: render_chat(tokenizer, messages, chat_template=deployment.chat_template) + tail,
+        max_context=limits.max_context,
+        max_output=limits.max_output,
+        min_output=settings.INFERENCE_MIN_OUTPUT_TOKENS,
+        # Quoted in the system turn, which the template does not defuse: a file's special-token
+        # spellings are broken here, so that no passage can close the turn.
+        context=[special_tokens_defused(tokenizer, p) for p in quoted.passages],
+        context_header=quoted.header,
+        memory=_memory_of(path, turns, max_context=limits.max_context),
+    )
+
+
+def _turns_of(path: list[Message]) -> list[Turn]:
+    return [
+        Turn(role=m.role, content=m.content, token_count=m.token_count, key=m.id)
+        for m in path
+        if m.role in (Message.Role.USER, Message.Role.ASSISTANT)
+        and m.status != Message.Status.FLAGGED
+        and not (m.role == Message.Role.ASSISTANT and not m.content)
+    ]
+
+
+def _memory_of(path: list[Message], turns: list[Turn], *, max_context: int) -> Memory | None:
+    """The branch's summary (orchestration.memory), looked up only when its turns cannot all fit."""
+    if not settings.CHAT_SUMMARIES or not path or sum(t.token_count + 8 for t in turns) <= max_context // 2:
+        return None
+    keys = [t.key for t in turns]
+    summary = summary_for_branch(conversation_id=path[0].conversation_id, message_ids=[k for k in keys if k])
+    if summary is None or summary.through_id not in keys:
+        return None
+    return Memory(text=summary.text, covers=keys.index(summary.through_id) + 1)
+
+
+def memory_extend_after_commit(*, user_id: Any, deployment: ModelDeployment, path: list[Message], upto: int) -> None:
+    """Once the send commits (after its answer is dispatched), have the turns that fell out of the
+    window summarized in the background (orchestration.services.summary_extend); whatever becomes
+    of that, the message is answered."""
+    if not settings.CHAT_SUMMARIES or not path:
+        return
+    turns, conversation_id = _turns_of(path), path[0].conversation_id
+    transaction.on_commit(
+        lambda: summary_extend(
+            conversation_id=conversation_id, user_id=user_id, deployment=deployment, turns=turns, upto=upto
+        ),
+        robust=True,
+    )
+
+
+_STATUS_FROM_GENERATION = {
+    Generation.Status.COMPLETE: Message.Status.COMPLETE,
+    Generation.Status.STOPPED: Message.Status.STOPPED,
+    Generation.Status.FAILED: Message.Status.FAILED,
+}
+
+
+def message_mark_streaming(*, generation: Generation) -> None:
+    Message.objects.filter(generation=generation, status=Message.Status.PENDING).update(
+        status=Message.Status.STREAMING, updated_at=timezone.now()
+    )
+
+
+def message_finish_from_generation(*, generation: Generation) -> None:
+    """Copy a finished generation's outcome onto its assistant message (partial text included).
+
+    An answer cut by output moderation ends `stopped` with finish_reason `content_filter`; its
+    message is marked flagged and keeps only the text that passed moderation.
+    """
+    status = _STATUS_FROM_GENERATION[generation.status]
+    if generation.finish_reason == CONTENT_FILTER:
+        status = Message.Status.FLAGGED
+    # A continued answer's text goes after what it had (`text_before`, empty for any other answer).
+    Message.objects.filter(generation=generation).update(
+        content=Concat(F("text_before"), Value(generation.text), output_field=TextField()),
+        status=status,
+        token_count=F("token_count") + generation.completion_tokens,
+        finish_reason=generation.finish_reason,
+        error_code=generation.error_code,
+        updated_at=timezone.now(),
+    )

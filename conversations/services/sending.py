@@ -1,0 +1,586 @@
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from accounts.models import ApiKey, User
+from accounts.services import (
+    Admission,
+    RequestLimits,
+    admission_refund,
+    request_limits,
+    request_size_check,
+)
+from chatsite.errors import ClientError
+from conversations.branches import Tree
+from conversations.models import Conversation, Message
+from conversations.prompts import Turn
+from conversations.selectors import (
+    conversation_get_for_send,
+    conversation_has_message_in_progress,
+    default_model_for_user,
+    message_tree_for_prompt,
+)
+from conversations.services.answering import (
+    answer_queue,
+    citations_save,
+    memory_extend_after_commit,
+    passages_for,
+    prompt_for,
+)
+from conversations.services.conversations import (
+    conversation_create,
+    conversation_route,
+    is_row_id,
+    model_name_stored,
+    prompt_measure,
+    uuid_param,
+)
+from documents.retrieval import (
+    NOTHING,
+    Retrieved,
+)
+from inference.engine.tokenizers import (
+    count_tokens,
+    tokenizer_for,
+)
+from inference.held import HeldAnswer, held_verdict_wait_sync
+from inference.models import Generation, GenerationId, ModelDeployment
+from moderation.models import Flag
+from moderation.services import (
+    InputCheck,
+    Verdict,
+    flag_create,
+    input_moderate,
+    verdict_of_flag,
+    verdict_under_tier,
+)
+from orchestration.routing import route
+
+logger = logging.getLogger(__name__)
+
+
+# What a message held back by moderation says when the verdict that held it is gone.
+HELD_BACK = "This message wasn't sent to the assistant: an automatic safety check held it back."
+
+
+# A send's `parent` when the request names none: the leaf of the branch last shown or answered.
+ACTIVE_BRANCH: Any = type("ActiveBranch", (), {"__repr__": lambda self: "ACTIVE_BRANCH"})()
+
+
+@dataclass(frozen=True)
+class SentMessage:
+    """What message_send did. A message held back by moderation has no answer and no generation."""
+
+    conversation: Conversation
+    conversation_created: bool
+    user_message: Message
+    assistant_message: Message | None
+    generation: Generation | None
+    blocked_reason: str = ""
+    warning: str = ""
+    # True when the message had been sent before (its `client_id`) and this is what that send saved.
+    replayed: bool = False
+
+    @property
+    def blocked(self) -> bool:
+        return self.generation is None
+
+
+def clean_message_content(content: object) -> str:
+    if not isinstance(content, str):
+        raise ClientError("A message must be text.", code="invalid_message", param="content")
+    if "\x00" in content:
+        raise ClientError("A message cannot contain NUL characters.", code="invalid_message", param="content")
+    content = content.strip()
+    if not content:
+        raise ClientError("A message cannot be empty.", code="invalid_message", param="content")
+    if len(content) > settings.CHAT_MAX_MESSAGE_CHARS:
+        raise ClientError(
+            f"A message can be at most {settings.CHAT_MAX_MESSAGE_CHARS} characters long.",
+            code="message_too_long",
+            param="content",
+        )
+    return content
+
+
+def message_send(
+    *,
+    user: User,
+    content: Any,
+    conversation_id: Any = None,
+    model: str | None = None,
+    api_key: ApiKey | None = None,
+    verdict: Verdict | InputCheck | None = None,
+    client_id: Any = None,
+    retry: bool = False,
+    settle: bool = True,
+    parent: Any = ACTIVE_BRANCH,
+) -> SentMessage | HeldAnswer[SentMessage]:
+    """Save the user's message and a pending answer, and queue the answer's generation.
+
+    All or nothing: a refused message (too long for the window, a conversation already answering,
+    a model the plan does not include, a rate limit or quota reached, a full queue) leaves no rows
+    behind. The generation is dispatched only after the transaction commits. A message input
+    moderation blocks is saved as flagged, with its flag, and gets no answer.
+
+    `verdict` is input moderation's verdict on the cleaned `content` when the caller has classified
+    it already, or an `InputCheck` whose verdict is taken here, under the tier the transaction reads
+    (the chat socket and the send API make one); otherwise the content is classified here, before
+    the transaction.
+
+    An `InputCheck` whose scores are not in when the transaction has done everything else (the
+    socket's and the API's begin only when asked) does not hold the transaction up: the answer is
+    committed held (`generation_create(awaiting_verdict=True)`) and dispatched, so the engine starts
+    on it while the message is scored, and the verdict is taken after the commit. The runner shows
+    none of a held answer until the verdict lets it through; a verdict that blocks takes the answer
+    back (never shown, never charged) and keeps the message flagged, so what this returns is what it
+    would have returned had the verdict come first (`inference.held`). With `settle=False`, a send
+    committed held returns its `HeldAnswer` instead, for an async caller to await the scores on its
+    event loop and settle it in a call of its own (`checked_after_commit`), so that no database
+    thread waits for the scores.
+
+    `client_id` is the sender's own id for the message (a UUID): a message is saved once per id. A
+    send whose id the user has sent before saves nothing and returns what the first send saved
+    (`replayed`), so a client whose connection dropped before it heard whether its message arrived
+    can send it again. `retry` says it may have been sent before, and the id is looked up first; a
+    first send skips that look-up (one round trip fewer before the first token), and the unique
+    constraint on the id still catches one that arrives twice.
+
+    `parent`: the message the new one follows, in the conversation's tree (conversations.branches):
+    an answer, or a message moderation held back; None to start a new branch from the beginning (an
+    edit of the first message); left out, the leaf of the branch on screen. A new message beside one
+    sent before is an edit: the old branch stays. Its prompt is that branch alone, root to `parent`.
+    """
+    content = clean_message_content(content)
+    client_id = uuid_param(client_id, param="client_id")
+    parent = _parent_param(parent)
+    if conversation_id is None and parent not in (ACTIVE_BRANCH, None):
+        raise ClientError("A 'parent' needs the 'conversation' it is in.", code="invalid_parent", param="parent")
+    if retry and client_id is not None:
+        earlier = _message_sent_earlier(user=user, client_id=client_id, conversation_id=conversation_id)
+        if earlier is not None:
+            return earlier
+    if verdict is None:
+        # Classified before the transaction opens, so no lock is held while the classifier runs.
+        verdict = input_moderate(user=user, text=content)
+    # Before the transaction too: the search reads only the user's own files, whatever the id names.
+    retrieved = passages_for(user_id=user.id, conversation_id=conversation_id, text=content)
+    try:
+        saved = _message_save(
+            user=user,
+            content=content,
+            conversation_id=conversation_id,
+            model=model,
+            verdict=verdict,
+            api_key=api_key,
+            client_id=client_id,
+            parent=parent,
+            retrieved=retrieved,
+        )
+    except IntegrityError:
+        # The same id in a send that committed first (PostgreSQL made this one wait for it).
+        if client_id is None:
+            raise
+        earlier = _message_sent_earlier(user=user, client_id=client_id, conversation_id=conversation_id)
+        if earlier is not None:
+            return earlier
+        if Message.objects.filter(client_id=client_id).exists():  # someone else's id: say no more
+            raise ClientError("That 'client_id' cannot be used.", code="invalid_request", param="client_id") from None
+        raise
+    if isinstance(saved, _HeldMessage) and settle:
+        return saved.settle(verdict)
+    return saved
+
+
+def _parent_param(value: Any) -> Any:
+    if value is ACTIVE_BRANCH or value is None or is_row_id(value):
+        return value
+    raise ClientError("'parent' must be a message id or null.", code="invalid_request", param="parent")
+
+
+def _parent_resolve(*, tree: Tree, conversation: Conversation, parent: Any) -> int | None:
+    """The id of the message a new user message follows, checked to be one it can follow: an answer
+    of this conversation (of any state: a failed one's question is answered again by the new message's
+    prompt), or a message moderation held back, which has none."""
+    if parent is ACTIVE_BRANCH:
+        path = tree.active_path(conversation.active_leaf_id)
+        return path[-1].id if path else None
+    if parent is None:
+        return None
+    message = tree.by_id.get(parent)
+    if message is None:
+        raise ClientError(
+            "That message is not in this conversation.", code="invalid_parent", status=400, param="parent"
+        )
+    if message.role == Message.Role.USER and message.status != Message.Status.FLAGGED:
+        raise ClientError(
+            "A message follows an answer: 'parent' must be an answer's id.", code="invalid_parent", param="parent"
+        )
+    return message.id
+
+
+def _message_sent_earlier(*, user: User, client_id: uuid.UUID, conversation_id: Any) -> SentMessage | None:
+    """What the user's earlier send of `client_id` saved, as that send returned it; None if none did."""
+    user_message = (
+        Message.objects.select_related("conversation")
+        .filter(client_id=client_id, role=Message.Role.USER, conversation__user=user)
+        .first()
+    )
+    if user_message is None:
+        return None
+    conversation = user_message.conversation
+    # Told again that the conversation was created, so a client that missed it learns its id.
+    created = conversation_id is None
+    answer = (
+        Message.objects.select_related("generation__deployment")
+        .filter(parent=user_message, role=Message.Role.ASSISTANT, generation__isnull=False)
+        .first()
+    )
+    if answer is not None and answer.generation.awaiting_verdict:
+        # The first send is still judging the message: answer with what its verdict makes of it.
+        held_verdict_wait_sync(generation_id=answer.generation_id)
+        return _message_sent_earlier(user=user, client_id=client_id, conversation_id=conversation_id)
+    flag = user_message.moderation_flags.filter(source="input").first()
+    verdict = verdict_of_flag(flag) if flag is not None else None
+    if answer is None:  # held back by moderation: it has no answer
+        reason = held_back_reason(flag=flag)
+        return SentMessage(conversation, created, user_message, None, None, blocked_reason=reason, replayed=True)
+    warning = verdict.warning() if verdict is not None and verdict.action == "warn" else ""
+    return SentMessage(conversation, created, user_message, answer, answer.generation, warning=warning, replayed=True)
+
+
+def held_back_reason(*, flag: Flag | None) -> str:
+    """What a message input moderation held back says, from its flag: what the send said then."""
+    if flag is None:
+        return HELD_BACK
+    return verdict_of_flag(flag).explanation()
+
+
+@dataclass(frozen=True)
+class _QueuedAnswer:
+    user_message: Message
+    answer: Message
+    generation: Generation
+    admission: Admission
+
+
+@dataclass(frozen=True)
+class _HeldMessage(HeldAnswer[SentMessage]):
+    """A message committed with its answer held (`inference.held`). Passed (or warned): the answer
+    is released. Blocked: the answer is withdrawn (never shown, never charged) and the message kept
+    flagged, with its flag, exactly as a message blocked before its answer was queued. Scores that
+    never come remove what the send saved, as if it had never been sent."""
+
+    sent: SentMessage
+
+    def passed(self, verdict: Verdict) -> SentMessage:
+        warning = ""
+        if verdict.action == "warn":
+            flag_create(user=self.user, message=self.sent.user_message, source="input", text=self.text, verdict=verdict)
+            warning = verdict.warning()
+        return replace(self.sent, warning=warning)
+
+    def withdrawn(self, verdict: Verdict | None) -> None:
+        sent = self.sent
+        assert sent.assistant_message is not None
+        if verdict is None:
+            if sent.conversation_created:
+                Conversation.objects.filter(id=sent.conversation.id).delete()
+            else:
+                Message.objects.filter(id__in=[sent.user_message.id, sent.assistant_message.id]).delete()
+            return
+        Message.objects.filter(id=sent.assistant_message.id).delete()
+        Message.objects.filter(id=sent.user_message.id).update(status=Message.Status.FLAGGED, updated_at=timezone.now())
+        sent.user_message.status = Message.Status.FLAGGED
+        flag_create(user=self.user, message=sent.user_message, source="input", text=self.text, verdict=verdict)
+
+    def blocked(self, verdict: Verdict, *, withdrawn: bool) -> SentMessage:
+        if not withdrawn:  # the other verdict decided first
+            return self.sent
+        sent = self.sent
+        return SentMessage(
+            sent.conversation,
+            sent.conversation_created,
+            sent.user_message,
+            None,
+            None,
+            blocked_reason=verdict.explanation(),
+        )
+
+
+class _Blocked(Exception):
+    """Input moderation blocked the message: what its transaction did is rolled back, the message
+    is saved flagged in a transaction of its own (`_message_save_blocked`)."""
+
+    def __init__(self, *, verdict: Verdict, conversation: Conversation, parent_id: int | None) -> None:
+        super().__init__(verdict.explanation())
+        self.verdict = verdict
+        self.conversation = conversation
+        self.parent_id = parent_id
+
+
+def _message_save(
+    *,
+    user: User,
+    content: str,
+    conversation_id: Any,
+    model: str | None,
+    verdict: Verdict | InputCheck,
+    api_key: ApiKey | None,
+    client_id: uuid.UUID | None,
+    parent: Any,
+    retrieved: Retrieved = NOTHING,
+) -> SentMessage | _HeldMessage:
+    # What an allowed message needs (its prompt, its rows, its generation and its charge on the rate
+    # limits) does not depend on the verdict, so it is done while the scores may still be coming. A
+    # blocked message rolls all of it back (the dispatch registered in it goes too) and is saved
+    # flagged in a second transaction: the rare path pays for the block, instead of every send paying
+    # a savepoint's two round trips on the way to its first token.
+    try:
+        return _message_save_allowed(
+            user=user,
+            content=content,
+            conversation_id=conversation_id,
+            model=model,
+            verdict=verdict,
+            api_key=api_key,
+            client_id=client_id,
+            parent=parent,
+            retrieved=retrieved,
+        )
+    except _Blocked as blocked:
+        return _message_save_blocked(
+            user=user,
+            content=content,
+            created=conversation_id is None,
+            blocked=blocked,
+            client_id=client_id,
+        )
+
+
+@transaction.atomic
+def _message_save_allowed(
+    *,
+    user: User,
+    content: str,
+    conversation_id: Any,
+    model: str | None,
+    verdict: Verdict | InputCheck,
+    api_key: ApiKey | None,
+    client_id: uuid.UUID | None,
+    parent: Any,
+    retrieved: Retrieved = NOTHING,
+) -> SentMessage | _HeldMessage:
+    """The message saved and its answer queued; raises `_Blocked` (after giving its charge back) when
+    the verdict blocks it. A refusal (too long for the window, a limit reached) waits for the verdict
+    as well: a message moderation blocks is kept flagged whatever else is wrong with it. Scores not in
+    yet hold the answer instead of the transaction: it is committed held, and the verdict is taken
+    after the commit while the engine starts on it."""
+    created = conversation_id is None
+    if created:
+        asked = model or default_model_for_user(user=user)
+        # With its queue's length, read in the same statement for generation_admit.
+        routed = route(user=user, model=asked, prompt_tokens=prompt_measure(path=[], content=content))
+        deployment = routed.deployment
+        # Untitled: the title is written once an answer has ended (conversation_title_request), so
+        # a message moderation holds back never names the conversation.
+        conversation = conversation_create(
+            user=user, deployment=deployment, model_name=model_name_stored(asked, deployment)
+        )
+        tree = Tree.of([])
+        parent_id = _parent_resolve(tree=tree, conversation=conversation, parent=parent)
+    else:
+        # Locked: sends into one conversation are serialised.
+        conversation = conversation_get_for_send(user=user, conversation_id=conversation_id)
+        if conversation is None:
+            raise ClientError("That conversation does not exist.", code="not_found", status=404, param="conversation")
+        if conversation_has_message_in_progress(conversation=conversation):
+            raise ClientError(
+                "An answer is still being written in this conversation. Wait for it or stop it first.",
+                code="generation_in_progress",
+                status=409,
+            )
+        # Every branch, to find the one the message goes on.
+        tree = message_tree_for_prompt(conversation=conversation)
+        parent_id = _parent_resolve(tree=tree, conversation=conversation, parent=parent)
+        # The model switches when `model` names another, and its gate comes next (`request_limits`
+        # refuses a model the plan excludes): a refused send rolls the switch back.
+        routed = conversation_route(
+            user=user,
+            conversation=conversation,
+            model=model,
+            prompt_tokens=prompt_measure(path=tree.path_to(parent_id), content=content),
+        )
+        deployment = routed.deployment
+
+    # The plan first: a model it does not include is refused before anything is loaded for it.
+    limits = request_limits(user=user, deployment=deployment, api_key=api_key)
+    # Before the message is tokenized or its verdict asked for (which starts the scoring): a message
+    # that cannot fit is refused unsaved, unscored and uncharged.
+    request_size_check(chars=len(content), limits=limits)
+    if isinstance(verdict, InputCheck):
+        verdict = verdict.verdict_if_scored(tier_id=limits.tier.id) or verdict
+    queued, kept = None, False
+    try:
+        refused = None
+        try:
+            queued = _message_queue(
+                user=user,
+                conversation=conversation,
+                deployment=deployment,
+                content=content,
+                limits=limits,
+                api_key=api_key,
+                history=not created,
+                client_id=client_id,
+                held=isinstance(verdict, InputCheck),
+                tree=tree,
+                parent_id=parent_id,
+                routing_reason=routed.reason,
+                retrieved=retrieved,
+            )
+        except ClientError as exc:
+            refused = exc
+        if refused is None and isinstance(verdict, InputCheck):
+            kept = True
+            sent = SentMessage(conversation, created, queued.user_message, queued.answer, queued.generation)
+            return _HeldMessage(
+                user=user,
+                text=content,
+                generations=[queued.generation],
+                admissions=[queued.admission],
+                tier_id=limits.tier.id,
+                sent=sent,
+            )
+        verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
+        if verdict.blocks:
+            raise _Blocked(verdict=verdict, conversation=conversation, parent_id=parent_id)
+        if refused is not None:
+            raise refused
+        kept = True
+    finally:  # a charge the answer does not keep (blocked, refused, failed) is given back
+        if queued is not None and not kept:
+            admission_refund(admission=queued.admission)
+    warning = ""
+    if verdict.action == "warn":
+        flag_create(user=user, message=queued.user_message, source="input", text=content, verdict=verdict)
+        warning = verdict.warning()
+    return SentMessage(conversation, created, queued.user_message, queued.answer, queued.generation, warning=warning)
+
+
+@transaction.atomic
+def _message_save_blocked(
+    *, user: User, content: str, created: bool, blocked: _Blocked, client_id: uuid.UUID | None
+) -> SentMessage:
+    """A message input moderation blocked, saved flagged with its flag, and no answer. A conversation
+    the message was to start is created here: the one its first transaction created was rolled back."""
+    conversation = blocked.conversation
+    if created:
+        # Its deployment as the rolled-back row had it (no read).
+        conversation = conversation_create(user=user, deployment=conversation.deployment)
+    else:
+        # Serialised with the conversation's other sends, as the first transaction was.
+        locked = Conversation.objects.select_for_update().filter(id=conversation.id).first()
+        if locked is None:  # deleted since: the message has nowhere to go
+            raise ClientError("That conversation does not exist.", code="not_found", status=404, param="conversation")
+    user_message = Message.objects.create(
+        conversation=conversation,
+        role=Message.Role.USER,
+        content=content,
+        status=Message.Status.FLAGGED,
+        client_id=client_id,
+        parent_id=None if created else blocked.parent_id,
+    )
+    flag_create(user=user, message=user_message, source="input", text=content, verdict=blocked.verdict)
+    if not created:
+        Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now(), active_leaf=user_message)
+    return SentMessage(conversation, created, user_message, None, None, blocked_reason=blocked.verdict.explanation())
+
+
+def held_message_recover(*, generation_id: GenerationId) -> _HeldMessage | None:
+    """The held answer a generation writes, for a runner to judge its message itself when the web
+    process that saved it never did (`inference.held.held_answer_judge`); None when it answers no
+    message (an API completion, whose client went with its web process)."""
+    answer = (
+        Message.objects.select_related("parent", "conversation__user", "generation")
+        .filter(generation_id=generation_id, role=Message.Role.ASSISTANT)
+        .first()
+    )
+    if answer is None or answer.parent is None or answer.generation is None:
+        return None
+    conversation = answer.conversation
+    sent = SentMessage(conversation, False, answer.parent, answer, answer.generation)
+    return _HeldMessage(
+        user=conversation.user,
+        text=answer.parent.content,
+        generations=[answer.generation],
+        admissions=[],
+        tier_id=None,
+        sent=sent,
+    )
+
+
+def _message_queue(
+    *,
+    user: User,
+    conversation: Conversation,
+    deployment: ModelDeployment,
+    content: str,
+    limits: RequestLimits,
+    api_key: ApiKey | None,
+    history: bool,
+    client_id: uuid.UUID | None,
+    held: bool,
+    tree: Tree,
+    parent_id: int | None,
+    routing_reason: str = "",
+    retrieved: Retrieved = NOTHING,
+) -> _QueuedAnswer:
+    """The user's message saved after `parent_id`, and its answer queued, as if moderation lets it
+    through (`held`: shown only once the verdict lets it through, `inference.held`)."""
+    tokenizer = tokenizer_for(deployment.model_path)
+    new_turn = Turn(role=Message.Role.USER, content=content, token_count=count_tokens(tokenizer, content))
+    path = tree.path_to(parent_id) if history else []
+    prompt = prompt_for(
+        user_id=conversation.user_id,
+        deployment=deployment,
+        limits=limits,
+        path=path,
+        new_turn=new_turn,
+        retrieved=retrieved,
+    )
+    user_message = Message.objects.create(
+        conversation=conversation,
+        role=Message.Role.USER,
+        content=content,
+        token_count=new_turn.token_count,
+        client_id=client_id,
+        parent_id=parent_id,
+    )
+    user_message.siblings = [*tree.children.get(parent_id, []), user_message.id]
+    answer = Message(conversation=conversation, role=Message.Role.ASSISTANT, parent=user_message)
+    generation, admission = answer_queue(
+        user=user,
+        conversation=conversation,
+        deployment=deployment,
+        answer=answer,
+        api_key=api_key,
+        limits=limits,
+        prompt=prompt,
+        touch_conversation=history,
+        held=held,
+        routing_reason=routing_reason,
+        # A first message with nothing personal in its prompt (no history, instructions or files).
+        cacheable=content if not (path or prompt.instructions_kept or not retrieved.empty) else "",
+    )
+    citations_save(user_id=conversation.user_id, answer=answer, prompt=prompt, retrieved=retrieved)
+    if prompt.needs_summary:
+        memory_extend_after_commit(user_id=user.id, deployment=deployment, path=path, upto=prompt.unsummarized[1])
+    return _QueuedAnswer(user_message, answer, generation, admission)
