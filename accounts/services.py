@@ -8,7 +8,7 @@ import secrets
 from collections.abc import Collection
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any, cast
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -17,6 +17,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from accounts.hooks import quota_tokens_reserved
 from accounts.models import ApiKey, Tier, UsageRecord, User, UserSettings
 from accounts.protocols import BillableGeneration, Deployment
 from accounts.ratelimit import Charge, buckets_consume, buckets_peek, buckets_refund, buckets_reset
@@ -375,13 +376,10 @@ def _quota_left(*, user: User, tier: Tier, needed: int) -> int | None:
     """The tokens the day's and month's quotas leave the user (None: no quota), counted from the
     ledger plus what their unfinished generations may still use; 429 quota_exceeded when that is
     fewer than `needed`."""
-    from accounts.signals import quota_tokens_reserved
-
     if not (tier.tokens_per_day or tier.tokens_per_month):
         return None
     now = timezone.now()
-    # Each receiver answers with the tokens it reserves (the stubs type a receiver's answer as a string).
-    reserved = sum(cast(int, tokens) for _, tokens in quota_tokens_reserved.send(sender=Tier, user=user))
+    reserved = quota_tokens_reserved(user=user)
     least = None
     for quota, since, resets_at, period in _quota_periods(tier, now):
         left = quota - usage_tokens_since(user=user, since=since) - reserved

@@ -49,14 +49,14 @@ async def measure() -> None:
     from accounts.models import Tier
     from accounts.services import user_set_tier
     from chatsite.database import db_async
-    from conversations import services as conversation_services
-    from conversations.services import message_send
+    from conversations.requests import SendRequest
+    from conversations.services import answering as conversation_services
+    from conversations.services import message_send, message_send_checked
     from inference.execution import dispatch as dispatch_module
-    from inference.held import checked_after_commit
     from inference.models import Generation
     from inference.services import generation_claim, generation_finish
     from moderation.selectors import policy_for_user
-    from moderation.services import input_scorer, verdict_from_scores
+    from moderation.services import InputCheck, input_scorer, verdict_from_scores
 
     user, _ = await asyncio.to_thread(get_user_model().objects.get_or_create, username="benchmark-send")
     # The plan with the highest limits, so no send is refused over the run.
@@ -106,11 +106,11 @@ async def measure() -> None:
         # As the chat socket does it: a task of its own (a context of its own), the check scored
         # after the commit; or, given the verdict taken before, the transaction alone.
         if verdict is None:
-            sent = await checked_after_commit(
-                db_async, message_send, text=text, user=user, content=text, conversation_id=into
-            )
+            request = SendRequest(content=text, conversation_id=into)
+            sent = await message_send_checked(db_async, user=user, request=request)
         else:
-            sent = await db_async(message_send)(user=user, content=text, verdict=verdict, conversation_id=into)
+            request = SendRequest(content=text, conversation_id=into)
+            sent = await db_async(message_send)(user=user, request=request, check=InputCheck.decided(verdict))
         accepted = time.perf_counter() - started
         dispatched = dispatched_at.pop(str(sent.generation.id)) - started
         await end(sent.generation.id, text)

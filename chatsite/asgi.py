@@ -14,13 +14,15 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from chatsite.origins import PageOriginValidator  # noqa: E402
 from conversations.routing import websocket_urlpatterns  # noqa: E402
-from inference.execution.lifespan import lifespan_app  # noqa: E402
+from inference.execution.lifespan import StartedBeforeSockets, lifespan_app  # noqa: E402
 from observability.asgi import SocketsCounted  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": SocketsCounted(PageOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
+        "websocket": SocketsCounted(
+            PageOriginValidator(AuthMiddlewareStack(StartedBeforeSockets(URLRouter(websocket_urlpatterns))))
+        ),
         "lifespan": lifespan_app,
     }
 )

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import ParamSpec, TypeVar
+from typing import ParamSpec, Protocol, TypeVar
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
@@ -47,6 +47,14 @@ CONNECTION_CHECK_INTERVAL_S = 1.0
 # before each try (growing: the database may be restarting).
 RECONNECT_TRIES = 3
 RECONNECT_BACKOFF_S = 0.1
+
+
+class DatabaseCall(Protocol):
+    """How async code reaches the database from its loop: `db_async`, `sync_to_async` (in Django's
+    request cycle, which manages the thread's connection), or a `reconnecting` wrapper of either."""
+
+    def __call__(self, fn: Callable[P, R], /) -> Callable[P, Awaitable[R]]: ...
+
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 from contextlib import aclosing
-from typing import Any
+from typing import Any, cast
 
 from asgiref.sync import sync_to_async
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
@@ -36,12 +36,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.apis import ScopedApi
-from accounts.authentication import ApiKeyAuthentication, HasScope
+from accounts.authentication import ApiKeyAuthentication, HasScope, signed_in
 from accounts.metering import ADMITTED, metered
 from accounts.models import ApiKey
 from chatsite.errors import INVALID_API_KEY, ClientError, error_body, validated_json_body
 from chatsite.parsers import request_body
-from conversations.models import Conversation
+from conversations.models import Conversation, Message
+from conversations.requests import SendRequest
 from conversations.selectors import (
     branch_summary,
     conversation_get_for_user,
@@ -49,19 +50,17 @@ from conversations.selectors import (
     message_branch,
 )
 from conversations.services import (
-    ACTIVE_BRANCH,
-    clean_message_content,
     conversation_branch_select,
     conversation_delete,
     conversation_rename,
     conversation_start,
     message_feedback_set,
-    message_send,
+    message_send_checked,
 )
+from conversations.services.feedback import FEEDBACK_COMMENT_CHARS
 from documents.apis import DocumentOutputSerializer, FileUploadSerializer, uploaded_file
 from documents.selectors import citation_json, citations_for_messages, documents_of_conversation
 from documents.services import document_upload
-from inference.held import checked_after_commit
 from inference.models import Generation
 from inference.selectors import generation_writer
 
@@ -92,7 +91,7 @@ class ConversationPagination(CursorPagination):
             raise _invalid_cursor() from None
         # DRF checks the offset and direction but passes the position to the query as it came:
         # anything but the `updated_at` it wrote would fail in the database.
-        if cursor is not None and not _is_position(cursor.position):
+        if cursor is not None and not _is_position(cast(str | None, cursor.position)):  # typed int, read as text
             raise _invalid_cursor()
         return cursor
 
@@ -113,7 +112,7 @@ def _is_position(position: str | None) -> bool:
 
 
 def _get_or_404(request: Request, conversation_id: int) -> Conversation:
-    conversation = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
+    conversation = conversation_get_for_user(user=signed_in(request), conversation_id=conversation_id)
     if conversation is None:
         raise ClientError("That conversation does not exist.", code="not_found", status=404)
     return conversation
@@ -134,7 +133,8 @@ class MessageOutputSerializer(serializers.Serializer):
     status = serializers.CharField()
     finish_reason = serializers.CharField()
     token_count = serializers.IntegerField()
-    parent = serializers.IntegerField(source="parent_id", allow_null=True)
+    # A declared field is taken off the class (DRF's metaclass); the stubs see it shadow Field.parent.
+    parent = serializers.IntegerField(source="parent_id", allow_null=True)  # type: ignore[assignment]
     siblings = serializers.ListField(
         child=serializers.IntegerField(),
         help_text="The ids of this message and the edits or regenerations beside it, oldest first.",
@@ -146,8 +146,9 @@ class MessageOutputSerializer(serializers.Serializer):
         "heading, passage}, cited as [number]), and any the prompt-injection check left out (`withheld`)."
     )
 
-    def get_citations(self, message: Any) -> list[dict[str, Any]]:
-        return [citation_json(c) for c in getattr(message, "citation_list", [])]
+    def get_citations(self, message: Message) -> list[dict[str, Any]]:
+        # The branch's citations, read in one query by `_with_branch`.
+        return [citation_json(c) for c in self.context.get("citations", {}).get(message.id, [])]
 
     def get_model(self, message) -> str | None:
         generation = message.generation if message.role == "assistant" else None
@@ -177,9 +178,7 @@ def _with_branch(conversation: Conversation, through: Any = None) -> dict[str, A
     if branch is None:
         raise ClientError("That message is not in this conversation.", code="invalid_message", param="branch")
     sources = citations_for_messages(owner_id=conversation.user_id, message_ids=[m.id for m in branch.messages])
-    for message in branch.messages:
-        message.citation_list = sources.get(message.id, [])
-    messages = MessageOutputSerializer(branch.messages, many=True).data
+    messages = MessageOutputSerializer(branch.messages, many=True, context={"citations": sources}).data
     summary = branch_summary(conversation=conversation, messages=branch.messages)
     return {
         **ConversationOutputSerializer(conversation).data,
@@ -219,7 +218,7 @@ class ConversationListCreateApi(ScopedApi):
     )
     def get(self, request: Request) -> Response:
         paginator = self.pagination_class()
-        page = paginator.paginate_queryset(conversation_list_for_user(user=request.user), request, view=self)
+        page = paginator.paginate_queryset(conversation_list_for_user(user=signed_in(request)), request, view=self)
         return paginator.get_paginated_response(self.OutputSerializer(page, many=True).data)
 
     @extend_schema(
@@ -231,7 +230,7 @@ class ConversationListCreateApi(ScopedApi):
     def post(self, request: Request) -> Response:
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        conversation = conversation_start(user=request.user, **serializer.validated_data)
+        conversation = conversation_start(user=signed_in(request), **serializer.validated_data)
         return Response(self.OutputSerializer(conversation).data, status=status.HTTP_201_CREATED)
 
 
@@ -264,9 +263,10 @@ class ConversationDetailApi(ScopedApi):
     )
     def get(self, request: Request, conversation_id: int) -> Response:
         conversation = _get_or_404(request, conversation_id)
-        through = request.query_params.get("branch")
-        if through is not None:
-            through = int(through) if through.isascii() and through.isdigit() and len(through) < 19 else -1
+        asked = request.query_params.get("branch")
+        through = None
+        if asked is not None:
+            through = int(asked) if asked.isascii() and asked.isdigit() and len(asked) < 19 else -1
         return Response(_with_branch(conversation, through))
 
     @extend_schema(
@@ -332,7 +332,7 @@ class MessageFeedbackApi(ScopedApi):
 
     class InputSerializer(serializers.Serializer):
         rating = serializers.ChoiceField(choices=["up", "down"])
-        comment = StrictCharField(required=False, allow_blank=True, default="", max_length=2000)
+        comment = StrictCharField(required=False, allow_blank=True, default="", max_length=FEEDBACK_COMMENT_CHARS)
 
         class Meta:
             ref_name = "MessageFeedbackInput"
@@ -360,7 +360,7 @@ class MessageFeedbackApi(ScopedApi):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         feedback = message_feedback_set(
-            user=request.user, conversation_id=conversation_id, message_id=message_id, **serializer.validated_data
+            user=signed_in(request), conversation_id=conversation_id, message_id=message_id, **serializer.validated_data
         )
         return Response(self.OutputSerializer(feedback).data)
 
@@ -380,7 +380,7 @@ class ConversationFileApi(ScopedApi):
     )
     def get(self, request: Request, conversation_id: int) -> Response:
         conversation = _get_or_404(request, conversation_id)
-        documents = documents_of_conversation(user=request.user, conversation_id=conversation.id)
+        documents = documents_of_conversation(user=signed_in(request), conversation_id=conversation.id)
         return Response(DocumentOutputSerializer(documents, many=True).data)
 
     @extend_schema(
@@ -396,8 +396,8 @@ class ConversationFileApi(ScopedApi):
     )
     def post(self, request: Request, conversation_id: int) -> Response:
         conversation = _get_or_404(request, conversation_id)
-        name, data = uploaded_file(request, user=request.user)
-        document = document_upload(user=request.user, name=name, data=data, conversation_id=conversation.id)
+        name, data = uploaded_file(request, user=signed_in(request))
+        document = document_upload(user=signed_in(request), name=name, data=data, conversation_id=conversation.id)
         return Response(DocumentOutputSerializer(document).data, status=status.HTTP_201_CREATED)
 
 
@@ -416,7 +416,7 @@ class MessageCitationsApi(ScopedApi):
         conversation = _get_or_404(request, conversation_id)
         if not conversation.messages.filter(id=message_id).exists():
             raise ClientError("That message does not exist.", code="not_found", status=404)
-        sources = citations_for_messages(owner_id=request.user.id, message_ids=[message_id])
+        sources = citations_for_messages(owner_id=signed_in(request).id, message_ids=[message_id])
         return Response({"citations": [citation_json(c) for c in sources.get(message_id, [])]})
 
 
@@ -432,7 +432,7 @@ class MessageSendInputSerializer(serializers.Serializer):
         default=None,
         help_text="Your own id for the message, a UUID: a send repeated with it is saved and answered once.",
     )
-    parent = serializers.IntegerField(
+    parent = serializers.IntegerField(  # type: ignore[assignment]  # as MessageOutputSerializer.parent
         required=False,
         allow_null=True,
         min_value=1,
@@ -479,7 +479,7 @@ def _session(request: HttpRequest) -> tuple[Any, None] | None:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated or not user.is_active:
         return None
-    SessionAuthentication().enforce_csrf(request)
+    SessionAuthentication().enforce_csrf(cast(Request, request))  # it reads only what a plain request has
     return user, None
 
 
@@ -495,30 +495,26 @@ def sse(event: str, data: dict[str, Any]) -> str:
 
 @metered(ADMITTED)
 @csrf_exempt  # API keys carry no cookie; a session request is CSRF-checked in _authenticate
-async def message_send_stream(request: HttpRequest, conversation_id: int | None = None) -> HttpResponse:
+async def message_send_stream(request: HttpRequest, conversation_id: int | None = None) -> HttpResponseBase:
     """POST a message into a conversation (or, without an id, into a new one) and stream the answer."""
     if request.method != "POST":
         return _json_error(ClientError("Use POST.", code="method_not_allowed", status=405))
     try:
         # Django's request cycle already manages this thread's connection (unlike a consumer's).
         user, api_key, data = await sync_to_async(_send_request)(request)
-        content = clean_message_content(data["content"])
-        # Scored once the send has committed its answer held: the engine starts on it meanwhile.
-        sent = await checked_after_commit(
-            sync_to_async,
-            message_send,
-            text=content,
-            user=user,
-            content=content,
-            conversation_id=conversation_id,
-            model=data["model"] if conversation_id is None else None,
-            api_key=api_key,
-            client_id=data["client_id"],
-            parent=data.get("parent", ACTIVE_BRANCH),
-            # A client cannot say whether a request whose answer it never heard arrived: any send
-            # with an id looks for an earlier one (a query more, for clients that ask for it).
-            retry=data["client_id"] is not None,
+        send = SendRequest.parse(
+            {
+                **data,
+                "conversation": conversation_id,
+                # The model is chosen when a conversation starts; later messages keep the conversation's.
+                "model": data["model"] if conversation_id is None else None,
+                # A client cannot say whether a request whose answer it never heard arrived: any send
+                # with an id looks for an earlier one (a query more, for clients that ask for it).
+                "retry": data["client_id"] is not None,
+            }
         )
+        # Scored once the send has committed its answer held: the engine starts on it meanwhile.
+        sent = await message_send_checked(sync_to_async, user=user, request=send, api_key=api_key)
     except ClientError as exc:
         return _json_error(exc)
     response = StreamingHttpResponse(
@@ -531,7 +527,7 @@ async def message_send_stream(request: HttpRequest, conversation_id: int | None 
 
 @metered(ADMITTED)
 @csrf_exempt
-async def conversation_start_stream(request: HttpRequest) -> HttpResponse:
+async def conversation_start_stream(request: HttpRequest) -> HttpResponseBase:
     """POST a first message: a new conversation, its answer streamed."""
     return await message_send_stream(request, None)
 

@@ -7,3 +7,8 @@ class ConversationsConfig(AppConfig):
 
     def ready(self) -> None:
         from conversations import receivers  # noqa: F401
+        from conversations.services import held_message_recover
+        from inference.held import held_answer_owner_register
+
+        # A runner that never heard a message's verdict asks for its held answer (inference.held).
+        held_answer_owner_register(held_message_recover)

@@ -46,7 +46,9 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any, ClassVar, ParamSpec, TypeVar
 
 from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -60,27 +62,30 @@ from accounts.selectors import SessionAccess, session_access, session_key_digest
 from accounts.services import user_group
 from accounts.signals import request_refused
 from accounts.sockets import socket_place_give_back, socket_place_take
-from chatsite.database import db_async, reconnecting
+from chatsite.database import DatabaseCall, db_async, reconnecting
 from chatsite.errors import ClientError
 from chatsite.parsers import json_parse
+from conversations.requests import AnswerRequest, SendRequest, is_integer
 from conversations.services import (
-    ACTIVE_BRANCH,
-    clean_message_content,
+    Regenerated,
+    SentMessage,
     message_continue,
     message_regenerate,
     message_send,
+    message_send_checked,
 )
-from inference.execution.dispatch import backend, engine_state
-from inference.held import checked_after_commit
+from inference.execution.dispatch import engine_state
 from inference.models import Generation
 from inference.openai import wire
 from inference.selectors import generation_get_for_user, generation_writer
 from inference.services import generation_request_stop
 from inference.streaming.following import StreamFollower
 from inference.streaming.streams import ENGINE_STATUS_GROUP, TERMINAL_EVENTS, StreamPublisher
-from moderation.services import classifiers_prepare
 
 logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 MAX_FRAME_BYTES = 256 * 1024
 # How long a passed access check stands for the frames after it: a burst (a reconnect resuming its
@@ -135,9 +140,6 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         self._resync = asyncio.ensure_future(self._resync_quiet_streams())
         await self.channel_layer.group_add(ENGINE_STATUS_GROUP, self.channel_name)
-        await backend.start()
-        # Input moderation needs its embedding model; load it now, off the loop, not on the first send.
-        classifiers_prepare()
         deployment = settings.INFERENCE_DEFAULT_DEPLOYMENT
         state = await db_async(engine_state)(deployment)
         await self.send_json({"type": "engine.status", "deployment": deployment, "state": state})
@@ -200,13 +202,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def receive_json(self, content: dict[str, Any], **kwargs: Any) -> None:
         request_context.request_begin(channel_name="chat")  # each request on the socket has its own id
         kind = content.get("type")
+        name = kind if isinstance(kind, str) else ""
         handler = {
             "message.send": self._message_send,
             "generation.stop": self._generation_stop,
             "generation.resume": self._generation_resume,
             "message.regenerate": self._message_regenerate,
             "message.continue": self._message_continue,
-        }.get(kind if isinstance(kind, str) else None)
+        }.get(name)
         if handler is None:
             named = f" {kind[:100]!r}" if isinstance(kind, str) else ""
             await self._error("invalid_request", f"Unknown message type{named}.")
@@ -215,7 +218,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         client_id = content.get("client_id") if kind == "message.send" else None
         client_id = client_id if isinstance(client_id, str) else None
         try:
-            actions = self.metering.actions_for(kind)
+            actions = self.metering.actions_for(name)
             if actions != (ADMITTED,):
                 # Repeated on a fresh connection if the database drops it (the plan is read before a
                 # bucket is charged): a Stop must land even then.
@@ -242,37 +245,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     # --- client requests ------------------------------------------------------------------------
 
     async def _message_send(self, content: dict[str, Any]) -> None:
-        conversation_id = content.get("conversation")
-        if conversation_id is not None and not _is_integer(conversation_id):
-            raise ClientError("'conversation' must be a conversation id.", code="invalid_request")
-        model = content.get("model")
-        # PostgreSQL refuses NUL in text outright; a name this long names no model.
-        if model is not None and (not isinstance(model, str) or "\x00" in model or len(model) > 100):
-            raise ClientError("'model' must be a model name.", code="invalid_request")
-        retry = content.get("retry", False)
-        if not isinstance(retry, bool):
-            raise ClientError("'retry' must be true or false.", code="invalid_request")
-        parent = content.get("parent", ACTIVE_BRANCH)
-        if parent not in (ACTIVE_BRANCH, None) and not _is_integer(parent):
-            raise ClientError("'parent' must be a message id or null.", code="invalid_request")
-        text = clean_message_content(content.get("content"))
+        request = SendRequest.parse(content)
         # A send with a client_id is safe to repeat (message_send): one whose connection fails is
         # repeated on a fresh one, and so is the verdict's call after the commit (a conditional
         # release), so the message saved is answered with its `message.accepted`.
-        call = _reconnecting_send if content.get("client_id") is not None else db_async
+        call = _reconnecting_send(request) if request.client_id is not None else db_async
         # Scored once the send has committed its answer held: the engine starts on it meanwhile.
-        sent = await checked_after_commit(
-            call,
-            message_send,
-            text=text,
-            user=self.user,
-            content=text,
-            conversation_id=conversation_id,
-            model=model,
-            client_id=content.get("client_id"),
-            retry=retry,
-            parent=parent,
-        )
+        sent = await message_send_checked(call, user=self.user, request=request)
         if sent.conversation_created:
             await self.send_json(
                 {
@@ -285,9 +264,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             "content": sent.user_message.content,
             "parent": sent.user_message.parent_id,
             # A replayed send's are not looked up: the page shows them on its next load.
-            "siblings": getattr(sent.user_message, "siblings", [sent.user_message.id]),
+            "siblings": list(sent.siblings or (sent.user_message.id,)),
         }
-        if sent.blocked:
+        answer, generation = sent.assistant_message, sent.generation
+        if answer is None or generation is None:  # held back by moderation
             await self.send_json(
                 {
                     "type": "message.blocked",
@@ -304,24 +284,24 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             "type": "message.accepted",
             "conversation": sent.conversation.id,
             "user_message": user_message,
-            "assistant_message": {"id": sent.assistant_message.id},
-            "generation": str(sent.generation.id),
+            "assistant_message": {"id": answer.id},
+            "generation": str(generation.id),
             # The deployment its name was routed to (orchestration.routing): the model that writes it.
-            "model": generation_writer(sent.generation),
+            "model": generation_writer(generation),
             "client_id": content.get("client_id"),
         }
         if sent.warning:
             accepted["warning"] = sent.warning
-        if sent.generation.cached:  # played back from the response cache (orchestration.cache)
+        if generation.cached:  # played back from the response cache (orchestration.cache)
             accepted["cached"] = True
-        self._started.add(str(sent.generation.id))
+        self._started.add(str(generation.id))
         await self.send_json(accepted)
         # A replayed send's answer may have ended long ago, its events gone from the buffer.
-        await self._follow(sent.generation, after_seq=0, fresh=not sent.replayed)
+        await self._follow(generation, after_seq=0, fresh=not sent.replayed)
         if not sent.replayed:
             await self._others_tell(sent, user_message)
 
-    async def _others_tell(self, sent: Any, user_message: dict[str, Any]) -> None:
+    async def _others_tell(self, sent: SentMessage, user_message: dict[str, Any]) -> None:
         """Tell the user's other sockets (other tabs, other devices) of a message this one sent, after
         this socket's own answer is under way: a page showing its conversation adds the message and
         the answer's place and follows the stream (`generation.resume`), the others list it. Best
@@ -333,7 +313,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             "created": sent.conversation_created,
             "user_message": user_message,
         }
-        if sent.blocked:
+        if sent.assistant_message is None or sent.generation is None:
             event["blocked"] = sent.blocked_reason
         else:
             event["assistant_message"] = {"id": sent.assistant_message.id}
@@ -344,28 +324,25 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             logger.exception("telling the other sockets of user %s of a message failed", self.user.id)
 
     async def _message_regenerate(self, content: dict[str, Any]) -> None:
-        regenerated = await db_async(message_regenerate)(
-            user=self.user, message_id=content.get("message"), replaces=content.get("replaces")
-        )
+        request = AnswerRequest.parse(content)
+        regenerated = await db_async(message_regenerate)(user=self.user, request=request)
         answer = regenerated.answer
         await self._answer_requeued(
             {
                 "type": "message.regenerating",
-                "regenerated": content.get("message"),
+                "regenerated": request.message_id,
                 "assistant_message": {"id": answer.id, "parent": answer.parent_id, "siblings": regenerated.siblings},
             },
             regenerated,
         )
 
     async def _message_continue(self, content: dict[str, Any]) -> None:
-        continued = await db_async(message_continue)(
-            user=self.user, message_id=content.get("message"), replaces=content.get("replaces")
-        )
+        continued = await db_async(message_continue)(user=self.user, request=AnswerRequest.parse(content))
         await self._answer_requeued(
             {"type": "message.continuing", "assistant_message": {"id": continued.answer.id}}, continued
         )
 
-    async def _answer_requeued(self, frame: dict[str, Any], requeued: Any) -> None:
+    async def _answer_requeued(self, frame: dict[str, Any], requeued: Regenerated) -> None:
         frame["generation"] = str(requeued.generation.id)
         if requeued.replayed:
             frame["replayed"] = True
@@ -386,7 +363,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def _generation_resume(self, content: dict[str, Any]) -> None:
         after_seq = content.get("after_seq", 0)
-        if not _is_integer(after_seq) or after_seq < 0:
+        if not is_integer(after_seq) or after_seq < 0:
             raise ClientError("'after_seq' must be a non-negative integer.", code="invalid_request")
         generation = await self._own_generation(content.get("generation"))
         await self._follow(generation, after_seq=after_seq)
@@ -543,24 +520,24 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json(payload)
 
 
-def _is_integer(value: Any) -> bool:
-    """An integer, as JSON has it: Python's True and False are ints too, and mean no id."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _reconnecting(fn: Any) -> Any:
     """`fn` from the socket's loop, repeated on a fresh connection if its connection fails: only
     for calls that are safe to repeat."""
     return db_async(reconnecting(fn))
 
 
-def _reconnecting_send(fn: Any) -> Any:
+def _reconnecting_send(request: SendRequest) -> DatabaseCall:
     """A send's calls, repeated on a fresh connection. The send's repeat is a retry: its first try
     may have committed before its reply was lost, and a retry looks its client_id up first, where a
     first send would find the conversation busy with its own answer."""
-    if fn is message_send:
-        return db_async(reconnecting(fn, retry=True))
-    return _reconnecting(fn)
+
+    def call(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
+        sending = fn is message_send
+        if sending:
+            return db_async(reconnecting(fn, request=replace(request, retry=True)))
+        return _reconnecting(fn)
+
+    return call
 
 
 def _is_uuid(value: str) -> bool:

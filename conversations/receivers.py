@@ -4,11 +4,9 @@ from django.dispatch import receiver
 
 from conversations.services import (
     conversation_title_on_finish,
-    held_message_recover,
     message_finish_from_generation,
     message_mark_streaming,
 )
-from inference.held import HeldAnswer, held_answer_unjudged
 from inference.signals import generation_finished, generation_started
 
 
@@ -21,8 +19,3 @@ def on_generation_started(sender, generation, **kwargs) -> None:
 def on_generation_finished(sender, generation, **kwargs) -> None:
     message_finish_from_generation(generation=generation)
     conversation_title_on_finish(generation=generation)
-
-
-@receiver(held_answer_unjudged)
-def on_held_answer_unjudged(sender, generation_id, **kwargs) -> HeldAnswer | None:
-    return held_message_recover(generation_id=generation_id)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import wraps
 from typing import Any
 
@@ -14,7 +15,9 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
+from accounts.authentication import signed_in
 from accounts.metering import metered
+from accounts.models import User
 from accounts.selectors import deployments_allowed_for_user
 from chatsite.errors import ClientError, error_body
 from conversations.branches import Tree
@@ -42,6 +45,7 @@ from conversations.services import (
     conversation_share_revoke,
     held_back_reason,
 )
+from documents.models import Citation, Document
 from documents.selectors import citations_for_messages, documents_of_conversation
 from inference.execution.dispatch import engine_state
 from inference.selectors import deployment_list_enabled, models_listed
@@ -52,30 +56,32 @@ from orchestration.routing import AUTO, AUTO_LABEL
 @login_required
 @require_GET
 def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpResponse:
+    user = signed_in(request)
     conversation = None
-    messages = []
+    messages: list[ShownMessage] = []
     share = None
-    attached = []
+    attached: list[Document] = []
     summary = None
     if conversation_id is not None:
-        conversation = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
+        conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
         if conversation is None:
             raise Http404("No such conversation.")
         # The branch shown last (conversations.branches); the page switches branches by choosing one
         # (POST .../branch/) and loading again.
         branch = message_branch(conversation=conversation)
-        messages = branch.messages
+        assert branch is not None  # the branch shown is always one of the conversation's
+        messages = [ShownMessage(m, siblings=branch.tree.siblings(m.id)) for m in branch.messages]
         _notes_attach(messages)
-        _details_attach(messages, tree=branch.tree, user=request.user)
+        _details_attach(messages, tree=branch.tree, user=user)
         _writers_attach(messages, model=conversation.model)
-        sources = citations_for_messages(owner_id=request.user.id, message_ids=[m.id for m in messages])
-        for message in messages:
-            message.citation_list = sources.get(message.id, [])
-        attached = list(documents_of_conversation(user=request.user, conversation_id=conversation.id))
+        sources = citations_for_messages(owner_id=user.id, message_ids=[m.id for m in messages])
+        for shown in messages:
+            shown.citation_list = sources.get(shown.id, [])
+        attached = list(documents_of_conversation(user=user, conversation_id=conversation.id))
         # Where the model's memory of the branch begins: the messages up to `through` are summarized.
-        summary = branch_summary(conversation=conversation, messages=messages)
+        summary = branch_summary(conversation=conversation, messages=branch.messages)
         share = shared_conversation_for(conversation=conversation)
-    deployments = deployments_allowed_for_user(user=request.user, deployments=deployment_list_enabled())
+    deployments = deployments_allowed_for_user(user=user, deployments=deployment_list_enabled())
     # The public model names (orchestration.routing): `auto`, and one for the deployments sharing one.
     models = [(name, AUTO_LABEL if name == AUTO else d.label) for name, d in models_listed(deployments)]
     if conversation is not None:
@@ -85,7 +91,7 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
         if all(name != selected for name, _ in models):
             models = [(selected, conversation.deployment.label), *models]
     else:
-        selected = default_model_for_user(user=request.user, allowed=deployments)
+        selected = default_model_for_user(user=user, allowed=deployments)
     return render(
         request,
         "conversations/chat.html",
@@ -93,7 +99,7 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
             "conversation": conversation,
             "chat_messages": messages,
             "summary": summary,
-            "conversation_groups": conversation_groups_for_user(user=request.user),
+            "conversation_groups": conversation_groups_for_user(user=user),
             "share_url": request.build_absolute_uri(_share_path(share.token)) if share else "",
             "models": models,
             "default_deployment": selected,
@@ -104,11 +110,31 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
     )
 
 
-def _notes_attach(messages: list[Message]) -> None:
+@dataclass
+class ShownMessage:
+    """A message of the branch on the chat page, with what the page shows beside it. Anything else
+    the template asks of it is the message's own (`content`, `role`, `status`, ...)."""
+
+    message: Message
+    siblings: list[int]  # its own id and its siblings', oldest first (conversations.branches)
+    note: str = ""  # under a flagged message: why
+    siblings_list: str = ""  # `siblings`, as the page's data attribute has it
+    newest_generation: str = ""  # the newest answer's generation beside an answer (a regenerate's `replaces`)
+    rating: str = ""  # the user's thumbs up or down
+    stats: str = ""  # its size and time, on hover
+    writer: str = ""  # the deployment that wrote an answer
+    answered_by: str = ""  # `writer`, where it is not the conversation's model by that name
+    citation_list: list[Citation] = field(default_factory=list)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.message, name)
+
+
+def _notes_attach(messages: list[ShownMessage]) -> None:
     """Give each flagged message the note the page shows under it: a held-back message its own
     reason, as its send gave it (with the self-harm support line where it applies), and an answer
     output moderation cut the same words the live page adds."""
-    flags = held_back_flags(messages=messages)
+    flags = held_back_flags(messages=[m.message for m in messages])
     for message in messages:
         if message.status != Message.Status.FLAGGED:
             continue
@@ -118,20 +144,20 @@ def _notes_attach(messages: list[Message]) -> None:
             message.note = ANSWER_CUT
 
 
-def _details_attach(messages: list[Message], *, tree: Tree, user) -> None:
+def _details_attach(messages: list[ShownMessage], *, tree: Tree, user: User) -> None:
     """What the page's branch navigation, Regenerate, feedback and hover need of each message: its
     siblings, the newest answer's generation beside an answer (a regenerate's `replaces`), the
     user's rating, and its size and time."""
-    feedback = feedback_for_user(user=user, messages=messages)
+    feedback = feedback_for_user(user=user, messages=[m.message for m in messages])
     for message in messages:
         message.siblings_list = ",".join(map(str, message.siblings))
         newest = tree.by_id[message.siblings[-1]]
-        message.newest_generation = newest.generation_id or ""
+        message.newest_generation = str(newest.generation_id or "")
         message.rating = feedback[message.id].rating if message.id in feedback else ""
-        message.stats = _stats(message)
+        message.stats = _stats(message.message)
 
 
-def _writers_attach(messages: list[Message], *, model: str) -> None:
+def _writers_attach(messages: list[ShownMessage], *, model: str) -> None:
     """The deployment that wrote each answer (orchestration.routing), and, where it is not the model
     the conversation is on by that name (a fallback, a canary, `auto`'s choice), a line saying so."""
     for message in messages:
@@ -152,7 +178,7 @@ def _stats(message: Message) -> str:
 
 def _own_conversation(request: HttpRequest, conversation_id: int) -> Conversation:
     """The signed-in user's conversation; 404 for another user's, exactly as for a missing one."""
-    conversation = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
+    conversation = conversation_get_for_user(user=signed_in(request), conversation_id=conversation_id)
     if conversation is None:
         raise Http404("No such conversation.")
     return conversation
@@ -223,7 +249,7 @@ def conversation_delete_view(request: HttpRequest, conversation_id: int) -> Http
 @_json_endpoint
 def conversation_search_view(request: HttpRequest) -> HttpResponse:
     """The sidebar's list, grouped as the page renders it; with `q`, only the conversations it finds."""
-    groups = conversation_groups_for_user(user=request.user, query=request.GET.get("q", ""))
+    groups = conversation_groups_for_user(user=signed_in(request), query=request.GET.get("q", ""))
     return JsonResponse({"groups": [_group_json(group) for group in groups]})
 
 

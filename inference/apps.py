@@ -8,7 +8,11 @@ class InferenceConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
+        from accounts.hooks import quota_reservation_register
         from inference import receivers  # noqa: F401
+        from inference.selectors import generation_tokens_reserved_for_user
+
+        quota_reservation_register(generation_tokens_reserved_for_user)
 
         if settings.REDIS_URL:
             # A channels_redis its reaches do not know says so in the log at start-up, not at the first answer.

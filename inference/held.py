@@ -17,7 +17,7 @@ completion):
   opened by its release: a call in the embedded default, the release channel on a worker, or the row
   found released. With no verdict within INFERENCE_VERDICT_WAIT_S the web process is taken for dead
   and the runner judges the message itself (`held_answer_judge`): the owner hands its `HeldAnswer`
-  back through `held_answer_unjudged`, and a generation no owner claims is withdrawn.
+  back through the hook it registered (`held_answer_owner_register`), and a generation no owner claims is withdrawn.
 
 Release and withdrawal are conditional updates of `awaiting_verdict`: of two verdicts racing (the web
 process's and a runner's last resort), one decides.
@@ -31,15 +31,15 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from django.conf import settings
 from django.db import transaction
-from django.dispatch import Signal
 
 from accounts.models import User
 from accounts.services import Admission, admission_refund
-from chatsite.database import db_async, reconnecting
+from chatsite.completion import run_to_end
+from chatsite.database import DatabaseCall, db_async, reconnecting
 from inference.models import Generation, GenerationId
 from inference.selectors import generation_awaiting_verdict
 from moderation.services import InputCheck, Verdict, input_moderate
@@ -48,9 +48,22 @@ logger = logging.getLogger(__name__)
 
 Result = TypeVar("Result")
 
-# Sent by `held_answer_judge` with `generation_id`: a receiver that owns what the generation answers
-# returns its `HeldAnswer` (conversations does for a chat message), or None.
-held_answer_unjudged = Signal()
+
+class HeldAnswerRecover(Protocol):
+    """What an app that holds answers (conversations, for a chat message) registers at start-up: the
+    `HeldAnswer` a held generation writes for it, rebuilt from its rows, or None when it is not its own."""
+
+    def __call__(self, *, generation_id: GenerationId) -> HeldAnswer[Any] | None: ...
+
+
+_owners: list[HeldAnswerRecover] = []
+
+
+def held_answer_owner_register(recover: HeldAnswerRecover) -> None:
+    """Have `held_answer_judge` ask `recover` for the held answers of its app; once, at start-up."""
+    if recover not in _owners:
+        _owners.append(recover)
+
 
 # How often a runner holding a generation's text looks for its release in the database, in case the
 # release it was sent was lost on the way.
@@ -121,12 +134,10 @@ class HeldAnswer(ABC, Generic[Result]):
             admission_refund(admission=admission)
 
 
-_settling: set[asyncio.Future] = set()
-
-
-async def checked_after_commit(call: Callable, service: Callable[..., Any], *, text: str, **fields: Any) -> Any:
-    """`service(verdict=<an InputCheck of text>, settle=False, **fields)` from async code, run through
-    `call` (how the caller reaches the database from its loop), and a held answer it returns settled.
+async def checked_after_commit(call: DatabaseCall, service: Callable[..., Any], *, text: str, **fields: Any) -> Any:
+    """`service(verdict=<an InputCheck of text>, settle=False, **fields)` from async code (the OpenAI
+    completions), run through `call` (how the caller reaches the database from its loop), and a held
+    answer it returns settled.
 
     The scores are awaited here, on the event loop: a service that waited for them itself would hold a
     database thread meanwhile (on SQLite the process's only one, which the answer's own claim needs).
@@ -144,16 +155,7 @@ async def checked_after_commit(call: Callable, service: Callable[..., Any], *, t
         finally:
             check.discard()
 
-    task = asyncio.ensure_future(run())
-    _settling.add(task)  # a task nothing else holds could be collected mid-way
-    task.add_done_callback(_settled)
-    return await asyncio.shield(task)
-
-
-def _settled(task: asyncio.Future) -> None:
-    _settling.discard(task)
-    if not task.cancelled():
-        task.exception()  # retrieved: a caller that went away leaves no "never retrieved" warning
+    return await run_to_end(run())
 
 
 def generation_release(*, generation_id: GenerationId) -> bool:
@@ -183,11 +185,7 @@ def held_answer_judge(*, generation_id: GenerationId) -> None:
     """Judge a held generation's message here, as a runner's last resort when the web process that
     saved it never gave its verdict, so that no message goes into a prompt, or its answer onto a
     screen, unjudged. Its rate-limit charge stays taken. No owner: the generation is withdrawn."""
-    recovered: list[HeldAnswer[Any]] = []
-    for _, response in held_answer_unjudged.send(sender=Generation, generation_id=generation_id):
-        held: object = response  # the stubs type a receiver's answer as a string
-        if isinstance(held, HeldAnswer):
-            recovered.append(held)
+    recovered = [held for recover in _owners if (held := recover(generation_id=generation_id)) is not None]
     if not recovered:
         generation_withdraw(generation_id=generation_id)
     for held in recovered:

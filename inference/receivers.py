@@ -3,8 +3,7 @@
 from django.dispatch import receiver
 
 from accounts.services import usage_record
-from accounts.signals import quota_tokens_reserved, user_deactivated
-from inference.selectors import generation_tokens_reserved_for_user
+from accounts.signals import user_deactivated
 from inference.services import user_generations_stop
 from inference.signals import generation_finished
 
@@ -12,11 +11,6 @@ from inference.signals import generation_finished
 @receiver(user_deactivated)
 def on_user_deactivated(sender, user_id, **kwargs) -> None:
     user_generations_stop(user_id=user_id)
-
-
-@receiver(quota_tokens_reserved)
-def on_quota_tokens_reserved(sender, user, **kwargs) -> int:
-    return generation_tokens_reserved_for_user(user=user)
 
 
 @receiver(generation_finished)

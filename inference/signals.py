@@ -6,7 +6,6 @@ from django.dispatch import Signal
 generation_finished = Signal()
 # Sent by generation_mark_started, in a transaction, with `generation` (claimed and running).
 generation_started = Signal()
-# A held answer's own signal, `held_answer_unjudged`, lives with the rest of it in inference.held.
 # Sent by a runner, on its event loop, with `generation` when the answer's first text is about to be
 # shown (claimed, released): receivers time it (observability) and must return at once.
 generation_first_token = Signal()

@@ -181,6 +181,15 @@ class InputCheck:
         self._scores = scores  # the scores, coming or come; None until `begin` has been called
         self._begin = begin  # what starts the scoring, the first time the verdict is asked for
         self._deadline: float | None = None  # when waiting for the scores gives up
+        self._decided: Verdict | None = None  # a verdict taken already, whatever the tier
+
+    @classmethod
+    def decided(cls, verdict: Verdict) -> InputCheck:
+        """A check whose verdict is taken already (its caller classified the message before its
+        transaction): it stands under any tier, and nothing is scored."""
+        check = cls()
+        check._decided = verdict
+        return check
 
     @classmethod
     def deferred(cls, text: str) -> InputCheck:
@@ -196,6 +205,8 @@ class InputCheck:
     def verdict_if_scored(self, *, tier_id: int | None) -> Verdict | None:
         """The verdict if it can be taken now, without waiting: the policy does not check input, or
         the scores are in. None while they are still coming (or not begun)."""
+        if self._decided is not None:
+            return self._decided
         policy = policy_for_tier(tier_id=tier_id)
         if not policy.moderate_input:
             return ALLOW
@@ -205,6 +216,8 @@ class InputCheck:
         return verdict_from_scores(scores=scores.result(), policy=policy)
 
     def verdict(self, *, tier_id: int | None) -> Verdict:
+        if self._decided is not None:
+            return self._decided
         policy = policy_for_tier(tier_id=tier_id)
         if not policy.moderate_input:
             return ALLOW
@@ -223,6 +236,8 @@ class InputCheck:
         """Begin the scoring if it has not begun, and wait on the event loop until the scores are in
         (or waiting for them has given up), holding no thread: `verdict` then answers at once, or
         raises what went wrong."""
+        if self._decided is not None:
+            return
         scores = asyncio.wrap_future(self._scores_begun())
         # asyncio.wait, unlike wait_for, leaves the scores be when it gives up.
         await asyncio.wait({scores}, timeout=self._time_left())

@@ -29,10 +29,10 @@ from conversations.services.sending import (
     ACTIVE_BRANCH,
     HELD_BACK,
     SentMessage,
-    clean_message_content,
     held_back_reason,
     held_message_recover,
     message_send,
+    message_send_checked,
 )
 from conversations.services.sharing import conversation_share, conversation_share_revoke
 from conversations.services.titles import conversation_title_on_finish, conversation_title_request
@@ -43,7 +43,6 @@ __all__ = [
     "HELD_BACK",
     "Regenerated",
     "SentMessage",
-    "clean_message_content",
     "conversation_branch_select",
     "conversation_create",
     "conversation_delete",
@@ -62,4 +61,5 @@ __all__ = [
     "message_mark_streaming",
     "message_regenerate",
     "message_send",
+    "message_send_checked",
 ]

@@ -19,7 +19,7 @@ from accounts.services import (
 )
 from conversations.models import Conversation, Message
 from conversations.prompts import AssembledPrompt, Memory, Turn, assemble_prompt
-from conversations.services.conversations import is_row_id
+from conversations.requests import is_row_id
 from documents.retrieval import (
     NOTHING,
     Retrieved,
@@ -240,7 +240,7 @@ def message_finish_from_generation(*, generation: Generation) -> None:
     An answer cut by output moderation ends `stopped` with finish_reason `content_filter`; its
     message is marked flagged and keeps only the text that passed moderation.
     """
-    status = _STATUS_FROM_GENERATION[generation.status]
+    status = _STATUS_FROM_GENERATION[Generation.Status(generation.status)]
     if generation.finish_reason == CONTENT_FILTER:
         status = Message.Status.FLAGGED
     # A continued answer's text goes after what it had (`text_before`, empty for any other answer).

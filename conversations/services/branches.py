@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from django.db import transaction
 
@@ -12,12 +11,13 @@ from accounts.services import (
 )
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
+from conversations.requests import AnswerRequest
 from conversations.selectors import (
     conversation_has_message_in_progress,
     message_tree_for_prompt,
 )
 from conversations.services.answering import answer_queue, citations_save, passages_for, prompt_for
-from conversations.services.conversations import conversation_route, is_row_id, prompt_measure, uuid_param
+from conversations.services.conversations import conversation_route, prompt_measure
 from documents.retrieval import (
     NOTHING,
     retrieved_for_answer,
@@ -40,11 +40,11 @@ class Regenerated:
     siblings: list[int] | None = None
 
 
-def _answer_get(*, user: User, message_id: Any) -> Message:
-    """The user's own answer `message_id`, its conversation locked; 404 for anything else."""
+def _answer_get(*, user: User, message_id: int) -> Message:
+    """The user's own answer `request.message_id`, its conversation locked; 404 for anything else."""
     answer = (
         Message.objects.select_related("conversation__deployment")
-        .filter(id=message_id if is_row_id(message_id) else None, role=Message.Role.ASSISTANT, conversation__user=user)
+        .filter(id=message_id, role=Message.Role.ASSISTANT, conversation__user=user)
         .first()
     )
     if answer is None:
@@ -61,19 +61,19 @@ def _no_answer_in_progress(conversation: Conversation) -> None:
 
 
 @transaction.atomic
-def message_regenerate(*, user: User, message_id: Any, replaces: Any = None) -> Regenerated:
-    """Answer the question of answer `message_id` again: a new answer beside it (a sibling in the
+def message_regenerate(*, user: User, request: AnswerRequest) -> Regenerated:
+    """Answer the question of answer `request.message_id` again: a new answer beside it (a sibling in the
     tree, with its own generation), from the same branch. The old answer stays, one branch of two.
 
     For an answer that failed (a worker died), was stopped, or that the user did not like.
 
-    `replaces`: the generation of the newest answer to that question the client knows of. When a
+    `request.replaces`: the generation of the newest answer to that question the client knows of. When a
     newer one exists, this request was carried out already (sent again after its socket dropped, or
     by another tab at the same moment): that answer is returned, and nothing is queued, so a repeated
     request never generates twice.
     """
-    replaces = uuid_param(replaces, param="replaces")
-    answer = _answer_get(user=user, message_id=message_id)
+    replaces = request.replaces
+    answer = _answer_get(user=user, message_id=request.message_id)
     conversation = answer.conversation
     # Read under the lock: a regenerate that raced this one has added its answer by now.
     answers = Message.objects.filter(
@@ -83,6 +83,7 @@ def message_regenerate(*, user: User, message_id: Any, replaces: Any = None) -> 
     newest_id, newest_generation = siblings[-1]
     if replaces is not None and newest_generation is not None and newest_generation != replaces:
         newest = Message.objects.select_related("generation").get(id=newest_id)
+        assert newest.generation is not None  # it has one: `newest_generation`
         return Regenerated(newest, newest.generation, replayed=True, siblings=[i for i, _ in siblings])
     _no_answer_in_progress(conversation)
     tree = message_tree_for_prompt(conversation=conversation)
@@ -91,7 +92,7 @@ def message_regenerate(*, user: User, message_id: Any, replaces: Any = None) -> 
         user=user, conversation=conversation, model=None, prompt_tokens=prompt_measure(path=path, content="")
     )
     limits = request_limits(user=user, deployment=routed.deployment)
-    question = tree.by_id.get(answer.parent_id)
+    question = tree.by_id.get(answer.parent_id) if answer.parent_id is not None else None
     retrieved = (
         passages_for(user_id=user.id, conversation_id=conversation.id, text=question.content)
         if question is not None and question.content
@@ -115,17 +116,17 @@ def message_regenerate(*, user: User, message_id: Any, replaces: Any = None) -> 
 
 
 @transaction.atomic
-def message_continue(*, user: User, message_id: Any, replaces: Any = None) -> Regenerated:
-    """Continue answer `message_id`, which stopped at its length limit, in the same message: a new
+def message_continue(*, user: User, request: AnswerRequest) -> Regenerated:
+    """Continue answer `request.message_id`, which stopped at its length limit, in the same message: a new
     generation whose prompt is the branch up to the question followed by the answer so far (no end
     of turn, so the model writes on), whose text is appended to it. It quotes the passages of the
     person's files that the answer's prompt quoted, under the same numbers. Charged as any generation.
 
-    `replaces`: the generation the client shows in the answer. When the answer has moved on from
+    `request.replaces`: the generation the client shows in the answer. When the answer has moved on from
     it, this request was carried out already, and that is returned; nothing is queued.
     """
-    replaces = uuid_param(replaces, param="replaces")
-    answer = _answer_get(user=user, message_id=message_id)
+    replaces = request.replaces
+    answer = _answer_get(user=user, message_id=request.message_id)
     conversation = answer.conversation
     current = Message.objects.filter(id=answer.id).values_list("generation_id", flat=True).first()
     if replaces is not None and current is not None and current != replaces:

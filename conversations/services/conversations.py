@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import Any
 
 from accounts.models import User
@@ -112,31 +111,13 @@ def conversation_delete(*, conversation: Conversation) -> None:
     conversation.delete()
 
 
-def uuid_param(value: object, *, param: str) -> uuid.UUID | None:
-    """A request's optional UUID field, refused with a clear error when it is anything else."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            return uuid.UUID(value)
-        except ValueError:
-            pass
-    raise ClientError(f"'{param}' must be a UUID.", code="invalid_request", param=param)
-
-
-def is_row_id(value: object) -> bool:
-    """A value a query may compare with an id: an integer (not a bool) that fits a bigint, which
-    SQLite and PostgreSQL would otherwise refuse with an error of their own."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**63
-
-
-def conversation_branch_select(*, conversation: Conversation, message_id: Any) -> int:
+def conversation_branch_select(*, conversation: Conversation, message_id: int) -> int:
     """Show the branch through `message_id` (its newest leaf) from now on, on every page and for a
     send that names no parent. Returns the leaf's id; a message not in the conversation is a 400."""
     tree = message_tree_for_prompt(conversation=conversation)
-    if not is_row_id(message_id) or message_id not in tree.by_id:
+    if message_id not in tree.by_id:
         raise ClientError("That message is not in this conversation.", code="invalid_message", param="message")
-    leaf = tree.newest_leaf_under(message_id)
+    leaf = tree.newest_leaf_under(message_id) or message_id  # a message's own subtree always has a leaf
     Conversation.objects.filter(id=conversation.id).update(active_leaf_id=leaf)
     conversation.active_leaf_id = leaf
     return leaf

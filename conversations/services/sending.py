@@ -3,9 +3,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -17,10 +15,13 @@ from accounts.services import (
     request_limits,
     request_size_check,
 )
+from chatsite.completion import run_to_end
+from chatsite.database import DatabaseCall
 from chatsite.errors import ClientError
 from conversations.branches import Tree
 from conversations.models import Conversation, Message
 from conversations.prompts import Turn
+from conversations.requests import ACTIVE_BRANCH, Parent, SendRequest
 from conversations.selectors import (
     conversation_get_for_send,
     conversation_has_message_in_progress,
@@ -37,10 +38,8 @@ from conversations.services.answering import (
 from conversations.services.conversations import (
     conversation_create,
     conversation_route,
-    is_row_id,
     model_name_stored,
     prompt_measure,
-    uuid_param,
 )
 from documents.retrieval import (
     NOTHING,
@@ -59,7 +58,6 @@ from moderation.services import (
     flag_create,
     input_moderate,
     verdict_of_flag,
-    verdict_under_tier,
 )
 from orchestration.routing import route
 
@@ -70,13 +68,14 @@ logger = logging.getLogger(__name__)
 HELD_BACK = "This message wasn't sent to the assistant: an automatic safety check held it back."
 
 
-# A send's `parent` when the request names none: the leaf of the branch last shown or answered.
-ACTIVE_BRANCH: Any = type("ActiveBranch", (), {"__repr__": lambda self: "ACTIVE_BRANCH"})()
-
-
 @dataclass(frozen=True)
 class SentMessage:
-    """What message_send did. A message held back by moderation has no answer and no generation."""
+    """What `message_send` did. A message held back by moderation has no answer and no generation.
+
+    `pending`: the verdict on the message is still to be taken (its scores were not in when the
+    transaction had done everything else); the answer is committed held, and what the send did is
+    known only once the caller has settled it (`settled`, or `message_send_checked` from async
+    code)."""
 
     conversation: Conversation
     conversation_created: bool
@@ -87,42 +86,23 @@ class SentMessage:
     warning: str = ""
     # True when the message had been sent before (its `client_id`) and this is what that send saved.
     replayed: bool = False
+    pending: HeldMessage | None = None
+    # The ids of the message and of those beside it (edits of one another), oldest first.
+    siblings: tuple[int, ...] = ()
 
     @property
     def blocked(self) -> bool:
         return self.generation is None
 
-
-def clean_message_content(content: object) -> str:
-    if not isinstance(content, str):
-        raise ClientError("A message must be text.", code="invalid_message", param="content")
-    if "\x00" in content:
-        raise ClientError("A message cannot contain NUL characters.", code="invalid_message", param="content")
-    content = content.strip()
-    if not content:
-        raise ClientError("A message cannot be empty.", code="invalid_message", param="content")
-    if len(content) > settings.CHAT_MAX_MESSAGE_CHARS:
-        raise ClientError(
-            f"A message can be at most {settings.CHAT_MAX_MESSAGE_CHARS} characters long.",
-            code="message_too_long",
-            param="content",
-        )
-    return content
+    def settled(self, check: InputCheck) -> SentMessage:
+        """What the send did, its pending verdict (if any) taken now from `check`, waiting for its
+        scores: for sync callers."""
+        return self.pending.settle(check) if self.pending is not None else self
 
 
 def message_send(
-    *,
-    user: User,
-    content: Any,
-    conversation_id: Any = None,
-    model: str | None = None,
-    api_key: ApiKey | None = None,
-    verdict: Verdict | InputCheck | None = None,
-    client_id: Any = None,
-    retry: bool = False,
-    settle: bool = True,
-    parent: Any = ACTIVE_BRANCH,
-) -> SentMessage | HeldAnswer[SentMessage]:
+    *, user: User, request: SendRequest, api_key: ApiKey | None = None, check: InputCheck | None = None
+) -> SentMessage:
     """Save the user's message and a pending answer, and queue the answer's generation.
 
     All or nothing: a refused message (too long for the window, a conversation already answering,
@@ -130,60 +110,45 @@ def message_send(
     behind. The generation is dispatched only after the transaction commits. A message input
     moderation blocks is saved as flagged, with its flag, and gets no answer.
 
-    `verdict` is input moderation's verdict on the cleaned `content` when the caller has classified
-    it already, or an `InputCheck` whose verdict is taken here, under the tier the transaction reads
-    (the chat socket and the send API make one); otherwise the content is classified here, before
-    the transaction.
+    `check` is input moderation's check of the message, its verdict taken here under the tier the
+    transaction reads (the chat socket and the send API make one whose scoring begins only when
+    asked, `InputCheck.deferred`); without one, the message is classified here, before the
+    transaction.
 
-    An `InputCheck` whose scores are not in when the transaction has done everything else (the
-    socket's and the API's begin only when asked) does not hold the transaction up: the answer is
-    committed held (`generation_create(awaiting_verdict=True)`) and dispatched, so the engine starts
-    on it while the message is scored, and the verdict is taken after the commit. The runner shows
-    none of a held answer until the verdict lets it through; a verdict that blocks takes the answer
-    back (never shown, never charged) and keeps the message flagged, so what this returns is what it
-    would have returned had the verdict come first (`inference.held`). With `settle=False`, a send
-    committed held returns its `HeldAnswer` instead, for an async caller to await the scores on its
-    event loop and settle it in a call of its own (`checked_after_commit`), so that no database
-    thread waits for the scores.
+    A check whose scores are not in when the transaction has done everything else does not hold
+    the transaction up: the answer is committed held (`generation_create(awaiting_verdict=True)`)
+    and dispatched, so the engine starts on it while the message is scored, and the send returns
+    with its verdict `pending`. The runner shows none of a held answer until the verdict lets it
+    through; a verdict that blocks takes the answer back (never shown, never charged) and keeps the
+    message flagged, so what settling returns is what this would have returned had the verdict come
+    first (`inference.held`). An async caller awaits the scores on its event loop and settles in a
+    call of its own (`message_send_checked`), so that no database thread waits for the scores.
 
-    `client_id` is the sender's own id for the message (a UUID): a message is saved once per id. A
+    `request.client_id` is the sender's own id for the message: a message is saved once per id. A
     send whose id the user has sent before saves nothing and returns what the first send saved
     (`replayed`), so a client whose connection dropped before it heard whether its message arrived
-    can send it again. `retry` says it may have been sent before, and the id is looked up first; a
-    first send skips that look-up (one round trip fewer before the first token), and the unique
-    constraint on the id still catches one that arrives twice.
+    can send it again. `request.retry` says it may have been sent before, and the id is looked up
+    first; a first send skips that look-up (one round trip fewer before the first token), and the
+    unique constraint on the id still catches one that arrives twice.
 
-    `parent`: the message the new one follows, in the conversation's tree (conversations.branches):
-    an answer, or a message moderation held back; None to start a new branch from the beginning (an
-    edit of the first message); left out, the leaf of the branch on screen. A new message beside one
-    sent before is an edit: the old branch stays. Its prompt is that branch alone, root to `parent`.
+    `request.parent`: the message the new one follows, in the conversation's tree
+    (conversations.branches): an answer, or a message moderation held back; None to start a new
+    branch from the beginning (an edit of the first message); ACTIVE_BRANCH, the leaf of the branch
+    on screen. A new message beside one sent before is an edit: the old branch stays. Its prompt is
+    that branch alone, root to `parent`.
     """
-    content = clean_message_content(content)
-    client_id = uuid_param(client_id, param="client_id")
-    parent = _parent_param(parent)
-    if conversation_id is None and parent not in (ACTIVE_BRANCH, None):
-        raise ClientError("A 'parent' needs the 'conversation' it is in.", code="invalid_parent", param="parent")
-    if retry and client_id is not None:
+    client_id, conversation_id = request.client_id, request.conversation_id
+    if request.retry and client_id is not None:
         earlier = _message_sent_earlier(user=user, client_id=client_id, conversation_id=conversation_id)
         if earlier is not None:
             return earlier
-    if verdict is None:
+    if check is None:
         # Classified before the transaction opens, so no lock is held while the classifier runs.
-        verdict = input_moderate(user=user, text=content)
+        check = InputCheck.decided(input_moderate(user=user, text=request.content))
     # Before the transaction too: the search reads only the user's own files, whatever the id names.
-    retrieved = passages_for(user_id=user.id, conversation_id=conversation_id, text=content)
+    retrieved = passages_for(user_id=user.id, conversation_id=conversation_id, text=request.content)
     try:
-        saved = _message_save(
-            user=user,
-            content=content,
-            conversation_id=conversation_id,
-            model=model,
-            verdict=verdict,
-            api_key=api_key,
-            client_id=client_id,
-            parent=parent,
-            retrieved=retrieved,
-        )
+        return _message_save(user=user, request=request, check=check, api_key=api_key, retrieved=retrieved)
     except IntegrityError:
         # The same id in a send that committed first (PostgreSQL made this one wait for it).
         if client_id is None:
@@ -194,18 +159,35 @@ def message_send(
         if Message.objects.filter(client_id=client_id).exists():  # someone else's id: say no more
             raise ClientError("That 'client_id' cannot be used.", code="invalid_request", param="client_id") from None
         raise
-    if isinstance(saved, _HeldMessage) and settle:
-        return saved.settle(verdict)
-    return saved
 
 
-def _parent_param(value: Any) -> Any:
-    if value is ACTIVE_BRANCH or value is None or is_row_id(value):
-        return value
-    raise ClientError("'parent' must be a message id or null.", code="invalid_request", param="parent")
+async def message_send_checked(
+    call: DatabaseCall, *, user: User, request: SendRequest, api_key: ApiKey | None = None
+) -> SentMessage:
+    """`message_send` from async code (the chat socket, the send API), through `call` (how the
+    caller reaches the database from its loop), with input moderation's check of the message
+    scored after the commit and its pending verdict settled.
+
+    The scores are awaited here, on the event loop: a send that waited for them itself would hold a
+    database thread meanwhile (on SQLite the process's only one, which the answer's own claim
+    needs). Both database calls run to their end even if the caller is cancelled (its socket
+    closed), so committed work is always released or withdrawn."""
+    check = InputCheck.deferred(request.content)
+
+    async def send() -> SentMessage:
+        try:
+            sent = await call(message_send)(user=user, request=request, api_key=api_key, check=check)
+            if sent.pending is not None:
+                await check.scored()
+                sent = await call(sent.pending.settle)(check)
+            return sent
+        finally:
+            check.discard()
+
+    return await run_to_end(send())
 
 
-def _parent_resolve(*, tree: Tree, conversation: Conversation, parent: Any) -> int | None:
+def _parent_resolve(*, tree: Tree, conversation: Conversation, parent: Parent) -> int | None:
     """The id of the message a new user message follows, checked to be one it can follow: an answer
     of this conversation (of any state: a failed one's question is answered again by the new message's
     prompt), or a message moderation held back, which has none."""
@@ -226,7 +208,7 @@ def _parent_resolve(*, tree: Tree, conversation: Conversation, parent: Any) -> i
     return message.id
 
 
-def _message_sent_earlier(*, user: User, client_id: uuid.UUID, conversation_id: Any) -> SentMessage | None:
+def _message_sent_earlier(*, user: User, client_id: uuid.UUID, conversation_id: int | None) -> SentMessage | None:
     """What the user's earlier send of `client_id` saved, as that send returned it; None if none did."""
     user_message = (
         Message.objects.select_related("conversation")
@@ -243,9 +225,10 @@ def _message_sent_earlier(*, user: User, client_id: uuid.UUID, conversation_id: 
         .filter(parent=user_message, role=Message.Role.ASSISTANT, generation__isnull=False)
         .first()
     )
-    if answer is not None and answer.generation.awaiting_verdict:
+    generation = answer.generation if answer is not None else None
+    if generation is not None and generation.awaiting_verdict:
         # The first send is still judging the message: answer with what its verdict makes of it.
-        held_verdict_wait_sync(generation_id=answer.generation_id)
+        held_verdict_wait_sync(generation_id=generation.id)
         return _message_sent_earlier(user=user, client_id=client_id, conversation_id=conversation_id)
     flag = user_message.moderation_flags.filter(source="input").first()
     verdict = verdict_of_flag(flag) if flag is not None else None
@@ -266,13 +249,19 @@ def held_back_reason(*, flag: Flag | None) -> str:
 @dataclass(frozen=True)
 class _QueuedAnswer:
     user_message: Message
+    siblings: tuple[int, ...]
     answer: Message
     generation: Generation
     admission: Admission
 
+    def sent(self, conversation: Conversation, created: bool) -> SentMessage:
+        return SentMessage(
+            conversation, created, self.user_message, self.answer, self.generation, siblings=self.siblings
+        )
+
 
 @dataclass(frozen=True)
-class _HeldMessage(HeldAnswer[SentMessage]):
+class HeldMessage(HeldAnswer[SentMessage]):
     """A message committed with its answer held (`inference.held`). Passed (or warned): the answer
     is released. Blocked: the answer is withdrawn (never shown, never charged) and the message kept
     flagged, with its flag, exactly as a message blocked before its answer was queued. Scores that
@@ -304,15 +293,7 @@ class _HeldMessage(HeldAnswer[SentMessage]):
     def blocked(self, verdict: Verdict, *, withdrawn: bool) -> SentMessage:
         if not withdrawn:  # the other verdict decided first
             return self.sent
-        sent = self.sent
-        return SentMessage(
-            sent.conversation,
-            sent.conversation_created,
-            sent.user_message,
-            None,
-            None,
-            blocked_reason=verdict.explanation(),
-        )
+        return replace(self.sent, assistant_message=None, generation=None, blocked_reason=verdict.explanation())
 
 
 class _Blocked(Exception):
@@ -327,65 +308,32 @@ class _Blocked(Exception):
 
 
 def _message_save(
-    *,
-    user: User,
-    content: str,
-    conversation_id: Any,
-    model: str | None,
-    verdict: Verdict | InputCheck,
-    api_key: ApiKey | None,
-    client_id: uuid.UUID | None,
-    parent: Any,
-    retrieved: Retrieved = NOTHING,
-) -> SentMessage | _HeldMessage:
+    *, user: User, request: SendRequest, check: InputCheck, api_key: ApiKey | None, retrieved: Retrieved
+) -> SentMessage:
     # What an allowed message needs (its prompt, its rows, its generation and its charge on the rate
     # limits) does not depend on the verdict, so it is done while the scores may still be coming. A
     # blocked message rolls all of it back (the dispatch registered in it goes too) and is saved
     # flagged in a second transaction: the rare path pays for the block, instead of every send paying
     # a savepoint's two round trips on the way to its first token.
     try:
-        return _message_save_allowed(
-            user=user,
-            content=content,
-            conversation_id=conversation_id,
-            model=model,
-            verdict=verdict,
-            api_key=api_key,
-            client_id=client_id,
-            parent=parent,
-            retrieved=retrieved,
-        )
+        return _message_save_allowed(user=user, request=request, check=check, api_key=api_key, retrieved=retrieved)
     except _Blocked as blocked:
-        return _message_save_blocked(
-            user=user,
-            content=content,
-            created=conversation_id is None,
-            blocked=blocked,
-            client_id=client_id,
-        )
+        return _message_save_blocked(user=user, request=request, blocked=blocked)
 
 
 @transaction.atomic
 def _message_save_allowed(
-    *,
-    user: User,
-    content: str,
-    conversation_id: Any,
-    model: str | None,
-    verdict: Verdict | InputCheck,
-    api_key: ApiKey | None,
-    client_id: uuid.UUID | None,
-    parent: Any,
-    retrieved: Retrieved = NOTHING,
-) -> SentMessage | _HeldMessage:
+    *, user: User, request: SendRequest, check: InputCheck, api_key: ApiKey | None, retrieved: Retrieved
+) -> SentMessage:
     """The message saved and its answer queued; raises `_Blocked` (after giving its charge back) when
     the verdict blocks it. A refusal (too long for the window, a limit reached) waits for the verdict
     as well: a message moderation blocks is kept flagged whatever else is wrong with it. Scores not in
-    yet hold the answer instead of the transaction: it is committed held, and the verdict is taken
-    after the commit while the engine starts on it."""
-    created = conversation_id is None
-    if created:
-        asked = model or default_model_for_user(user=user)
+    yet hold the answer instead of the transaction: it is committed held, and returned with its
+    verdict pending, to be taken after the commit while the engine starts on it."""
+    content = request.content
+    created = request.conversation_id is None
+    if request.conversation_id is None:
+        asked = request.model or default_model_for_user(user=user)
         # With its queue's length, read in the same statement for generation_admit.
         routed = route(user=user, model=asked, prompt_tokens=prompt_measure(path=[], content=content))
         deployment = routed.deployment
@@ -395,12 +343,13 @@ def _message_save_allowed(
             user=user, deployment=deployment, model_name=model_name_stored(asked, deployment)
         )
         tree = Tree.of([])
-        parent_id = _parent_resolve(tree=tree, conversation=conversation, parent=parent)
+        parent_id = _parent_resolve(tree=tree, conversation=conversation, parent=request.parent)
     else:
         # Locked: sends into one conversation are serialised.
-        conversation = conversation_get_for_send(user=user, conversation_id=conversation_id)
-        if conversation is None:
+        found = conversation_get_for_send(user=user, conversation_id=request.conversation_id)
+        if found is None:
             raise ClientError("That conversation does not exist.", code="not_found", status=404, param="conversation")
+        conversation = found
         if conversation_has_message_in_progress(conversation=conversation):
             raise ClientError(
                 "An answer is still being written in this conversation. Wait for it or stop it first.",
@@ -409,13 +358,13 @@ def _message_save_allowed(
             )
         # Every branch, to find the one the message goes on.
         tree = message_tree_for_prompt(conversation=conversation)
-        parent_id = _parent_resolve(tree=tree, conversation=conversation, parent=parent)
+        parent_id = _parent_resolve(tree=tree, conversation=conversation, parent=request.parent)
         # The model switches when `model` names another, and its gate comes next (`request_limits`
         # refuses a model the plan excludes): a refused send rolls the switch back.
         routed = conversation_route(
             user=user,
             conversation=conversation,
-            model=model,
+            model=request.model,
             prompt_tokens=prompt_measure(path=tree.path_to(parent_id), content=content),
         )
         deployment = routed.deployment
@@ -425,9 +374,9 @@ def _message_save_allowed(
     # Before the message is tokenized or its verdict asked for (which starts the scoring): a message
     # that cannot fit is refused unsaved, unscored and uncharged.
     request_size_check(chars=len(content), limits=limits)
-    if isinstance(verdict, InputCheck):
-        verdict = verdict.verdict_if_scored(tier_id=limits.tier.id) or verdict
-    queued, kept = None, False
+    verdict = check.verdict_if_scored(tier_id=limits.tier.id)
+    queued: _QueuedAnswer | None = None
+    kept = False
     try:
         refused = None
         try:
@@ -435,12 +384,11 @@ def _message_save_allowed(
                 user=user,
                 conversation=conversation,
                 deployment=deployment,
-                content=content,
+                request=request,
                 limits=limits,
                 api_key=api_key,
                 history=not created,
-                client_id=client_id,
-                held=isinstance(verdict, InputCheck),
+                held=verdict is None,
                 tree=tree,
                 parent_id=parent_id,
                 routing_reason=routed.reason,
@@ -448,10 +396,10 @@ def _message_save_allowed(
             )
         except ClientError as exc:
             refused = exc
-        if refused is None and isinstance(verdict, InputCheck):
+        if queued is not None and verdict is None:
             kept = True
-            sent = SentMessage(conversation, created, queued.user_message, queued.answer, queued.generation)
-            return _HeldMessage(
+            sent = queued.sent(conversation, created)
+            held = HeldMessage(
                 user=user,
                 text=content,
                 generations=[queued.generation],
@@ -459,11 +407,12 @@ def _message_save_allowed(
                 tier_id=limits.tier.id,
                 sent=sent,
             )
-        verdict = verdict_under_tier(verdict, tier_id=limits.tier.id)
+            return replace(sent, pending=held)
+        verdict = verdict or check.verdict(tier_id=limits.tier.id)
         if verdict.blocks:
             raise _Blocked(verdict=verdict, conversation=conversation, parent_id=parent_id)
-        if refused is not None:
-            raise refused
+        if refused is not None or queued is None:
+            raise refused or RuntimeError("a send neither queued nor refused")
         kept = True
     finally:  # a charge the answer does not keep (blocked, refused, failed) is given back
         if queued is not None and not kept:
@@ -472,16 +421,15 @@ def _message_save_allowed(
     if verdict.action == "warn":
         flag_create(user=user, message=queued.user_message, source="input", text=content, verdict=verdict)
         warning = verdict.warning()
-    return SentMessage(conversation, created, queued.user_message, queued.answer, queued.generation, warning=warning)
+    return replace(queued.sent(conversation, created), warning=warning)
 
 
 @transaction.atomic
-def _message_save_blocked(
-    *, user: User, content: str, created: bool, blocked: _Blocked, client_id: uuid.UUID | None
-) -> SentMessage:
+def _message_save_blocked(*, user: User, request: SendRequest, blocked: _Blocked) -> SentMessage:
     """A message input moderation blocked, saved flagged with its flag, and no answer. A conversation
     the message was to start is created here: the one its first transaction created was rolled back."""
-    conversation = blocked.conversation
+    conversation, content = blocked.conversation, request.content
+    created = request.conversation_id is None
     if created:
         # Its deployment as the rolled-back row had it (no read).
         conversation = conversation_create(user=user, deployment=conversation.deployment)
@@ -495,7 +443,7 @@ def _message_save_blocked(
         role=Message.Role.USER,
         content=content,
         status=Message.Status.FLAGGED,
-        client_id=client_id,
+        client_id=request.client_id,
         parent_id=None if created else blocked.parent_id,
     )
     flag_create(user=user, message=user_message, source="input", text=content, verdict=blocked.verdict)
@@ -504,7 +452,7 @@ def _message_save_blocked(
     return SentMessage(conversation, created, user_message, None, None, blocked_reason=blocked.verdict.explanation())
 
 
-def held_message_recover(*, generation_id: GenerationId) -> _HeldMessage | None:
+def held_message_recover(*, generation_id: GenerationId) -> HeldMessage | None:
     """The held answer a generation writes, for a runner to judge its message itself when the web
     process that saved it never did (`inference.held.held_answer_judge`); None when it answers no
     message (an API completion, whose client went with its web process)."""
@@ -517,7 +465,7 @@ def held_message_recover(*, generation_id: GenerationId) -> _HeldMessage | None:
         return None
     conversation = answer.conversation
     sent = SentMessage(conversation, False, answer.parent, answer, answer.generation)
-    return _HeldMessage(
+    return HeldMessage(
         user=conversation.user,
         text=answer.parent.content,
         generations=[answer.generation],
@@ -532,11 +480,10 @@ def _message_queue(
     user: User,
     conversation: Conversation,
     deployment: ModelDeployment,
-    content: str,
+    request: SendRequest,
     limits: RequestLimits,
     api_key: ApiKey | None,
     history: bool,
-    client_id: uuid.UUID | None,
     held: bool,
     tree: Tree,
     parent_id: int | None,
@@ -545,6 +492,7 @@ def _message_queue(
 ) -> _QueuedAnswer:
     """The user's message saved after `parent_id`, and its answer queued, as if moderation lets it
     through (`held`: shown only once the verdict lets it through, `inference.held`)."""
+    content = request.content
     tokenizer = tokenizer_for(deployment.model_path)
     new_turn = Turn(role=Message.Role.USER, content=content, token_count=count_tokens(tokenizer, content))
     path = tree.path_to(parent_id) if history else []
@@ -561,10 +509,10 @@ def _message_queue(
         role=Message.Role.USER,
         content=content,
         token_count=new_turn.token_count,
-        client_id=client_id,
+        client_id=request.client_id,
         parent_id=parent_id,
     )
-    user_message.siblings = [*tree.children.get(parent_id, []), user_message.id]
+    siblings = (*tree.children.get(parent_id, []), user_message.id)
     answer = Message(conversation=conversation, role=Message.Role.ASSISTANT, parent=user_message)
     generation, admission = answer_queue(
         user=user,
@@ -583,4 +531,4 @@ def _message_queue(
     citations_save(user_id=conversation.user_id, answer=answer, prompt=prompt, retrieved=retrieved)
     if prompt.needs_summary:
         memory_extend_after_commit(user_id=user.id, deployment=deployment, path=path, upto=prompt.unsummarized[1])
-    return _QueuedAnswer(user_message, answer, generation, admission)
+    return _QueuedAnswer(user_message, siblings, answer, generation, admission)

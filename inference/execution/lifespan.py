@@ -1,7 +1,9 @@
 """ASGI lifespan: start loading the local engines and the moderation classifiers when the server
 starts, shut the engines down when it stops.
 
-Servers without lifespan support (daphne) start them on the first chat socket instead.
+Servers without lifespan support (daphne, under `runserver`) start them on the first chat socket
+instead (`StartedBeforeSockets`, around the socket routes in chatsite/asgi.py): the chat socket
+itself never starts an engine.
 
 A server asked to stop waits for its open responses before it sends the lifespan's shutdown, and a
 streamed answer's response is open until its answer ends: minutes, so a restart would hang on it or
@@ -29,15 +31,38 @@ from moderation.services import classifiers_prepare
 logger = logging.getLogger(__name__)
 
 
+# The event loop the engines were started on, by the lifespan or by a first socket.
+_started_on: asyncio.AbstractEventLoop | None = None
+
+
+async def _start() -> None:
+    global _started_on
+    # Every message is checked before it is queued: load the classifiers before the first.
+    classifiers_prepare()
+    await backend.start()
+    _started_on = asyncio.get_running_loop()
+
+
+class StartedBeforeSockets:
+    """ASGI middleware for the socket routes: the engines and classifiers started before the first
+    socket is served, where no lifespan started them (daphne); idempotent, and free once started."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        if _started_on is not asyncio.get_running_loop():
+            await _start()
+        return await self.app(scope, receive, send)
+
+
 async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     reaper, freezing = None, None
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
-            # Every message is checked before it is queued: load the classifiers before the first.
-            classifiers_prepare()
             try:
-                await backend.start()
+                await _start()
                 if backend is not local_backend:
                     # Web processes also end generations whose worker died, so a client hears of
                     # it even when no other worker is up.

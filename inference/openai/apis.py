@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
@@ -23,7 +23,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.authentication import ApiKeyAuthentication, HasScope, api_key_caller
+from accounts.authentication import ApiKeyAuthentication, HasScope, api_key_caller, signed_in
 from accounts.metering import ADMITTED, metered
 from chatsite.database import db_async
 from chatsite.errors import ClientError, validated_json_body
@@ -102,7 +102,7 @@ def _error(exc: ClientError) -> JsonResponse:
 
 @metered(ADMITTED)
 @csrf_exempt
-async def chat_completions(request: HttpRequest) -> HttpResponse:
+async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return _error(ClientError("Use POST.", code="method_not_allowed", status=405))
     user = api_key = None
@@ -131,7 +131,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         readers=readers,
         cached=cached,
     )
-    response: HttpResponse
+    response: HttpResponseBase
     if data["stream"]:
         response = StreamingHttpResponse(
             responding.streamed(ids, shape, include_usage=include_usage), content_type="text/event-stream"
@@ -220,6 +220,6 @@ class ModelListApi(APIView):
         from inference.selectors import deployment_list_enabled, models_listed
 
         enabled = deployment_list_enabled(task=None)  # embedding models too
-        deployments = deployments_allowed_for_user(user=request.user, deployments=enabled)
+        deployments = deployments_allowed_for_user(user=signed_in(request), deployments=enabled)
         data = self.OutputSerializer(models_listed(deployments), many=True).data
         return Response({"object": "list", "data": data})

@@ -11,6 +11,7 @@ from accounts.models import Tier, UsageRecord
 from accounts.services import request_admit, request_limits
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
+from conversations.requests import SendRequest
 from conversations.services import message_send
 from inference.models import Generation, ModelDeployment
 from tests.accounts.conftest import run_to_end
@@ -23,7 +24,7 @@ def big_model(db):
 
 def _spend(user, tokens: int, *, when=None) -> None:
     """Put `tokens` of finished usage on the user's ledger."""
-    sent = message_send(user=user, content="spend")
+    sent = message_send(user=user, request=SendRequest(content="spend"))
     finished = run_to_end(sent.generation, completion_tokens=tokens, prompt_tokens=0)
     if when is not None:
         UsageRecord.objects.filter(generation=finished).update(created_at=when)
@@ -31,7 +32,7 @@ def _spend(user, tokens: int, *, when=None) -> None:
 
 def test_a_tier_refuses_a_model_it_does_not_include(alice, big_model):
     with pytest.raises(ClientError) as refused:
-        message_send(user=alice, content="hi", model="big-model")
+        message_send(user=alice, request=SendRequest(content="hi", model="big-model"))
     assert refused.value.code == "model_not_allowed"
     assert refused.value.status == 403
     assert not Conversation.objects.exists()
@@ -59,7 +60,7 @@ def test_a_send_with_no_plan_to_fall_back_on_is_refused_and_saves_nothing(alice)
     type(alice).objects.filter(id=alice.id).update(tier=None)
     Tier.objects.update(is_default=False)
     with pytest.raises(ClientError) as refused:
-        message_send(user=alice, content="hi")
+        message_send(user=alice, request=SendRequest(content="hi"))
     assert (refused.value.code, refused.value.status) == ("no_tier", 503)
     assert not Conversation.objects.exists()
     assert not Message.objects.exists()
@@ -93,15 +94,15 @@ def test_the_answer_is_capped_at_the_tiers_output_and_context_limits(alice, big_
 @pytest.mark.topology
 def test_a_message_uses_the_tiers_output_limit(alice):
     Tier.objects.filter(name="free").update(max_output_tokens=64)
-    sent = message_send(user=alice, content="Tell me a story")
+    sent = message_send(user=alice, request=SendRequest(content="Tell me a story"))
     assert sent.generation.sampling["max_tokens"] == 64
 
 
 @pytest.mark.topology
 def test_the_generation_takes_its_tiers_priority(alice, bob, put_on_tier):
     put_on_tier(bob, "pro")
-    free = message_send(user=alice, content="hi").generation
-    pro = message_send(user=bob, content="hi").generation
+    free = message_send(user=alice, request=SendRequest(content="hi")).generation
+    pro = message_send(user=bob, request=SendRequest(content="hi")).generation
     assert pro.priority < free.priority
     assert (free.priority, pro.priority) == (4, 2)
 
@@ -111,7 +112,7 @@ def test_a_user_whose_daily_quota_is_spent_is_told_when_it_resets(alice):
     Tier.objects.filter(name="free").update(tokens_per_day=1000, tokens_per_minute=None)
     _spend(alice, 1000)
     with pytest.raises(ClientError) as refused:
-        message_send(user=alice, content="more please")
+        message_send(user=alice, request=SendRequest(content="more please"))
     error = refused.value
     assert error.code == "quota_exceeded"
     assert error.status == 429
@@ -126,7 +127,7 @@ def test_a_user_whose_daily_quota_is_spent_is_told_when_it_resets(alice):
 def test_yesterdays_usage_does_not_count_against_todays_quota(alice):
     Tier.objects.filter(name="free").update(tokens_per_day=1000, tokens_per_month=None, tokens_per_minute=None)
     _spend(alice, 1000, when=timezone.now() - dt.timedelta(days=1, hours=1))
-    message_send(user=alice, content="a new day")
+    message_send(user=alice, request=SendRequest(content="a new day"))
 
 
 @pytest.mark.topology
@@ -134,7 +135,7 @@ def test_the_monthly_quota_waits_for_the_first_of_next_month(alice):
     Tier.objects.filter(name="free").update(tokens_per_day=None, tokens_per_month=2000, tokens_per_minute=None)
     _spend(alice, 2000)
     with pytest.raises(ClientError) as refused:
-        message_send(user=alice, content="more")
+        message_send(user=alice, request=SendRequest(content="more"))
     assert refused.value.code == "quota_exceeded"
     now = timezone.now()
     assert refused.value.retry_after > (now.replace(day=28) - now).total_seconds() or now.day >= 28
@@ -143,7 +144,9 @@ def test_the_monthly_quota_waits_for_the_first_of_next_month(alice):
 @pytest.mark.topology
 def test_answers_in_flight_count_against_the_quota(alice, default_deployment):
     Tier.objects.filter(name="free").update(tokens_per_day=1000, tokens_per_minute=None, requests_per_minute=None)
-    message_send(user=alice, content="long answer please")  # queued: prompt + up to 512 tokens reserved
+    message_send(
+        user=alice, request=SendRequest(content="long answer please")
+    )  # queued: prompt + up to 512 tokens reserved
     reserved = Generation.objects.get()
     reserved_tokens = reserved.prompt_tokens + reserved.sampling["max_tokens"]
     admission = request_admit(user=alice, deployment=default_deployment, prompt_tokens=10, max_tokens=512)
@@ -153,9 +156,9 @@ def test_answers_in_flight_count_against_the_quota(alice, default_deployment):
 @pytest.mark.topology
 def test_failed_answers_do_not_count_against_the_quota(alice):
     Tier.objects.filter(name="free").update(tokens_per_day=1000, tokens_per_minute=None)
-    sent = message_send(user=alice, content="hi")
+    sent = message_send(user=alice, request=SendRequest(content="hi"))
     run_to_end(sent.generation, status="failed", completion_tokens=990)
-    message_send(user=alice, content="again")
+    message_send(user=alice, request=SendRequest(content="again"))
 
 
 def test_the_model_picker_offers_only_the_models_the_plan_includes(client, alice, bob, put_on_tier, big_model):

@@ -16,6 +16,7 @@ from accounts.models import ApiKey, Tier
 from accounts.services import api_key_authenticate, api_key_create, api_key_revoke
 from chatsite.errors import ClientError
 from conversations.models import Message
+from conversations.requests import SendRequest
 from conversations.services import message_send
 
 
@@ -99,7 +100,7 @@ def test_the_api_sets_the_user_and_the_key_and_refuses_a_missing_scope(alice):
 def test_a_key_without_the_chat_scope_cannot_send_a_message(alice):
     reader = api_key_create(user=alice, name="reader", scopes=["models:read"])
     with pytest.raises(ClientError) as refused:
-        message_send(user=alice, content="hi", api_key=reader.api_key)
+        message_send(user=alice, request=SendRequest(content="hi"), api_key=reader.api_key)
     assert refused.value.code == "insufficient_scope"
     assert refused.value.status == 403
     assert not Message.objects.exists()

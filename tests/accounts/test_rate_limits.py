@@ -32,6 +32,7 @@ from accounts.ratelimit import (
 from accounts.services import api_key_create, request_admit
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
+from conversations.requests import SendRequest
 from conversations.services import conversation_start, message_send
 from inference.models import Generation
 from inference.selectors import deployment_get
@@ -220,11 +221,11 @@ def test_parallel_requests_from_one_user_over_the_limit_admit_at_most_the_limit(
 def test_a_free_user_over_the_request_limit_is_told_when_to_come_back(alice):
     Tier.objects.filter(name="free").update(requests_per_minute=2)
     for i in range(2):
-        sent = message_send(user=alice, content=f"question {i}")
+        sent = message_send(user=alice, request=SendRequest(content=f"question {i}"))
         Generation.objects.filter(id=sent.generation.id).update(status="complete")
         Message.objects.filter(generation=sent.generation).update(status="complete")
     with pytest.raises(ClientError) as refused:
-        message_send(user=alice, content="one more")
+        message_send(user=alice, request=SendRequest(content="one more"))
     assert refused.value.code == "rate_limited"
     assert refused.value.status == 429
     assert 1 <= refused.value.retry_after <= 30
@@ -272,7 +273,9 @@ def test_two_keys_of_one_user_share_the_plans_buckets(alice, bob, default_deploy
 def test_the_browser_and_a_key_share_the_plans_buckets(alice, default_deployment):
     Tier.objects.filter(name="free").update(requests_per_minute=None, tokens_per_minute=1000)
     key = api_key_create(user=alice, name="script", scopes=["chat"]).api_key
-    message_send(user=alice, content="Hi")  # the chat page's message: its prompt and a 512-token budget
+    message_send(
+        user=alice, request=SendRequest(content="Hi")
+    )  # the chat page's message: its prompt and a 512-token budget
     with pytest.raises(ClientError) as refused:
         request_admit(user=alice, api_key=key, deployment=default_deployment, prompt_tokens=500, max_tokens=10)
     assert refused.value.code == "rate_limited" and "tokens a minute" in refused.value.message

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from accounts.models import Tier, TierModelPrice, UsageRecord
 from accounts.services import moderation_admit, usage_record, user_set_tier
+from conversations.requests import SendRequest
 from conversations.services import message_send
 from inference.models import Generation
 from inference.services import generation_claim, generation_finish, generation_request_stop
@@ -24,7 +25,7 @@ from tests.conftest import at_the_same_instant, drain_until_finished, open_socke
 
 def test_a_finished_generation_is_charged_at_its_tiers_price(alice, put_on_tier):
     put_on_tier(alice, "pro")  # 0.0002 prompt, 0.0006 completion per 1,000 tokens
-    sent = message_send(user=alice, content="What is 2 + 2?")
+    sent = message_send(user=alice, request=SendRequest(content="What is 2 + 2?"))
     finished = run_to_end(sent.generation, prompt_tokens=1500, completion_tokens=2500)
     record = UsageRecord.objects.get()
     assert record.generation_id == finished.id
@@ -38,14 +39,14 @@ def test_a_finished_generation_is_charged_at_its_tiers_price(alice, put_on_tier)
 
 def test_a_stopped_generation_is_charged_for_what_it_produced(alice, put_on_tier):
     put_on_tier(alice, "pro")
-    sent = message_send(user=alice, content="Write a long story")
+    sent = message_send(user=alice, request=SendRequest(content="Write a long story"))
     run_to_end(sent.generation, status="stopped", prompt_tokens=1000, completion_tokens=1000)
     assert UsageRecord.objects.get().cost == Decimal("0.000800")
 
 
 def test_a_failed_generation_is_recorded_but_not_charged(alice, put_on_tier):
     put_on_tier(alice, "pro")
-    sent = message_send(user=alice, content="hi")
+    sent = message_send(user=alice, request=SendRequest(content="hi"))
     run_to_end(sent.generation, status="failed", prompt_tokens=1000, completion_tokens=5)
     record = UsageRecord.objects.get()
     assert record.status == "failed"
@@ -54,7 +55,7 @@ def test_a_failed_generation_is_recorded_but_not_charged(alice, put_on_tier):
 
 def test_a_generation_stopped_before_any_engine_took_it_costs_nothing(alice, put_on_tier):
     put_on_tier(alice, "pro")
-    sent = message_send(user=alice, content="never mind")
+    sent = message_send(user=alice, request=SendRequest(content="never mind"))
     generation_request_stop(generation=sent.generation)
     record = UsageRecord.objects.get()
     assert (record.status, record.prompt_tokens, record.completion_tokens, record.cost) == ("stopped", 0, 0, 0)
@@ -65,7 +66,7 @@ def test_a_finish_is_five_statements_and_reads_back_none_of_the_rows_it_writes(a
     # from its own UPDATE, the tier and its price are one read, and the charge's row is inserted
     # without first looking for one and without a savepoint (the one-to-one refuses a second).
     put_on_tier(alice, "pro")
-    sent = message_send(user=alice, content="hi")
+    sent = message_send(user=alice, request=SendRequest(content="hi"))
     assert generation_claim(generation_id=sent.generation.id, worker="test") is not None
     with CaptureQueriesContext(connection) as finish:
         generation_finish(
@@ -90,7 +91,7 @@ def test_a_user_without_a_tier_of_their_own_is_charged_at_the_default_tiers_pric
     TierModelPrice.objects.filter(tier__name="free").update(
         prompt_price_per_1k=Decimal("0.001"), completion_price_per_1k=Decimal("0.002")
     )
-    sent = message_send(user=alice, content="hi")
+    sent = message_send(user=alice, request=SendRequest(content="hi"))
     run_to_end(sent.generation, prompt_tokens=1000, completion_tokens=1000)
     record = UsageRecord.objects.get()
     assert record.tier.name == "free"
@@ -100,7 +101,7 @@ def test_a_user_without_a_tier_of_their_own_is_charged_at_the_default_tiers_pric
 
 def test_a_retried_task_never_charges_twice(alice, put_on_tier):
     put_on_tier(alice, "pro")
-    sent = message_send(user=alice, content="hi")
+    sent = message_send(user=alice, request=SendRequest(content="hi"))
     finished = run_to_end(sent.generation, prompt_tokens=100, completion_tokens=100)
     # The task is delivered again: its finish is a no-op, and charging directly returns the same row.
     assert generation_finish(generation_id=finished.id, status="complete", text="again", completion_tokens=999) is None
@@ -112,7 +113,7 @@ def test_a_retried_task_never_charges_twice(alice, put_on_tier):
 
 @pytest.mark.django_db(transaction=True)
 def test_two_racing_charges_for_one_generation_leave_one_row(alice):
-    sent = message_send(user=alice, content="hi")
+    sent = message_send(user=alice, request=SendRequest(content="hi"))
     run_to_end(sent.generation, completion_tokens=10)
     UsageRecord.objects.all().delete()  # as if the finish had not been charged yet
     generation = Generation.objects.select_related("user", "deployment").get(id=sent.generation.id)
@@ -124,13 +125,13 @@ def test_two_racing_charges_for_one_generation_leave_one_row(alice):
 def test_prices_are_taken_per_model_and_a_model_without_a_price_is_free(alice, put_on_tier, default_deployment):
     put_on_tier(alice, "pro")
     TierModelPrice.objects.filter(tier__name="pro").delete()
-    sent = message_send(user=alice, content="hi")
+    sent = message_send(user=alice, request=SendRequest(content="hi"))
     run_to_end(sent.generation, prompt_tokens=1000, completion_tokens=1000)
     assert UsageRecord.objects.get().cost == 0
 
 
 def test_an_unfinished_generation_cannot_be_charged(alice):
-    sent = message_send(user=alice, content="hi")
+    sent = message_send(user=alice, request=SendRequest(content="hi"))
     with pytest.raises(ValueError):
         usage_record(generation=sent.generation)
     assert not UsageRecord.objects.exists()
@@ -140,7 +141,7 @@ def test_an_unfinished_generation_cannot_be_charged(alice):
 
 
 def _finished(user, *, prompt_tokens=1000, completion_tokens=2000):
-    sent = message_send(user=user, content="hi")
+    sent = message_send(user=user, request=SendRequest(content="hi"))
     return run_to_end(sent.generation, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
 
 
@@ -247,7 +248,7 @@ def test_the_admin_edits_tiers_and_never_shows_a_keys_hash(admin_client, alice):
 def test_a_missing_tier_never_undoes_a_finish(alice):
     from accounts.models import User
 
-    sent = message_send(user=alice, content="hi")
+    sent = message_send(user=alice, request=SendRequest(content="hi"))
     User.objects.update(tier=None)
     Tier.objects.update(is_default=False)
     run_to_end(sent.generation, completion_tokens=10)

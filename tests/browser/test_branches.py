@@ -8,6 +8,7 @@ from channels.db import database_sync_to_async
 
 from accounts.models import User
 from conversations.models import Conversation, Message, MessageFeedback
+from conversations.requests import SendRequest
 from conversations.services import message_send
 from inference.models import Generation
 from inference.services import generation_finish
@@ -120,7 +121,7 @@ async def _conversation_with_an_ended_answer(username: str, monkeypatch, **finis
     user = await User.objects.aget(username=username)
     with monkeypatch.context() as patched:
         patched.setattr("inference.execution.dispatch.generation_dispatch", lambda **dispatch: None)
-        sent = await database_sync_to_async(message_send)(user=user, content="What is 2 + 2?")
+        sent = await database_sync_to_async(message_send)(user=user, request=SendRequest(content="What is 2 + 2?"))
     await database_sync_to_async(generation_finish)(generation_id=sent.generation.id, **finish)
     return sent.conversation
 

@@ -19,6 +19,7 @@ from accounts.models import ApiKey, Tier
 from accounts.ratelimit import bucket_consume
 from accounts.services import api_key_create
 from conversations.models import Conversation, Message
+from conversations.requests import SendRequest
 from conversations.services import conversation_create, message_send
 from inference.models import Generation, ModelDeployment
 from tests.conftest import ended_in_the_database_once_queued, generation_once_finished, stopped_while_streaming
@@ -297,7 +298,7 @@ def test_a_client_id_that_is_not_a_uuid_is_refused_and_leaves_nothing_behind(ali
 
 def test_another_users_client_id_is_refused_without_a_word_about_whose_it_is(alice, mallory):
     client_id = str(uuid.uuid4())
-    message_send(user=alice, content="Alice's message", client_id=client_id)
+    message_send(user=alice, request=SendRequest(content="Alice's message", client_id=uuid.UUID(client_id)))
     response = client_for(mallory).post(send_url(), {"content": "Mine now?", "client_id": client_id}, format="json")
     assert response.status_code == 400
     error = response.json()["error"]
@@ -546,7 +547,9 @@ def test_a_message_too_long_for_the_window_is_refused_before_any_work(alice, int
     with (
         patch("moderation.services.score_many", side_effect=AssertionError("scored")) as scoring,
         patch("conversations.services.sending.count_tokens", side_effect=AssertionError("tokenized")) as tokenizing,
-        patch("conversations.services.conversations.count_tokens", side_effect=AssertionError("tokenized")) as measuring,
+        patch(
+            "conversations.services.conversations.count_tokens", side_effect=AssertionError("tokenized")
+        ) as measuring,
     ):
         response = client_for(alice).post(url, {"content": huge}, format="json")
     assert response.status_code == 400

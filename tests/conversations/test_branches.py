@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 from django.apps import apps
 from django.test import Client
+from django.urls import reverse
 
 from accounts.models import UsageRecord
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message, MessageFeedback
+from conversations.requests import AnswerRequest, SendRequest
 from conversations.selectors import message_branch
 from conversations.services import (
     conversation_branch_select,
@@ -42,9 +44,11 @@ def _prompt_text(generation: Generation) -> str:
 @pytest.fixture
 def two_turns(alice):
     """Alice asked two questions, each answered: one branch, m1 a1 m2 a2."""
-    first = message_send(user=alice, content="Name a colour.")
+    first = message_send(user=alice, request=SendRequest(content="Name a colour."))
     _finish(first, "Teal.")
-    second = message_send(user=alice, content="Name a bird.", conversation_id=first.conversation.id)
+    second = message_send(
+        user=alice, request=SendRequest(content="Name a bird.", conversation_id=first.conversation.id)
+    )
     _finish(second, "Heron.")
     return first, second
 
@@ -59,10 +63,13 @@ def test_a_message_follows_the_answer_before_it(two_turns):
 def test_an_edit_is_a_new_branch_beside_the_message_it_edits_and_its_prompt_is_that_branch(alice, two_turns):
     first, second = two_turns
     edit = message_send(
-        user=alice, content="Name a fish.", conversation_id=first.conversation.id, parent=first.assistant_message.id
+        user=alice,
+        request=SendRequest(
+            content="Name a fish.", conversation_id=first.conversation.id, parent=first.assistant_message.id
+        ),
     )
     assert edit.user_message.parent_id == first.assistant_message.id
-    assert edit.user_message.siblings == [second.user_message.id, edit.user_message.id]
+    assert edit.siblings == (second.user_message.id, edit.user_message.id)
     prompt = _prompt_text(edit.generation)
     assert "Name a colour." in prompt and "Teal." in prompt and "Name a fish." in prompt
     assert "Name a bird." not in prompt and "Heron." not in prompt
@@ -75,7 +82,9 @@ def test_an_edit_is_a_new_branch_beside_the_message_it_edits_and_its_prompt_is_t
 
 def test_an_edit_of_the_first_message_starts_a_branch_from_the_beginning(alice, two_turns):
     first, _ = two_turns
-    edit = message_send(user=alice, content="Name a tree.", conversation_id=first.conversation.id, parent=None)
+    edit = message_send(
+        user=alice, request=SendRequest(content="Name a tree.", conversation_id=first.conversation.id, parent=None)
+    )
     assert edit.user_message.parent_id is None
     prompt = _prompt_text(edit.generation)
     assert "Name a tree." in prompt and "Name a colour." not in prompt and "Teal." not in prompt
@@ -84,7 +93,10 @@ def test_an_edit_of_the_first_message_starts_a_branch_from_the_beginning(alice, 
 def test_a_send_without_a_parent_goes_on_from_the_branch_shown(alice, two_turns):
     first, second = two_turns
     edit = message_send(
-        user=alice, content="Name a fish.", conversation_id=first.conversation.id, parent=first.assistant_message.id
+        user=alice,
+        request=SendRequest(
+            content="Name a fish.", conversation_id=first.conversation.id, parent=first.assistant_message.id
+        ),
     )
     _finish(edit, "Carp.")
     # Back to the first branch: the next message follows its answer, and its prompt is that branch.
@@ -92,7 +104,7 @@ def test_a_send_without_a_parent_goes_on_from_the_branch_shown(alice, two_turns)
     assert conversation_branch_select(conversation=conversation, message_id=second.user_message.id) == (
         second.assistant_message.id
     )
-    after = message_send(user=alice, content="And a tree?", conversation_id=conversation.id)
+    after = message_send(user=alice, request=SendRequest(content="And a tree?", conversation_id=conversation.id))
     assert after.user_message.parent_id == second.assistant_message.id
     prompt = _prompt_text(after.generation)
     assert "Heron." in prompt and "Carp." not in prompt
@@ -101,17 +113,24 @@ def test_a_send_without_a_parent_goes_on_from_the_branch_shown(alice, two_turns)
 def test_a_regenerated_answer_is_answered_from_its_own_branch_only(alice, two_turns):
     first, second = two_turns
     edit = message_send(
-        user=alice, content="Name a fish.", conversation_id=first.conversation.id, parent=first.assistant_message.id
+        user=alice,
+        request=SendRequest(
+            content="Name a fish.", conversation_id=first.conversation.id, parent=first.assistant_message.id
+        ),
     )
     _finish(edit, "Carp.")
-    regenerated = message_regenerate(user=alice, message_id=edit.assistant_message.id, replaces=str(edit.generation.id))
+    regenerated = message_regenerate(
+        user=alice,
+        request=AnswerRequest.parse({"message": edit.assistant_message.id, "replaces": str(edit.generation.id)}),
+    )
     assert regenerated.answer.parent_id == edit.user_message.id
     assert regenerated.generation.prompt_token_ids == edit.generation.prompt_token_ids
     # The page shows an older answer (1 of 2) and asks again, naming the newest answer it knows of:
     # a third answer, not the second one again.
     _finish(SentLike(regenerated.generation), "Trout.")
     third = message_regenerate(
-        user=alice, message_id=edit.assistant_message.id, replaces=str(regenerated.generation.id)
+        user=alice,
+        request=AnswerRequest.parse({"message": edit.assistant_message.id, "replaces": str(regenerated.generation.id)}),
     )
     assert not third.replayed
     assert third.siblings == [edit.assistant_message.id, regenerated.answer.id, third.answer.id]
@@ -127,9 +146,9 @@ def test_a_parent_that_is_not_an_answer_of_this_conversation_is_refused_and_noth
     alice, mallory, two_turns, parent
 ):
     first, second = two_turns
-    elsewhere = message_send(user=alice, content="Elsewhere")
+    elsewhere = message_send(user=alice, request=SendRequest(content="Elsewhere"))
     _finish(elsewhere, "Yes.")
-    mallorys = message_send(user=mallory, content="Mallory's")
+    mallorys = message_send(user=mallory, request=SendRequest(content="Mallory's"))
     _finish(mallorys, "Hm.")
     parent_id = {
         "other conversation": elsewhere.assistant_message.id,
@@ -139,7 +158,9 @@ def test_a_parent_that_is_not_an_answer_of_this_conversation_is_refused_and_noth
     }[parent]
     messages, generations = Message.objects.count(), Generation.objects.count()
     with pytest.raises(ClientError) as refused:
-        message_send(user=alice, content="Hi", conversation_id=first.conversation.id, parent=parent_id)
+        message_send(
+            user=alice, request=SendRequest(content="Hi", conversation_id=first.conversation.id, parent=parent_id)
+        )
     assert (refused.value.code, refused.value.status, refused.value.param) == ("invalid_parent", 400, "parent")
     assert (Message.objects.count(), Generation.objects.count()) == (messages, generations)
 
@@ -148,14 +169,16 @@ def test_a_parent_that_is_not_an_answer_of_this_conversation_is_refused_and_noth
 def test_a_parent_that_is_not_an_id_is_refused(alice, two_turns, parent):
     first, _ = two_turns
     with pytest.raises(ClientError) as refused:
-        message_send(user=alice, content="Hi", conversation_id=first.conversation.id, parent=parent)
+        message_send(
+            user=alice, request=SendRequest(content="Hi", conversation_id=first.conversation.id, parent=parent)
+        )
     assert (refused.value.code, refused.value.param) == ("invalid_request", "parent")
 
 
 def test_a_parent_without_a_conversation_is_refused(alice, two_turns):
     first, _ = two_turns
     with pytest.raises(ClientError) as refused:
-        message_send(user=alice, content="Hi", parent=first.assistant_message.id)
+        message_send(user=alice, request=SendRequest(content="Hi", parent=first.assistant_message.id))
     assert refused.value.code == "invalid_parent"
     assert Conversation.objects.count() == 1
 
@@ -163,7 +186,10 @@ def test_a_parent_without_a_conversation_is_refused(alice, two_turns):
 def test_choosing_a_branch_shows_its_newest_leaf_and_is_stored(alice, two_turns):
     first, second = two_turns
     edit = message_send(
-        user=alice, content="Name a fish.", conversation_id=first.conversation.id, parent=first.assistant_message.id
+        user=alice,
+        request=SendRequest(
+            content="Name a fish.", conversation_id=first.conversation.id, parent=first.assistant_message.id
+        ),
     )
     _finish(edit, "Carp.")
     conversation = Conversation.objects.get(id=first.conversation.id)
@@ -181,19 +207,25 @@ def test_choosing_a_branch_shows_its_newest_leaf_and_is_stored(alice, two_turns)
 
 def test_a_branch_is_chosen_only_by_a_message_of_its_conversation(alice, two_turns):
     first, _ = two_turns
-    elsewhere = message_send(user=alice, content="Elsewhere")
+    elsewhere = message_send(user=alice, request=SendRequest(content="Elsewhere"))
     conversation = Conversation.objects.get(id=first.conversation.id)
-    for message_id in (elsewhere.user_message.id, "1", True, None):
-        with pytest.raises(ClientError) as refused:
-            conversation_branch_select(conversation=conversation, message_id=message_id)
-        assert refused.value.code == "invalid_message"
+    with pytest.raises(ClientError) as refused:
+        conversation_branch_select(conversation=conversation, message_id=elsewhere.user_message.id)
+    assert refused.value.code == "invalid_message"
+    # What is not a message id at all is refused where the request enters.
+    url = reverse("api-conversation-branch", args=[conversation.id])
+    for message_id in ("x", True, None, 0):
+        assert client_for(alice).post(url, {"message": message_id}, format="json").status_code == 400
     assert Conversation.objects.get(id=conversation.id).active_leaf_id != elsewhere.user_message.id
 
 
 def test_an_answer_cut_at_its_length_limit_is_continued_in_the_same_message_and_charged(alice):
-    sent = message_send(user=alice, content="Tell a story.")
+    sent = message_send(user=alice, request=SendRequest(content="Tell a story."))
     _finish(sent, "Once upon", finish_reason="length", completion_tokens=2)
-    continued = message_continue(user=alice, message_id=sent.assistant_message.id, replaces=str(sent.generation.id))
+    continued = message_continue(
+        user=alice,
+        request=AnswerRequest.parse({"message": sent.assistant_message.id, "replaces": str(sent.generation.id)}),
+    )
     assert continued.answer.id == sent.assistant_message.id and not continued.replayed
     tokenizer = tokenizer_for(sent.generation.deployment.model_path)
     tail = continuation_ids(tokenizer, "Once upon")
@@ -202,7 +234,10 @@ def test_an_answer_cut_at_its_length_limit_is_continued_in_the_same_message_and_
     answer = Message.objects.get(id=sent.assistant_message.id)
     assert (answer.status, answer.content, answer.text_before) == ("pending", "Once upon", "Once upon")
     # Sent again (a dropped socket): the same continuation, nothing queued.
-    again = message_continue(user=alice, message_id=sent.assistant_message.id, replaces=str(sent.generation.id))
+    again = message_continue(
+        user=alice,
+        request=AnswerRequest.parse({"message": sent.assistant_message.id, "replaces": str(sent.generation.id)}),
+    )
     assert again.replayed and again.generation.id == continued.generation.id
     generation_finish(
         generation_id=continued.generation.id,
@@ -218,10 +253,10 @@ def test_an_answer_cut_at_its_length_limit_is_continued_in_the_same_message_and_
 
 
 def test_only_an_answer_cut_at_its_length_limit_can_be_continued(alice):
-    sent = message_send(user=alice, content="Hi")
+    sent = message_send(user=alice, request=SendRequest(content="Hi"))
     _finish(sent, "Hello.")
     with pytest.raises(ClientError) as refused:
-        message_continue(user=alice, message_id=sent.assistant_message.id)
+        message_continue(user=alice, request=AnswerRequest.parse({"message": sent.assistant_message.id}))
     assert refused.value.code == "not_continuable"
     assert Generation.objects.count() == 1
 
@@ -251,15 +286,10 @@ def test_feedback_is_only_for_answers_of_ones_own_conversations(alice, mallory, 
         with pytest.raises(ClientError) as refused:
             message_feedback_set(user=user, conversation_id=conversation_id, message_id=message_id, rating=rating)
         assert refused.value.code == "not_found"
-    for rating, comment in (("sideways", ""), ("up", 7), ("up", "x" * 2001)):
-        with pytest.raises(ClientError):
-            message_feedback_set(
-                user=alice,
-                conversation_id=first.conversation.id,
-                message_id=first.assistant_message.id,
-                rating=rating,
-                comment=comment,
-            )
+    # A rating or comment that is not one is refused where the request enters, and nothing is saved.
+    url = reverse("api-message-feedback", args=[first.conversation.id, first.assistant_message.id])
+    for body in ({"rating": "sideways"}, {"rating": "up", "comment": 7}, {"rating": "up", "comment": "x" * 2001}):
+        assert client_for(alice).put(url, body, format="json").status_code == 400
     assert not MessageFeedback.objects.exists()
 
 
@@ -291,9 +321,9 @@ def test_the_migration_chains_the_messages_of_a_conversation_written_before_bran
     migration = __import__(
         "conversations.migrations.0005_message_tree_and_feedback", fromlist=["user_messages_chained"]
     )
-    sent = message_send(user=alice, content="Old question")
+    sent = message_send(user=alice, request=SendRequest(content="Old question"))
     _finish(sent, "Old answer")
-    later = message_send(user=alice, content="Old follow-up", conversation_id=sent.conversation.id)
+    later = message_send(user=alice, request=SendRequest(content="Old follow-up", conversation_id=sent.conversation.id))
     Message.objects.filter(role="user").update(parent=None)  # as they were saved before branches
     migration.user_messages_chained(apps, None)
     assert Message.objects.get(id=later.user_message.id).parent_id == sent.assistant_message.id
@@ -308,7 +338,10 @@ def test_the_migration_chains_the_messages_of_a_conversation_written_before_bran
 def test_the_api_returns_a_branch_with_parents_and_siblings_and_reads_another_by_a_message(alice, two_turns):
     first, second = two_turns
     edit = message_send(
-        user=alice, content="Name a fish.", conversation_id=first.conversation.id, parent=first.assistant_message.id
+        user=alice,
+        request=SendRequest(
+            content="Name a fish.", conversation_id=first.conversation.id, parent=first.assistant_message.id
+        ),
     )
     _finish(edit, "Carp.")
     client = client_for(alice)
@@ -323,14 +356,22 @@ def test_the_api_returns_a_branch_with_parents_and_siblings_and_reads_another_by
     assert body["messages"][2]["siblings"] == [second.user_message.id, edit.user_message.id]
     older = client.get(url, {"branch": second.user_message.id}).json()
     assert [m["content"] for m in older["messages"]][2:] == ["Name a bird.", "Heron."]
-    for bad in ("abc", "-1", str(10**40), str(message_send(user=alice, content="Other").user_message.id)):
+    for bad in (
+        "abc",
+        "-1",
+        str(10**40),
+        str(message_send(user=alice, request=SendRequest(content="Other")).user_message.id),
+    ):
         assert client.get(url, {"branch": bad}).status_code == 400
 
 
 def test_the_api_chooses_the_branch_shown(alice, mallory, two_turns):
     first, second = two_turns
     message_send(
-        user=alice, content="Name a fish.", conversation_id=first.conversation.id, parent=first.assistant_message.id
+        user=alice,
+        request=SendRequest(
+            content="Name a fish.", conversation_id=first.conversation.id, parent=first.assistant_message.id
+        ),
     )
     url = f"/api/conversations/{first.conversation.id}/branch/"
     response = client_for(alice).post(url, {"message": second.user_message.id}, format="json")
@@ -344,7 +385,7 @@ def test_the_api_chooses_the_branch_shown(alice, mallory, two_turns):
 
 def test_the_api_sends_from_a_parent_and_refuses_one_of_another_conversation(alice, mallory, two_turns):
     first, second = two_turns
-    mallorys = message_send(user=mallory, content="Mallory's")
+    mallorys = message_send(user=mallory, request=SendRequest(content="Mallory's"))
     url = f"/api/conversations/{first.conversation.id}/messages/"
     messages = Message.objects.count()
     for parent in (mallorys.assistant_message.id, second.user_message.id, "x"):

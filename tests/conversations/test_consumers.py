@@ -17,6 +17,7 @@ from accounts.models import Tier
 from chatsite.database import database_calls_concurrent, db_async
 from conversations.consumers import ChatConsumer
 from conversations.models import Message
+from conversations.requests import AnswerRequest, SendRequest
 from conversations.services import conversation_create, message_send
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
 from inference.models import Generation, ModelDeployment
@@ -52,7 +53,9 @@ async def test_a_socket_without_an_origin_is_refused(alice):
 
 @pytest.mark.topology
 async def test_it_refuses_to_send_into_another_users_conversation(alice, mallory):
-    sent = await database_sync_to_async(message_send)(user=alice, content="Alice's private question")
+    sent = await database_sync_to_async(message_send)(
+        user=alice, request=SendRequest(content="Alice's private question")
+    )
     socket, connected = await open_socket(mallory)
     assert connected
     await socket.send_json_to({"type": "message.send", "conversation": sent.conversation.id, "content": "hi"})
@@ -64,7 +67,7 @@ async def test_it_refuses_to_send_into_another_users_conversation(alice, mallory
 
 @pytest.mark.topology
 async def test_it_refuses_to_stop_or_follow_another_users_answer(alice, mallory):
-    sent = await database_sync_to_async(message_send)(user=alice, content="Alice's question")
+    sent = await database_sync_to_async(message_send)(user=alice, request=SendRequest(content="Alice's question"))
     socket, _ = await open_socket(mallory)
     for request in ({"type": "generation.stop"}, {"type": "generation.resume", "after_seq": 0}):
         await socket.send_json_to({**request, "generation": str(sent.generation.id)})
@@ -590,7 +593,7 @@ async def test_a_second_tab_on_the_same_conversation_sees_the_same_stream(engine
 async def test_a_failed_answer_is_regenerated_over_the_socket(engine, alice):
     from inference.services import generation_finish
 
-    sent = await database_sync_to_async(message_send)(user=alice, content="Say hello to Alice.")
+    sent = await database_sync_to_async(message_send)(user=alice, request=SendRequest(content="Say hello to Alice."))
     await database_sync_to_async(generation_finish)(
         generation_id=sent.generation.id, status="failed", text="", error_code="worker_lost"
     )
@@ -617,15 +620,13 @@ async def test_a_regenerate_sent_again_is_answered_with_the_answer_it_began(alic
     # The test ends both answers itself: none is sent to an engine, where the run's worker (started
     # once by an earlier engine test, in the production topology) would stream one of them too.
     monkeypatch.setattr("inference.execution.dispatch.generation_dispatch", lambda **dispatch: None)
-    sent = await database_sync_to_async(message_send)(user=alice, content="Say hello to Alice.")
+    sent = await database_sync_to_async(message_send)(user=alice, request=SendRequest(content="Say hello to Alice."))
     await database_sync_to_async(generation_finish)(
         generation_id=sent.generation.id, status="failed", text="", error_code="worker_lost"
     )
     request = {"type": "message.regenerate", "message": sent.assistant_message.id, "replaces": str(sent.generation.id)}
     # The first try, whose answer the dropped socket never delivered; the answer has ended since.
-    first = await database_sync_to_async(message_regenerate)(
-        user=alice, message_id=request["message"], replaces=request["replaces"]
-    )
+    first = await database_sync_to_async(message_regenerate)(user=alice, request=AnswerRequest.parse(request))
     await database_sync_to_async(generation_finish)(generation_id=first.generation.id, status="complete", text="Hello!")
 
     socket, _ = await open_socket(alice)
@@ -805,7 +806,9 @@ async def test_a_message_too_long_for_the_window_is_refused_before_any_work(alic
     with (
         patch("moderation.services.score_many", side_effect=AssertionError("scored")) as scoring,
         patch("conversations.services.sending.count_tokens", side_effect=AssertionError("tokenized")) as tokenizing,
-        patch("conversations.services.conversations.count_tokens", side_effect=AssertionError("tokenized")) as measuring,
+        patch(
+            "conversations.services.conversations.count_tokens", side_effect=AssertionError("tokenized")
+        ) as measuring,
     ):
         await socket.send_json_to({"type": "message.send", "content": "word " * 6_000})
         reply = await next_event(socket, timeout=10)

@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from conversations.models import Conversation, Message, SharedConversation
+from conversations.requests import SendRequest
 from conversations.selectors import conversation_groups_for_user, conversation_search
 from conversations.services import conversation_branch_select, conversation_create, conversation_share, message_send
 from inference.services import generation_finish
@@ -239,11 +240,11 @@ def test_an_export_refuses_a_scope_it_does_not_know(alice):
 def test_a_shared_link_shows_a_snapshot_without_account_data_to_anyone_until_revoked(
     alice, django_capture_on_commit_callbacks
 ):
-    sent = message_send(user=alice, content="<b>What</b> is the capital of France?")
+    sent = message_send(user=alice, request=SendRequest(content="<b>What</b> is the capital of France?"))
     generation_finish(
         generation_id=sent.generation.id, status="complete", text="<script>x()</script> Paris.", finish_reason="stop"
     )
-    blocked = message_send(user=alice, content=BOMB, conversation_id=sent.conversation.id)
+    blocked = message_send(user=alice, request=SendRequest(content=BOMB, conversation_id=sent.conversation.id))
     assert blocked.blocked
     owner = _signed_in(alice)
     shared = owner.post(reverse("conversations:share", args=[sent.conversation.id]))

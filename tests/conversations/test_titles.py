@@ -8,6 +8,7 @@ import pytest
 from accounts.models import UsageRecord
 from accounts.services import request_admit, request_limits
 from conversations.models import Conversation
+from conversations.requests import SendRequest
 from conversations.services import conversation_rename, message_send
 from conversations.titles import TITLE_MAX_CHARS, title_clean, title_from_message
 from inference.models import Generation
@@ -34,7 +35,7 @@ def _title_generation(conversation) -> Generation | None:
 def test_the_first_answer_asks_the_model_for_a_title_which_is_cleaned_and_kept(
     alice, django_capture_on_commit_callbacks
 ):
-    sent = message_send(user=alice, content="What is the capital of France?")
+    sent = message_send(user=alice, request=SendRequest(content="What is the capital of France?"))
     assert sent.conversation.display_title == "New chat"
     _answer(sent, django_capture_on_commit_callbacks)
 
@@ -53,15 +54,15 @@ def test_the_first_answer_asks_the_model_for_a_title_which_is_cleaned_and_kept(
 
 
 def test_a_title_is_asked_for_once(alice, django_capture_on_commit_callbacks):
-    sent = message_send(user=alice, content="Hello")
+    sent = message_send(user=alice, request=SendRequest(content="Hello"))
     _answer(sent, django_capture_on_commit_callbacks)
-    again = message_send(user=alice, content="And again", conversation_id=sent.conversation.id)
+    again = message_send(user=alice, request=SendRequest(content="And again", conversation_id=sent.conversation.id))
     _answer(again, django_capture_on_commit_callbacks)
     assert Generation.objects.filter(purpose=Generation.Purpose.TITLE).count() == 1
 
 
 def test_titles_are_not_charged_nor_reserved_against_the_quota(alice, django_capture_on_commit_callbacks):
-    sent = message_send(user=alice, content="What is the capital of France?")
+    sent = message_send(user=alice, request=SendRequest(content="What is the capital of France?"))
     _answer(sent, django_capture_on_commit_callbacks)
     titling = _title_generation(sent.conversation)
     assert generation_tokens_reserved_for_user(user=alice) == 0  # queued, and reserving nothing
@@ -82,12 +83,14 @@ def test_a_blocked_first_message_leaves_the_chat_untitled_and_asks_for_no_title(
     alice, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=True):
-        blocked = message_send(user=alice, content=BOMB)
+        blocked = message_send(user=alice, request=SendRequest(content=BOMB))
     assert blocked.blocked
     conversation = Conversation.objects.get(id=blocked.conversation.id)
     assert conversation.title == "" and conversation.display_title == "New chat"
     # The next message, which passes, names it: the blocked one never does.
-    sent = message_send(user=alice, content="Tell me about tulips", conversation_id=conversation.id)
+    sent = message_send(
+        user=alice, request=SendRequest(content="Tell me about tulips", conversation_id=conversation.id)
+    )
     _answer(sent, django_capture_on_commit_callbacks, text="Tulips are flowers.")
     titling = _title_generation(conversation)
     with django_capture_on_commit_callbacks(execute=True):
@@ -97,7 +100,8 @@ def test_a_blocked_first_message_leaves_the_chat_untitled_and_asks_for_no_title(
 
 def test_a_failed_or_useless_title_falls_back_to_the_first_words(alice, django_capture_on_commit_callbacks):
     sent = message_send(
-        user=alice, content="Plan a weekend in Lisbon with two kids, museums and beaches included please"
+        user=alice,
+        request=SendRequest(content="Plan a weekend in Lisbon with two kids, museums and beaches included please"),
     )
     _answer(sent, django_capture_on_commit_callbacks)
     titling = _title_generation(sent.conversation)
@@ -108,7 +112,7 @@ def test_a_failed_or_useless_title_falls_back_to_the_first_words(alice, django_c
 
 
 def test_a_name_given_meanwhile_is_kept(alice, django_capture_on_commit_callbacks):
-    sent = message_send(user=alice, content="Hello")
+    sent = message_send(user=alice, request=SendRequest(content="Hello"))
     _answer(sent, django_capture_on_commit_callbacks)
     titling = _title_generation(sent.conversation)
     conversation_rename(conversation=Conversation.objects.get(id=sent.conversation.id), title="Mine")
@@ -117,7 +121,7 @@ def test_a_name_given_meanwhile_is_kept(alice, django_capture_on_commit_callback
 
 
 def test_a_failed_answer_asks_for_no_title_yet(alice, django_capture_on_commit_callbacks):
-    sent = message_send(user=alice, content="Hello")
+    sent = message_send(user=alice, request=SendRequest(content="Hello"))
     with django_capture_on_commit_callbacks(execute=True):
         generation_finish(generation_id=sent.generation.id, status="failed", text="", error_code="worker_lost")
     assert _title_generation(sent.conversation) is None
@@ -127,7 +131,7 @@ def test_without_titles_from_the_model_the_first_words_name_it_once_answered(
     alice, settings, django_capture_on_commit_callbacks
 ):
     settings.CHAT_TITLES_FROM_MODEL = False
-    sent = message_send(user=alice, content="  Hello   there\nfriend ")
+    sent = message_send(user=alice, request=SendRequest(content="  Hello   there\nfriend "))
     _answer(sent, django_capture_on_commit_callbacks)
     assert Conversation.objects.get(id=sent.conversation.id).title == "Hello there friend"
     assert not Generation.objects.filter(purpose=Generation.Purpose.TITLE).exists()

@@ -10,6 +10,7 @@ from rest_framework.test import APIClient
 
 from accounts.models import ApiKey
 from accounts.services import api_key_create
+from conversations.requests import SendRequest
 from conversations.services import conversation_start, message_send
 from documents.models import Chunk, Citation, Document
 from tests.conftest import PASSWORD
@@ -79,7 +80,8 @@ def test_a_file_attached_to_a_conversation_serves_it_and_the_answer_returns_cita
     document_process(document_id=response.json()["id"])
     assert [f["name"] for f in client.get(f"/api/conversations/{conversation.id}/files/").json()] == ["harbour.md"]
     sent = message_send(
-        user=alice, content="Who was the harbour master of Port Aldwin?", conversation_id=conversation.id
+        user=alice,
+        request=SendRequest(content="Who was the harbour master of Port Aldwin?", conversation_id=conversation.id),
     )
     messages = client.get(f"/api/conversations/{conversation.id}/").json()["messages"]
     answer = next(m for m in messages if m["id"] == sent.assistant_message.id)
@@ -100,7 +102,9 @@ def test_a_file_attached_to_a_conversation_serves_it_and_the_answer_returns_cita
 
 def test_a_poisoned_files_withheld_passage_is_reported_by_the_api(alice, upload_ready):
     upload_ready(alice, "harbour.md", POISONED)
-    sent = message_send(user=alice, content="What does the note to the assistant in harbour.md say?")
+    sent = message_send(
+        user=alice, request=SendRequest(content="What does the note to the assistant in harbour.md say?")
+    )
     citations = client_for(alice).get(f"/api/conversations/{sent.conversation.id}/").json()["messages"][-1]["citations"]
     assert {"file": "harbour.md", "withheld": True, "passage": ""}.items() <= citations[-1].items()
 
@@ -122,7 +126,9 @@ def test_deleting_a_file_removes_its_passages(alice, upload_ready):
 def test_another_users_files_are_not_found_through_every_endpoint(alice, mallory, upload_ready):
     document = upload_ready(alice, "harbour.md", f"# Harbour\n\n{FACT}")
     conversation = conversation_start(user=alice)
-    sent = message_send(user=alice, content="Who was the harbour master?", conversation_id=conversation.id)
+    sent = message_send(
+        user=alice, request=SendRequest(content="Who was the harbour master?", conversation_id=conversation.id)
+    )
     assert Citation.objects.filter(message=sent.assistant_message).exists()
     client = client_for(mallory)
     assert client.get(f"/api/files/{document.id}/").status_code == 404

@@ -15,6 +15,7 @@ from accounts.models import Tier
 from accounts.services import user_set_tier
 from chatsite.errors import ClientError
 from conversations.models import Message
+from conversations.requests import SendRequest
 from conversations.services import message_send
 from inference.execution.scheduling import effective_priority, queue_order
 from inference.models import Generation, ModelDeployment
@@ -35,10 +36,10 @@ class Request:
 @pytest.mark.topology
 def test_a_full_queue_refuses_new_work_before_it_is_queued(alice, bob, default_deployment):
     ModelDeployment.objects.filter(id=default_deployment.id).update(max_queued=2)
-    message_send(user=alice, content="one")
-    message_send(user=bob, content="two")
+    message_send(user=alice, request=SendRequest(content="one"))
+    message_send(user=bob, request=SendRequest(content="two"))
     with pytest.raises(ClientError) as refused:
-        message_send(user=alice, content="three")
+        message_send(user=alice, request=SendRequest(content="three"))
     assert refused.value.status == 503
     assert refused.value.code == "at_capacity"
     assert refused.value.retry_after >= 1
@@ -51,19 +52,19 @@ def test_another_models_queue_does_not_fill_this_ones(alice, default_deployment)
     other = ModelDeployment.objects.create(name="big-model", model="Big", max_context=8192, default_max_tokens=4096)
     ModelDeployment.objects.filter(id=default_deployment.id).update(max_queued=1)
     Generation.objects.create(user=alice, deployment=other, prompt_token_ids=[1], sampling={})
-    sent = message_send(user=alice, content="one")
+    sent = message_send(user=alice, request=SendRequest(content="one"))
     assert sent.generation.deployment_id == default_deployment.id
     with pytest.raises(ClientError) as refused:
-        message_send(user=alice, content="two")
+        message_send(user=alice, request=SendRequest(content="two"))
     assert refused.value.code == "at_capacity"
 
 
 @pytest.mark.topology
 def test_running_work_does_not_fill_the_queue(alice, bob, default_deployment):
     ModelDeployment.objects.filter(id=default_deployment.id).update(max_queued=1)
-    first = message_send(user=alice, content="one")
+    first = message_send(user=alice, request=SendRequest(content="one"))
     Generation.objects.filter(id=first.generation.id).update(status="running")
-    message_send(user=bob, content="two")
+    message_send(user=bob, request=SendRequest(content="two"))
 
 
 @pytest.mark.topology
@@ -72,10 +73,10 @@ def test_a_refusal_for_capacity_costs_no_rate_limit_budget(alice, default_deploy
     ModelDeployment.objects.filter(id=default_deployment.id).update(max_queued=1)
     Generation.objects.create(user=alice, deployment=default_deployment, prompt_token_ids=[1], sampling={})
     with pytest.raises(ClientError) as refused:
-        message_send(user=alice, content="hi")
+        message_send(user=alice, request=SendRequest(content="hi"))
     assert refused.value.code == "at_capacity"
     Generation.objects.update(status="complete")
-    message_send(user=alice, content="hi")
+    message_send(user=alice, request=SendRequest(content="hi"))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -137,8 +138,8 @@ def test_without_aging_the_order_is_by_priority_alone():
 @pytest.mark.topology
 def test_the_queue_selector_orders_a_deployments_queued_generations(alice, bob, default_deployment):
     user_set_tier(user=bob, tier=Tier.objects.get(name="pro"))
-    free = [message_send(user=alice, content=f"q{i}").generation for i in range(3)]
-    pro = message_send(user=bob, content="pro").generation
+    free = [message_send(user=alice, request=SendRequest(content=f"q{i}")).generation for i in range(3)]
+    pro = message_send(user=bob, request=SendRequest(content="pro")).generation
     order = [g.id for g in generation_queue_ordered(deployment=default_deployment)]
     assert order == [pro.id, *[g.id for g in free]]
 
@@ -171,7 +172,7 @@ def test_a_free_request_that_waited_is_promoted_in_the_broker(alice, settings):
     from inference.services import generation_promote_waiting
 
     settings.INFERENCE_PRIORITY_AGING_S = 15
-    sent = message_send(user=alice, content="hi")
+    sent = message_send(user=alice, request=SendRequest(content="hi"))
     generation = sent.generation
     assert (generation.priority, generation.queue_priority) == (4, 4)
     now = timezone.now()

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from conversations.requests import SendRequest
 from conversations.services import message_send
 from moderation.guard import guard_verdict
 from moderation.models import Flag
@@ -87,7 +88,7 @@ def test_the_guard_answer_is_mapped_to_openai_categories():
 
 
 def test_a_message_only_the_guard_flags_is_blocked(alice, guard):
-    sent = message_send(user=alice, content=GUARD_ONLY)
+    sent = message_send(user=alice, request=SendRequest(content=GUARD_ONLY))
     assert sent.blocked and sent.generation is None
     flag = Flag.objects.get()
     assert "illicit" in flag.categories
@@ -101,7 +102,7 @@ def test_a_message_only_the_guard_flags_is_blocked(alice, guard):
 
 
 def test_a_message_the_guard_calls_safe_is_answered(alice, guard):
-    sent = message_send(user=alice, content="What is the capital of France?")
+    sent = message_send(user=alice, request=SendRequest(content="What is the capital of France?"))
     assert not sent.blocked and sent.generation is not None
     assert len(guard) == 1
 
@@ -114,11 +115,11 @@ def test_the_moderations_api_includes_the_guard(guard):
 
 def test_without_a_guard_nothing_is_asked_and_the_classifiers_decide(alice, settings):
     settings.MODERATION_GUARD_URL = ""
-    assert not message_send(user=alice, content=GUARD_ONLY).blocked
+    assert not message_send(user=alice, request=SendRequest(content=GUARD_ONLY)).blocked
 
 
 def test_a_guard_that_does_not_answer_leaves_the_classifiers_in_charge(alice, settings, caplog):
     settings.MODERATION_GUARD_URL = "http://127.0.0.1:9/v1"  # nothing listens on the discard port
-    assert not message_send(user=alice, content=GUARD_ONLY).blocked
-    assert message_send(user=alice, content="How do I build a pipe bomb in my garage?").blocked
+    assert not message_send(user=alice, request=SendRequest(content=GUARD_ONLY)).blocked
+    assert message_send(user=alice, request=SendRequest(content="How do I build a pipe bomb in my garage?")).blocked
     assert "guard model did not answer" in caplog.text

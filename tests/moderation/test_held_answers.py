@@ -23,7 +23,8 @@ from django.db import connection
 from accounts.models import Tier
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
-from conversations.services import message_send
+from conversations.requests import SendRequest
+from conversations.services import SentMessage, message_send
 from inference.models import Generation
 from inference.streaming.streams import events_after
 from moderation.models import Flag
@@ -72,11 +73,17 @@ async def test_a_sends_input_check_scores_nothing_until_its_verdict_is_asked_for
     assert passes == [[BOMB]] and verdict.blocks
 
 
+def message_send_settled(*, user, request: SendRequest, check: InputCheck) -> SentMessage:
+    """A send from sync code, its pending verdict (if any) settled at once: what
+    `message_send_checked` does after the commit, without an event loop."""
+    return message_send(user=user, request=request, check=check).settled(check)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_scores_that_come_after_the_commit_hold_the_answer_until_the_verdict_releases_it(alice):
     scores = ScoresAfterTheCommit(HARMLESS)
 
-    sent = message_send(user=alice, content=HARMLESS, verdict=InputCheck(scores))
+    sent = message_send_settled(user=alice, request=SendRequest(content=HARMLESS), check=InputCheck(scores))
 
     assert scores.committed_first, "the send should commit (and dispatch) before it waits for the verdict"
     assert scores.generation_then is not None and scores.generation_then.awaiting_verdict
@@ -95,7 +102,7 @@ def test_a_message_blocked_after_its_answer_was_queued_is_kept_flagged_and_its_a
     Tier.objects.filter(name="free").update(requests_per_minute=1, tokens_per_minute=None)
     for _ in range(2):  # the second is not refused: the first one's charge was given back
         scores = ScoresAfterTheCommit(BOMB)
-        sent = message_send(user=alice, content=BOMB, verdict=InputCheck(scores))
+        sent = message_send_settled(user=alice, request=SendRequest(content=BOMB), check=InputCheck(scores))
         assert scores.generation_then is not None and scores.generation_then.awaiting_verdict
         assert sent.blocked and sent.generation is None and sent.assistant_message is None
         assert "wasn't sent to the assistant" in sent.blocked_reason
@@ -106,7 +113,7 @@ def test_a_message_blocked_after_its_answer_was_queued_is_kept_flagged_and_its_a
     flags = list(Flag.objects.all())
     assert len(flags) == 2 and all("illicit/violent" in flag.categories for flag in flags)
     assert all(flag.source == Flag.Source.INPUT and flag.text == BOMB for flag in flags)
-    assert not message_send(user=alice, content=HARMLESS).blocked
+    assert not message_send(user=alice, request=SendRequest(content=HARMLESS)).blocked
 
 
 @pytest.mark.django_db(transaction=True)
@@ -115,7 +122,9 @@ def test_scores_that_never_come_after_the_commit_leave_nothing_behind(alice, mon
 
     monkeypatch.setattr(services, "INPUT_CHECK_TIMEOUT_S", 0.1)
     with pytest.raises(ClientError) as refused:
-        message_send(user=alice, content=HARMLESS, verdict=InputCheck(concurrent.futures.Future()))
+        message_send_settled(
+            user=alice, request=SendRequest(content=HARMLESS), check=InputCheck(concurrent.futures.Future())
+        )
     assert refused.value.code == "moderation_unavailable"
     assert not Conversation.objects.exists() and not Message.objects.exists() and not Generation.objects.exists()
 
@@ -129,7 +138,9 @@ def test_a_message_sent_again_while_its_first_send_is_judging_it_gets_that_verdi
 
     def repeat() -> None:
         try:
-            repeated.append(message_send(user=alice, content=BOMB, client_id=client_id, retry=True))
+            repeated.append(
+                message_send(user=alice, request=SendRequest(content=BOMB, client_id=uuid.UUID(client_id), retry=True))
+            )
         finally:
             connection.close()
 
@@ -143,7 +154,9 @@ def test_a_message_sent_again_while_its_first_send_is_judging_it_gets_that_verdi
             return super().result(timeout)
 
     scores = ScoresWhileRepeated(BOMB)
-    first = message_send(user=alice, content=BOMB, client_id=client_id, verdict=InputCheck(scores))
+    first = message_send_settled(
+        user=alice, request=SendRequest(content=BOMB, client_id=uuid.UUID(client_id)), check=InputCheck(scores)
+    )
     scores.repeat.join(timeout=10)
 
     assert scores.repeat_waited, "the repeat should wait for the first send's verdict"

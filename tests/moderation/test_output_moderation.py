@@ -227,10 +227,11 @@ async def test_an_answer_policy_with_output_moderation_off_is_never_cut():
 
 
 def test_the_users_policy_decides_whether_answers_are_monitored(alice, make_policy):
+    from conversations.requests import SendRequest
     from conversations.services import message_send
     from moderation.services import _Unmonitored, output_monitor_for
 
-    generation = message_send(user=alice, content="Tell me about dragons.").generation
+    generation = message_send(user=alice, request=SendRequest(content="Tell me about dragons.")).generation
     assert type(output_monitor_for(generation=generation)) is OutputMonitor
     make_policy({"violence": (0.0, "block")}, moderate_output=False)
     assert isinstance(output_monitor_for(generation=generation), _Unmonitored)
@@ -244,6 +245,7 @@ def test_an_answer_is_moderated_under_the_tier_its_message_was_sent_under(
 ):
     from accounts.models import Tier
     from accounts.services import user_set_tier
+    from conversations.requests import SendRequest
     from conversations.services import message_send
     from moderation.services import output_monitor_for
 
@@ -255,7 +257,7 @@ def test_an_answer_is_moderated_under_the_tier_its_message_was_sent_under(
         "inference.execution.dispatch.generation_dispatch", lambda **dispatch: orders.append(dispatch["order"])
     )
     with django_capture_on_commit_callbacks(execute=True):
-        generation = message_send(user=alice, content="Tell me about dragons.").generation
+        generation = message_send(user=alice, request=SendRequest(content="Tell me about dragons.")).generation
 
     (order,) = orders
     assert order["tier_id"] == enterprise.id  # the tier the send admitted (and checked) the message under

@@ -19,6 +19,7 @@ from django.db import transaction
 
 from accounts.models import UsageRecord, UserSettings
 from accounts.services import api_key_create
+from conversations.requests import SendRequest
 from conversations.services import message_send
 from inference.models import Generation, ModelDeployment
 from inference.services import completion_create, generation_claim, generation_finish
@@ -53,11 +54,11 @@ def api_request(content: str, **fields) -> dict:
 @pytest.mark.django_db
 class TestTheChatPath:
     def test_a_close_first_message_is_answered_from_the_cache_and_charged_nothing(self, cache_on, alice, bob):
-        first = message_send(user=alice, content=QUESTION)
+        first = message_send(user=alice, request=SendRequest(content=QUESTION))
         assert not first.generation.cached
         answered(first)
 
-        sent = message_send(user=bob, content=PARAPHRASE)
+        sent = message_send(user=bob, request=SendRequest(content=PARAPHRASE))
         generation = sent.generation
         assert generation.cached and generation.text == ANSWER and generation.completion_tokens == 8
         assert generation.status == Generation.Status.QUEUED  # played back by a runner, like any answer
@@ -67,68 +68,78 @@ class TestTheChatPath:
         assert CachedResponse.objects.get().hits == 1
 
     def test_it_is_off_unless_the_deployment_enables_it(self, default_deployment, alice, bob):
-        answered(message_send(user=alice, content=QUESTION))
-        assert not message_send(user=bob, content=QUESTION).generation.cached
+        answered(message_send(user=alice, request=SendRequest(content=QUESTION)))
+        assert not message_send(user=bob, request=SendRequest(content=QUESTION)).generation.cached
         assert not CachedResponse.objects.exists()
 
     def test_a_different_question_misses(self, cache_on, alice, bob):
-        answered(message_send(user=alice, content=QUESTION))
-        assert not message_send(user=bob, content="What is the capital of Germany?").generation.cached
+        answered(message_send(user=alice, request=SendRequest(content=QUESTION)))
+        assert not message_send(
+            user=bob, request=SendRequest(content="What is the capital of Germany?")
+        ).generation.cached
 
     def test_personal_context_is_never_looked_up_nor_kept(self, cache_on, alice, bob):
-        answered(message_send(user=alice, content=QUESTION))
+        answered(message_send(user=alice, request=SendRequest(content=QUESTION)))
         UserSettings.objects.update_or_create(user=bob, defaults={"about_me": "I live in Lyon."})
-        assert not message_send(user=bob, content=QUESTION).generation.cached  # custom instructions
+        assert not message_send(
+            user=bob, request=SendRequest(content=QUESTION)
+        ).generation.cached  # custom instructions
         assert CachedResponse.objects.count() == 1  # bob's prompt, with his instructions, is not kept
-        second = message_send(user=alice, content="Tell me about Paris in spring.")
+        second = message_send(user=alice, request=SendRequest(content="Tell me about Paris in spring."))
         answered(second.generation)
-        later = message_send(user=alice, content=QUESTION, conversation_id=second.conversation.id)
+        later = message_send(user=alice, request=SendRequest(content=QUESTION, conversation_id=second.conversation.id))
         assert not later.generation.cached  # history
         assert CachedResponse.objects.count() == 2  # alice's first messages, not the later one
 
     def test_an_answer_expires(self, cache_on, alice, bob, settings):
-        answered(message_send(user=alice, content=QUESTION))
+        answered(message_send(user=alice, request=SendRequest(content=QUESTION)))
         CachedResponse.objects.update(created_at=dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
-        assert not message_send(user=bob, content=QUESTION).generation.cached
+        assert not message_send(user=bob, request=SendRequest(content=QUESTION)).generation.cached
 
     def test_a_miss_frees_every_expired_entry_whatever_its_key(self, cache_on, alice, bob):
-        answered(message_send(user=alice, content=QUESTION))
+        answered(message_send(user=alice, request=SendRequest(content=QUESTION)))
         # Expired, and under a key no request makes any more (a configuration since replaced).
         CachedResponse.objects.update(created_at=dt.datetime(2020, 1, 1, tzinfo=dt.UTC), key="0" * 64)
-        sent = message_send(user=bob, content="Name three rivers of Europe.")  # a miss
+        sent = message_send(user=bob, request=SendRequest(content="Name three rivers of Europe."))  # a miss
         assert list(CachedResponse.objects.values_list("generation_id", flat=True)) == [sent.generation.id]
 
     def test_a_change_to_the_deployment_clears_its_answers(self, cache_on, alice, bob):
-        answered(message_send(user=alice, content=QUESTION))
+        answered(message_send(user=alice, request=SendRequest(content=QUESTION)))
         cache_on.system_prompt = "You are a terse assistant."
         cache_on.save()
         assert not CachedResponse.objects.exists()
-        assert not message_send(user=bob, content=QUESTION).generation.cached
+        assert not message_send(user=bob, request=SendRequest(content=QUESTION)).generation.cached
 
     def test_a_configuration_changed_without_a_save_misses_all_the_same(self, cache_on, alice, bob):
-        answered(message_send(user=alice, content=QUESTION))
+        answered(message_send(user=alice, request=SendRequest(content=QUESTION)))
         ModelDeployment.objects.filter(id=cache_on.id).update(temperature=1.1)
-        assert not message_send(user=bob, content=QUESTION).generation.cached
+        assert not message_send(user=bob, request=SendRequest(content=QUESTION)).generation.cached
 
     def test_an_answer_that_did_not_end_on_its_own_is_never_served(self, cache_on, alice, bob):
-        answered(message_send(user=alice, content=QUESTION), finish_reason="content_filter", status="stopped")
-        answered(message_send(user=alice, content=QUESTION), status="failed")
-        answered(message_send(user=alice, content=QUESTION), finish_reason="length")
-        assert not message_send(user=bob, content=QUESTION).generation.cached
+        answered(
+            message_send(user=alice, request=SendRequest(content=QUESTION)),
+            finish_reason="content_filter",
+            status="stopped",
+        )
+        answered(message_send(user=alice, request=SendRequest(content=QUESTION)), status="failed")
+        answered(message_send(user=alice, request=SendRequest(content=QUESTION)), finish_reason="length")
+        assert not message_send(user=bob, request=SendRequest(content=QUESTION)).generation.cached
 
     def test_a_blocked_prompt_is_never_kept(self, cache_on, alice):
-        sent = message_send(user=alice, content="Give me step-by-step instructions to build a pipe bomb at home.")
+        sent = message_send(
+            user=alice, request=SendRequest(content="Give me step-by-step instructions to build a pipe bomb at home.")
+        )
         assert sent.blocked
         assert not CachedResponse.objects.exists()
 
     def test_an_answer_moderation_flags_is_never_served_and_is_forgotten(self, cache_on, alice, bob):
         flagged = "Here is how to build a pipe bomb: fill a steel pipe with explosive powder and add a fuse."
-        answered(message_send(user=alice, content=QUESTION), flagged)
-        assert not message_send(user=bob, content=QUESTION).generation.cached
+        answered(message_send(user=alice, request=SendRequest(content=QUESTION)), flagged)
+        assert not message_send(user=bob, request=SendRequest(content=QUESTION)).generation.cached
         assert not CachedResponse.objects.filter(generation__text=flagged).exists()
 
     def test_an_answer_longer_than_the_request_allows_is_not_served(self, cache_on, alice, bob):
-        first = message_send(user=alice, content=QUESTION)
+        first = message_send(user=alice, request=SendRequest(content=QUESTION))
         generation_finish(
             generation_id=first.generation.id,
             status="complete",
@@ -136,7 +147,7 @@ class TestTheChatPath:
             finish_reason="stop",
             completion_tokens=5000,
         )
-        assert not message_send(user=bob, content=QUESTION).generation.cached
+        assert not message_send(user=bob, request=SendRequest(content=QUESTION)).generation.cached
 
 
 @pytest.mark.django_db
@@ -171,7 +182,9 @@ class TestTheApiPath:
         assert not any(g.cached for g in generations)
 
     def test_the_chat_page_and_the_api_do_not_share_answers_under_different_system_prompts(self, cache_on, alice, bob):
-        answered(message_send(user=alice, content=QUESTION))  # under the deployment's system prompt
+        answered(
+            message_send(user=alice, request=SendRequest(content=QUESTION))
+        )  # under the deployment's system prompt
         (generation,) = completion_create(user=bob, api_key=None, request=api_request(QUESTION))
         assert not generation.cached
 
@@ -220,7 +233,7 @@ async def test_the_chat_page_streams_a_cached_answer_marked_as_cached(engine, al
         # Answered before its dispatch (which comes with the commit): the engine's claim then fails
         # and its request is dropped, instead of writing on into the next test.
         with transaction.atomic():
-            answered(message_send(user=alice, content=QUESTION))
+            answered(message_send(user=alice, request=SendRequest(content=QUESTION)))
 
     await database_sync_to_async(sent_and_answered)()
 

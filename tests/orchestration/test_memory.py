@@ -13,6 +13,7 @@ from accounts.models import UsageRecord
 from accounts.selectors import usage_tokens_since
 from conversations.models import Message
 from conversations.prompts import Turn
+from conversations.requests import SendRequest
 from conversations.services import message_send
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
 from inference.engine.tokenizers import count_tokens, tokenizer_for
@@ -58,7 +59,9 @@ class Chat:
 
     def send(self, i: int):
         registered = len(connection.run_on_commit)
-        sent = message_send(user=self.user, content=f"Q{i} {words(f'q{i}')}", conversation_id=self.conversation_id)
+        sent = message_send(
+            user=self.user, request=SendRequest(content=f"Q{i} {words(f'q{i}')}", conversation_id=self.conversation_id)
+        )
         # What runs once the send commits (the test's transaction never does): the summary's request.
         for _, callback, robust in connection.run_on_commit[registered:]:
             if "memory_extend_after_commit" in getattr(callback, "__qualname__", ""):
@@ -238,7 +241,8 @@ def test_a_summary_serves_only_the_branch_it_was_written_on(chat, tokenizer):
     # An edit of the first message starts a branch of its own, which the summary does not cover.
     with chat.capture():
         edit = message_send(
-            user=chat.user, content="A different start", conversation_id=chat.conversation_id, parent=None
+            user=chat.user,
+            request=SendRequest(content="A different start", conversation_id=chat.conversation_id, parent=None),
         )
     assert "SUMMARY OF THE FIRST BRANCH." not in tokenizer.decode(edit.generation.prompt_token_ids)
 

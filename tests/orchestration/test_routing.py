@@ -15,6 +15,7 @@ from accounts.models import Tier
 from accounts.services import user_set_tier
 from chatsite.errors import ClientError
 from conversations.models import Conversation
+from conversations.requests import AnswerRequest, SendRequest
 from conversations.services import message_regenerate, message_send
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME
 from inference.engine.host import EngineState, engine_host_for
@@ -106,7 +107,7 @@ def test_weights_split_a_names_traffic_as_configured(
 @pytest.mark.topology
 def test_a_drained_deployment_takes_no_new_requests_and_its_running_answer_finishes(alice, default_deployment, canary):
     ModelDeployment.objects.filter(id=default_deployment.id).update(weight=0)
-    sent = message_send(user=alice, content="Hello")
+    sent = message_send(user=alice, request=SendRequest(content="Hello"))
     assert sent.generation.deployment == canary
     assert generation_claim(generation_id=sent.generation.id, worker="test") is not None  # running
 
@@ -117,7 +118,7 @@ def test_a_drained_deployment_takes_no_new_requests_and_its_running_answer_finis
     generation_finish(generation_id=sent.generation.id, status="complete", text="Hi.", completion_tokens=2)
     assert Generation.objects.get(id=sent.generation.id).status == "complete"
     # ... and its conversation moves on with its next message.
-    again = message_send(user=alice, content="And again", conversation_id=sent.conversation.id)
+    again = message_send(user=alice, request=SendRequest(content="And again", conversation_id=sent.conversation.id))
     assert again.generation.deployment.name == DEFAULT_DEPLOYMENT_NAME
     assert Conversation.objects.get(id=sent.conversation.id).deployment.name == DEFAULT_DEPLOYMENT_NAME
 
@@ -125,7 +126,7 @@ def test_a_drained_deployment_takes_no_new_requests_and_its_running_answer_finis
 def test_a_name_whose_every_deployment_is_drained_is_refused_with_retry_after(alice, default_deployment):
     ModelDeployment.objects.filter(id=default_deployment.id).update(weight=0)
     with pytest.raises(ClientError) as refused:
-        message_send(user=alice, content="Hello")
+        message_send(user=alice, request=SendRequest(content="Hello"))
     assert (refused.value.status, refused.value.code) == (503, "model_unavailable")
     assert refused.value.retry_after == settings.INFERENCE_AT_CAPACITY_RETRY_S
     assert not Conversation.objects.exists()
@@ -144,15 +145,19 @@ def test_an_unknown_model_is_not_found(alice):
 def test_a_conversation_keeps_the_deployment_it_was_routed_to(alice, default_deployment, canary, engines_live):
     ModelDeployment.objects.filter(id__in=[default_deployment.id, canary.id]).update(weight=50)
     for _ in range(3):  # whichever each conversation is routed to first
-        sent = message_send(user=alice, content="Hello")
+        sent = message_send(user=alice, request=SendRequest(content="Hello"))
         first = sent.generation.deployment
         run_to_end(sent.generation)
         for turn in range(6):
-            sent = message_send(user=alice, content=f"Turn {turn}", conversation_id=sent.conversation.id)
+            sent = message_send(
+                user=alice, request=SendRequest(content=f"Turn {turn}", conversation_id=sent.conversation.id)
+            )
             assert sent.generation.deployment == first
             assert sent.generation.routing_reason.startswith("sticky")
             run_to_end(sent.generation)
-        regenerated = message_regenerate(user=alice, message_id=sent.assistant_message.id)
+        regenerated = message_regenerate(
+            user=alice, request=AnswerRequest.parse({"message": sent.assistant_message.id})
+        )
         assert regenerated.generation.deployment == first
 
 
@@ -161,11 +166,11 @@ def test_a_conversation_leaves_a_deployment_that_is_disabled(
     alice, default_deployment, canary, engines_live, draws_the_heaviest
 ):
     ModelDeployment.objects.filter(id=canary.id).update(weight=1000)
-    sent = message_send(user=alice, content="Hello")
+    sent = message_send(user=alice, request=SendRequest(content="Hello"))
     assert sent.generation.deployment == canary
     run_to_end(sent.generation)
     ModelDeployment.objects.filter(id=canary.id).update(is_enabled=False)
-    again = message_send(user=alice, content="Again", conversation_id=sent.conversation.id)
+    again = message_send(user=alice, request=SendRequest(content="Again", conversation_id=sent.conversation.id))
     assert again.generation.deployment == default_deployment
 
 
@@ -179,18 +184,18 @@ def test_a_full_queue_passes_the_request_to_the_next_deployment_and_the_answer_s
     ModelDeployment.objects.filter(id=canary.id).update(weight=1000, max_queued=2)
     canary.refresh_from_db()
     fill_queue(canary, bob)
-    sent = message_send(user=alice, content="Hello")
+    sent = message_send(user=alice, request=SendRequest(content="Hello"))
     assert sent.generation.deployment == default_deployment
     assert "fallback" in sent.generation.routing_reason and CANARY in sent.generation.routing_reason
     # A conversation on it moves too.
     Generation.objects.filter(deployment=canary).delete()
     ModelDeployment.objects.filter(id=default_deployment.id).update(weight=0)
-    moved = message_send(user=alice, content="Hi")
+    moved = message_send(user=alice, request=SendRequest(content="Hi"))
     assert moved.generation.deployment == canary
     run_to_end(moved.generation)
     fill_queue(canary, bob)
     ModelDeployment.objects.filter(id=default_deployment.id).update(weight=1)
-    again = message_send(user=alice, content="Again", conversation_id=moved.conversation.id)
+    again = message_send(user=alice, request=SendRequest(content="Again", conversation_id=moved.conversation.id))
     assert again.generation.deployment == default_deployment
 
 
@@ -212,7 +217,7 @@ def test_when_no_deployment_can_take_it_the_request_is_refused_with_retry_after(
     for deployment in ModelDeployment.objects.filter(id__in=[default_deployment.id, canary.id]):
         fill_queue(deployment, bob)
     with pytest.raises(ClientError) as refused:
-        message_send(user=alice, content="Hello")
+        message_send(user=alice, request=SendRequest(content="Hello"))
     assert (refused.value.status, refused.value.code) == (503, "at_capacity")
     assert refused.value.retry_after == settings.INFERENCE_AT_CAPACITY_RETRY_S
     assert not Conversation.objects.exists()
@@ -230,7 +235,7 @@ def test_one_name_maps_to_a_small_model_on_free_and_a_larger_one_on_pro(alice, b
     put_on_tier(bob, "pro")
     assert routed_names(alice, "chat", 50) == {"chat-small": 50}
     assert routed_names(bob, "chat", 50) == {"chat-large": 50}
-    sent = message_send(user=bob, content="Hello", model="chat")
+    sent = message_send(user=bob, request=SendRequest(content="Hello", model="chat"))
     assert sent.generation.deployment == large
     assert sent.conversation.model == "chat"
     # The model lists show the name once.
@@ -294,13 +299,13 @@ def test_auto_weighs_windows_as_the_tier_caps_them(windows):
 @pytest.mark.topology
 def test_auto_routes_each_message_of_a_conversation_and_records_why(alice, put_on_tier, windows):
     put_on_tier(alice, "enterprise")  # every model, no cap on the window
-    sent = message_send(user=alice, content="Hello", model=AUTO)
+    sent = message_send(user=alice, request=SendRequest(content="Hello", model=AUTO))
     assert sent.generation.deployment.name == "mini"
     assert sent.generation.routing_reason.startswith("auto: a ")
     assert sent.conversation.model == AUTO
     run_to_end(sent.generation)
     long = "word " * 1200  # about 1200 tokens: too long for mini's window now
-    again = message_send(user=alice, content=long, conversation_id=sent.conversation.id)
+    again = message_send(user=alice, request=SendRequest(content=long, conversation_id=sent.conversation.id))
     assert again.generation.deployment.name == "midi"
     assert Conversation.objects.get(id=sent.conversation.id).model == AUTO
 
@@ -319,7 +324,7 @@ def test_auto_through_the_hook_inference_routes_by(alice, put_on_tier, windows):
 def test_a_sticky_message_costs_no_statement_beyond_its_conversations_read(alice, default_deployment, canary):
     # Routing a conversation that stays where it is reads nothing: its deployment and queue came with
     # the conversation's locked read (tests/conversations/test_services.py counts that one).
-    sent = message_send(user=alice, content="Hello")
+    sent = message_send(user=alice, request=SendRequest(content="Hello"))
     run_to_end(sent.generation)
     deployment = Conversation.objects.get(id=sent.conversation.id).deployment
     deployment.queued_now = 0

@@ -1,0 +1,30 @@
+"""What accounts needs to know from the apps above it, which it cannot import: each app registers
+its answer at start-up (its `AppConfig.ready`), and accounts calls what is registered. A hook, unlike
+a signal, is for a value returned; signals are kept for side effects."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from accounts.models import User
+
+
+class TokensReserved(Protocol):
+    """The tokens a user's unfinished work in an app may still use, counted against their quotas
+    (inference answers for its generations)."""
+
+    def __call__(self, *, user: User) -> int: ...
+
+
+_tokens_reserved: list[TokensReserved] = []
+
+
+def quota_reservation_register(count: TokensReserved) -> None:
+    """Count `count(user=...)` among the tokens held against a user's quotas; once per app, at start-up."""
+    if count not in _tokens_reserved:
+        _tokens_reserved.append(count)
+
+
+def quota_tokens_reserved(*, user: User) -> int:
+    """The tokens the user's unfinished work may still use, in every app that registered a count."""
+    return sum(count(user=user) for count in _tokens_reserved)

@@ -1,0 +1,152 @@
+"""What a client asks of the conversations app, checked once, where it enters (the chat socket's
+frames, the send API's body), into small frozen, typed requests. A request that exists is a valid
+one: the services take these and never look at a raw value again.
+
+`parse` turns a frame's or a body's fields (anything JSON can hold) into a request, refusing what
+is not one with a `ClientError` that names the field; the constructor checks the values themselves
+(a message's text, an id's range), so a request built in code is held to the same rules.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, TypeGuard
+
+from django.conf import settings
+
+from chatsite.errors import ClientError
+
+
+class ActiveBranch(enum.Enum):
+    """A send's `parent` when the request names none: the leaf of the branch last shown or answered."""
+
+    ACTIVE_BRANCH = "active"
+
+    def __repr__(self) -> str:
+        return "ACTIVE_BRANCH"
+
+
+ACTIVE_BRANCH: Final = ActiveBranch.ACTIVE_BRANCH
+# What a new message follows: a message's id, None (a new branch from the beginning), or the branch on screen.
+Parent = int | None | ActiveBranch
+
+# The longest model name a request may give; a longer one names no model.
+MODEL_NAME_CHARS = 100
+
+
+def is_row_id(value: object) -> TypeGuard[int]:
+    """A value a query may compare with an id: an integer (not a bool) that fits a bigint, which
+    SQLite and PostgreSQL would otherwise refuse with an error of their own."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**63
+
+
+def is_integer(value: object) -> TypeGuard[int]:
+    """An integer, as JSON has it: Python's True and False are ints too, and mean no id."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def message_content_clean(content: object) -> str:
+    """A message's text, trimmed; refused when it is not text, is empty, holds NUL (PostgreSQL
+    refuses it outright) or is longer than CHAT_MAX_MESSAGE_CHARS."""
+    if not isinstance(content, str):
+        raise ClientError("A message must be text.", code="invalid_message", param="content")
+    if "\x00" in content:
+        raise ClientError("A message cannot contain NUL characters.", code="invalid_message", param="content")
+    content = content.strip()
+    if not content:
+        raise ClientError("A message cannot be empty.", code="invalid_message", param="content")
+    if len(content) > settings.CHAT_MAX_MESSAGE_CHARS:
+        raise ClientError(
+            f"A message can be at most {settings.CHAT_MAX_MESSAGE_CHARS} characters long.",
+            code="message_too_long",
+            param="content",
+        )
+    return content
+
+
+def uuid_parse(value: object, *, param: str) -> uuid.UUID | None:
+    """A request's optional UUID field (text), refused with a clear error when it is anything else."""
+    if value is None or isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            pass
+    raise ClientError(f"'{param}' must be a UUID.", code="invalid_request", param=param)
+
+
+@dataclass(frozen=True)
+class SendRequest:
+    """A message to send (`conversations.services.message_send`).
+
+    `conversation_id`: the conversation it goes into; None starts one. `model`: the model to answer
+    it (None: the conversation's, or the plan's default). `client_id`: the sender's own id for the
+    message, which makes the send safe to repeat; `retry`: it may have been sent before, so the id
+    is looked up first. `parent`: the message it follows (conversations.branches)."""
+
+    content: str
+    conversation_id: int | None = None
+    model: str | None = None
+    client_id: uuid.UUID | None = None
+    parent: Parent = ACTIVE_BRANCH
+    retry: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "content", message_content_clean(self.content))
+        if self.model is not None and ("\x00" in self.model or len(self.model) > MODEL_NAME_CHARS):
+            raise ClientError("'model' must be a model name.", code="invalid_request", param="model")
+        if self.parent is not ACTIVE_BRANCH and self.parent is not None and not is_row_id(self.parent):
+            raise ClientError("'parent' must be a message id or null.", code="invalid_request", param="parent")
+        if self.conversation_id is None and self.parent not in (ACTIVE_BRANCH, None):
+            raise ClientError("A 'parent' needs the 'conversation' it is in.", code="invalid_parent", param="parent")
+
+    @classmethod
+    def parse(cls, fields: Mapping[str, object]) -> SendRequest:
+        """From a `message.send` frame or the send API's body: `content`, and optionally
+        `conversation` (an id), `model`, `client_id` (a UUID), `parent` (an id or null) and `retry`."""
+        conversation = fields.get("conversation")
+        if conversation is not None and not is_integer(conversation):
+            raise ClientError("'conversation' must be a conversation id.", code="invalid_request", param="conversation")
+        model = fields.get("model")
+        if model is not None and not isinstance(model, str):
+            raise ClientError("'model' must be a model name.", code="invalid_request", param="model")
+        retry = fields.get("retry", False)
+        if not isinstance(retry, bool):
+            raise ClientError("'retry' must be true or false.", code="invalid_request", param="retry")
+        parent = fields.get("parent", ACTIVE_BRANCH)
+        if parent is not ACTIVE_BRANCH and parent is not None and not is_integer(parent):
+            raise ClientError("'parent' must be a message id or null.", code="invalid_request", param="parent")
+        return cls(
+            content=message_content_clean(fields.get("content")),
+            conversation_id=conversation,
+            model=model,
+            client_id=uuid_parse(fields.get("client_id"), param="client_id"),
+            parent=parent,
+            retry=retry,
+        )
+
+
+@dataclass(frozen=True)
+class AnswerRequest:
+    """An answer to regenerate or continue (`message_regenerate`, `message_continue`).
+
+    `replaces`: the generation of the newest answer the client knows of (for a regenerate) or shows
+    (for a continue); a request repeated after it was carried out is answered with what it did."""
+
+    message_id: int
+    replaces: uuid.UUID | None = None
+
+    @classmethod
+    def parse(cls, fields: Mapping[str, object]) -> AnswerRequest:
+        """From a `message.regenerate` or `message.continue` frame: `message` (an answer's id) and
+        optionally `replaces` (a generation's id). An id that names no answer is a 404, as an answer
+        of someone else's is."""
+        replaces = uuid_parse(fields.get("replaces"), param="replaces")
+        message = fields.get("message")
+        if not is_row_id(message):
+            raise ClientError("That answer does not exist.", code="not_found", status=404, param="message")
+        return cls(message_id=message, replaces=replaces)
