@@ -10,9 +10,13 @@ class InferenceConfig(AppConfig):
 
         from accounts.hooks import quota_reservation_register
         from inference import receivers  # noqa: F401
+        from inference.engine.vllm_server_internals import release_supported
         from inference.selectors import generation_tokens_reserved_for_user
 
         quota_reservation_register(generation_tokens_reserved_for_user)
+        # A vLLM release its OpenAI server's reaches were not written for says so in the log at start-up
+        # (read from the package's metadata: importing vLLM here would cost every process seconds).
+        release_supported()
 
         if settings.REDIS_URL:
             # A channels_redis its reaches do not know says so in the log at start-up, not at the first answer.

@@ -124,7 +124,7 @@ class ModelDeployment(models.Model):
     def clean(self) -> None:
         """A parser vLLM knows and a template that is there: else every request with tools would fail."""
         from inference.engine.tokenizers import chat_template_text
-        from inference.openai.tools import tool_parser_names
+        from inference.engine.vllm_server_internals import tool_parser_names
 
         errors = {}
         if self.tool_parser and self.tool_parser not in tool_parser_names():

@@ -12,7 +12,8 @@ The rest of the project uses vLLM's public API (`AsyncLLM`, `AsyncEngineArgs`, `
 On any other vLLM release `internals_supported()` is false: the engine host logs a warning and runs on
 vLLM's own behaviour (no busy-wait tuning, no count of unfinished requests), and
 tests/inference/test_vllm_internals.py fails until each reach is checked again on the new release and
-`WRITTEN_FOR` moves with `requirements/cpu.txt` and `requirements/gpu.txt`.
+`WRITTEN_FOR` moves with `requirements/cpu.txt` and `requirements/gpu.txt`, and with the fence around
+vLLM's OpenAI server code (`vllm_server_internals.py`).
 
 It is imported inside vLLM's worker and scheduler processes (`worker_extension_cls`,
 `scheduler_cls`), so it depends on vLLM alone, never on Django or the rest of the project.

@@ -20,7 +20,8 @@ from django.conf import settings
 from rest_framework import serializers
 
 from chatsite.errors import ClientError
-from inference.openai.schemas import json_schema_problem, structured_outputs_problem
+from inference.engine.vllm_server_internals import structured_outputs_problem
+from inference.openai.schemas import json_schema_problem
 
 # OpenAI's fields this service honours (the serializer validates each).
 SUPPORTED = frozenset(

@@ -9,7 +9,9 @@ with a 400 before it reaches the engine, and so does this service, in two steps:
   resolve within the schema (nothing is fetched);
 - before the completion is queued, the check vLLM's engine makes (`SamplingParams`'s structured
   output validation with the `auto` backend): xgrammar compiles it, or, for the features xgrammar
-  lacks, guidance does. What neither backend takes is refused with the backend's reason.
+  lacks, guidance does. What neither backend takes is refused with the backend's reason. That check
+  reaches into vLLM's structured-output backends, so it lives behind their fence
+  (`structured_outputs_problem` in inference/engine/vllm_server_internals.py).
 """
 
 from __future__ import annotations
@@ -61,36 +63,3 @@ def _references(node: Any, resolver: Any) -> Iterator[tuple[str, Any]]:
     for key, value in node.items():
         if key not in DATA_KEYWORDS:
             yield from _references(value, resolver)
-
-
-def structured_outputs_problem(structured: dict[str, Any]) -> str | None:
-    """Why vLLM's structured-output backends refuse `structured` (StructuredOutputsParams' fields as
-    JSON), or None: as its `auto` backend chooses, xgrammar, else guidance, else (for a schema with
-    features guidance lacks) outlines. vLLM is imported here, not at the top: it
-    costs seconds the first time, and only requests with a response format pay it."""
-    from vllm import SamplingParams
-    from vllm.exceptions import VLLMValidationError
-    from vllm.sampling_params import StructuredOutputsParams
-    from vllm.v1.structured_output.backend_guidance import (
-        has_guidance_unsupported_json_features,
-        validate_guidance_grammar,
-    )
-    from vllm.v1.structured_output.backend_outlines import validate_structured_output_request_outlines
-    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
-
-    def params() -> SamplingParams:
-        return SamplingParams(structured_outputs=StructuredOutputsParams(**structured))
-
-    try:
-        validate_xgrammar_grammar(params())
-        return None
-    except (VLLMValidationError, ValueError):
-        pass
-    try:
-        if isinstance(structured.get("json"), dict) and has_guidance_unsupported_json_features(structured["json"]):
-            validate_structured_output_request_outlines(params())
-        else:
-            validate_guidance_grammar(params(), tokenizer=None)
-    except (VLLMValidationError, ValueError) as exc:
-        return str(exc).strip()
-    return None

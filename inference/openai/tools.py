@@ -14,15 +14,12 @@ Two choices are this service's, both documented in docs/api.md:
 - `tool_choice: "none"` leaves the tools out of the prompt (vLLM's
   `--exclude-tools-when-tool-choice-none`), so the model answers in text.
 
-vLLM's serving classes are not its promised Python API, so this module is written for one release
-(`WRITTEN_FOR`) and tests/inference/test_openai_tools.py fails loudly when vLLM moves under it.
-Its vLLM imports are made inside functions: they cost seconds the first time, and only requests
-with tools pay them.
+vLLM's serving classes are not its promised Python API: every use of them is in
+`inference/engine/vllm_server_internals.py`, behind a check of the release it was written for.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from typing import Any
@@ -30,9 +27,7 @@ from typing import Any
 from rest_framework import serializers
 
 from chatsite.errors import ClientError
-
-WRITTEN_FOR = "0.32.0"
-TOOL_STRICT_LEVEL = "parameter"
+from inference.engine import vllm_server_internals as vllm_server
 
 MAX_TOOLS = 128
 TOOLS_MAX_CHARS = 100_000
@@ -193,8 +188,6 @@ def tools_check(request: dict[str, Any], *, deployment: Any) -> None:
 
 def vllm_request(request: dict[str, Any]) -> Any:
     """vLLM's own ChatCompletionRequest for the tool fields, which its parsers read."""
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-
     fields: dict[str, Any] = {
         "model": request["model"],
         "messages": request["messages"],
@@ -205,17 +198,7 @@ def vllm_request(request: dict[str, Any]) -> Any:
         fields["parallel_tool_calls"] = request["parallel_tool_calls"]
     if request.get("response_format"):
         fields["response_format"] = request["response_format"]
-    return ChatCompletionRequest(**fields)
-
-
-@functools.lru_cache(maxsize=16)
-def parser_class(name: str, tokenizer: Any) -> Any:
-    """vLLM's parser class for `name` (composed as `vllm serve --enable-auto-tool-choice` does)."""
-    from vllm.parser.parser_manager import ParserManager
-
-    return ParserManager.get_parser(
-        tool_parser_name=name, enable_auto_tools=True, tokenizer=tokenizer, tool_strict_level=TOOL_STRICT_LEVEL
-    )
+    return vllm_server.chat_request(fields)
 
 
 def tool_sampling(request: dict[str, Any], *, deployment: Any) -> dict[str, Any]:
@@ -224,43 +207,24 @@ def tool_sampling(request: dict[str, Any], *, deployment: Any) -> dict[str, Any]
     and a named function), and `skip_special_tokens` where call markers are special tokens."""
     if not tool_calling(request):
         return {}
-    from vllm.exceptions import VLLMValidationError
-
     from inference.engine.tokenizers import tokenizer_for
 
     tokenizer = tokenizer_for(deployment.model_path)
-    parser_cls = parser_class(deployment.tool_parser, tokenizer)
-    adjusted = vllm_request(request)
     try:
-        adjusted = parser_cls(tokenizer, adjusted.tools).adjust_request(adjusted)
-    except (VLLMValidationError, ValueError) as exc:
+        sampling = vllm_server.tool_sampling(deployment.tool_parser, tokenizer, vllm_request(request))
+    except vllm_server.Refused as exc:
         raise ClientError(f"Invalid 'tool_choice': {exc}", code="invalid_value", param="tool_choice") from None
-    sampling: dict[str, Any] = {}
-    structured = adjusted.structured_outputs
-    if structured is not None:
-        sampling["structured_outputs"] = {
-            key: value
-            for key in ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
-            if (value := getattr(structured, key)) is not None
-        }
+    if "structured_outputs" in sampling:
         _grammar_check(sampling["structured_outputs"])
-    if adjusted.skip_special_tokens is False:
-        sampling["skip_special_tokens"] = False
     return sampling
 
 
 def _grammar_check(structured: dict[str, Any]) -> None:
     """A tool schema xgrammar cannot compile is the client's error, not a failed generation: the
     check vLLM's engine makes on the request, made before anything is queued."""
-    from vllm import SamplingParams
-    from vllm.exceptions import VLLMValidationError
-    from vllm.sampling_params import StructuredOutputsParams
-    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
-
-    try:
-        validate_xgrammar_grammar(SamplingParams(structured_outputs=StructuredOutputsParams(**structured)))
-    except (VLLMValidationError, ValueError) as exc:
-        raise ClientError(f"Invalid 'tools': {exc}", code="invalid_value", param="tools") from None
+    problem = vllm_server.xgrammar_problem(structured)
+    if problem is not None:
+        raise ClientError(f"Invalid 'tools': {problem}", code="invalid_value", param="tools")
 
 
 class ToolCallReader:
@@ -269,24 +233,14 @@ class ToolCallReader:
 
     def __init__(self, request: dict[str, Any], *, deployment: Any, tokenizer: Any) -> None:
         self._request = vllm_request(request)
-        self._parser = parser_class(deployment.tool_parser, tokenizer)(tokenizer, self._request.tools)
+        self._parser = vllm_server.tool_parser(deployment.tool_parser, tokenizer, self._request)
         self._named = isinstance(request.get("tool_choice"), dict)
         self._single = request.get("parallel_tool_calls") is False
         self.called = False
 
     def complete(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """The message's content and its tool calls (OpenAI's shape, with ids)."""
-        from vllm.renderers.chat_utils import make_tool_call_id
-
-        _, content, calls = self._parser.parse(text, self._request, enable_auto_tools=True)
-        tool_calls = [
-            {
-                "id": call.id or make_tool_call_id(),
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            }
-            for call in calls or []
-        ]
+        content, tool_calls = vllm_server.tool_calls_parsed(self._parser, text, self._request)
         if self._single:
             tool_calls = tool_calls[:1]
         self.called = bool(tool_calls)
@@ -295,20 +249,20 @@ class ToolCallReader:
     def delta(self, text: str, *, finished: bool = False) -> tuple[str | None, list[dict[str, Any]]]:
         """What a streamed delta adds: content, and tool call deltas in OpenAI's format (the first
         of each call with its index, id, type and name; then its argument fragments)."""
-        message = self._parser.parse_delta(text, [], self._request, prompt_token_ids=[], finished=finished)
-        if message is None:
+        parsed = vllm_server.tool_call_deltas(self._parser, text, self._request, finished=finished)
+        if parsed is None:
             return None, []
+        content, deltas = parsed
         calls = []
-        for call in message.tool_calls or []:
-            if self._single and call.index != 0:
+        for delta in deltas:
+            if self._single and delta.get("index") != 0:
                 continue
-            delta = call.model_dump(exclude_none=True)
             if "id" in delta:
                 delta["type"] = "function"
                 delta.setdefault("function", {}).setdefault("arguments", "")
             calls.append(delta)
         self.called = self.called or bool(calls)
-        return message.content or None, calls
+        return content or None, calls
 
     def finish_reason(self, reason: str) -> str:
         """`tool_calls` for an answer that called tools, except a named function's, which OpenAI
@@ -324,27 +278,3 @@ def tool_call_readers(request: dict[str, Any], *, deployment: Any, n: int) -> li
 
     tokenizer = tokenizer_for(deployment.model_path)
     return [ToolCallReader(request, deployment=deployment, tokenizer=tokenizer) for _ in range(n)]
-
-
-def tool_parser_names() -> list[str]:
-    """The names vLLM's `--tool-call-parser` takes."""
-    from vllm.tool_parsers import ToolParserManager
-
-    return ToolParserManager.list_registered()
-
-
-def tool_parsers_missing() -> list[str]:
-    """What this module expects of vLLM and does not find, in words; empty when all is found."""
-    import inspect
-
-    from vllm.parser.abstract_parser import Parser
-    from vllm.parser.parser_manager import ParserManager
-
-    missing = []
-    if "tool_strict_level" not in inspect.signature(ParserManager.get_parser).parameters:
-        missing.append("ParserManager.get_parser(tool_strict_level)")
-    if not {"finished", "prompt_token_ids"} <= set(inspect.signature(Parser.parse_delta).parameters):
-        missing.append("Parser.parse_delta(..., prompt_token_ids, finished)")
-    if "enable_auto_tools" not in inspect.signature(Parser.parse).parameters:
-        missing.append("Parser.parse(..., enable_auto_tools)")
-    return missing

@@ -36,7 +36,8 @@ from conversations.requests import SendRequest
 from conversations.services import conversation_start, message_send
 from inference.models import Generation
 from inference.selectors import deployment_get
-from tests.conftest import next_event, open_socket, rate_limits_clear
+from tests.helpers.databases import rate_limits_clear
+from tests.helpers.sockets import next_event, open_socket
 
 
 @pytest.mark.topology

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.test import Client
 
 from accounts.sockets import socket_place_take
-from tests.conftest import _open_sockets, open_socket
+from tests.helpers.sockets import _open_sockets, open_socket
 
 pytestmark = [
     pytest.mark.topology,

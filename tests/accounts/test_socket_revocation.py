@@ -23,7 +23,8 @@ from inference.models import Generation
 from inference.streaming.streams import events_after
 from moderation.models import Flag
 from moderation.services import flag_create, input_moderate
-from tests.conftest import PASSWORD, next_event, open_socket
+from tests.helpers.factories import PASSWORD
+from tests.helpers.sockets import next_event, open_socket
 
 pytestmark = [pytest.mark.topology, pytest.mark.django_db(transaction=True)]
 

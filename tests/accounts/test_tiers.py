@@ -7,7 +7,7 @@ from django.urls import reverse
 
 from accounts.models import Tier, User
 from accounts.selectors import tier_for_user
-from tests.conftest import PASSWORD
+from tests.helpers.factories import PASSWORD
 
 
 def test_the_four_tiers_exist_with_free_as_the_default(db):

@@ -20,7 +20,8 @@ from conversations.services import message_send
 from inference.models import Generation
 from inference.services import generation_claim, generation_finish, generation_request_stop
 from tests.accounts.conftest import run_to_end
-from tests.conftest import at_the_same_instant, drain_until_finished, open_socket
+from tests.helpers.databases import at_the_same_instant
+from tests.helpers.sockets import drain_until_finished, open_socket
 
 
 def test_a_finished_generation_is_charged_at_its_tiers_price(alice, put_on_tier):

@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from accounts.models import User
 from accounts.services import LOGIN_FAILURES_PER_ACCOUNT, LOGIN_FAILURES_PER_ADDRESS, LOGIN_PERIOD_S
-from tests.conftest import PASSWORD
+from tests.helpers.factories import PASSWORD
 
 
 def test_signing_up_creates_a_user_and_logs_them_in(client, db):

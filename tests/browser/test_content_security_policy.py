@@ -13,7 +13,7 @@ import pytest
 from accounts.models import User
 from conversations.models import Conversation
 from tests.browser.conftest import BROWSER_MARKS, sign_up
-from tests.conftest import PASSWORD
+from tests.helpers.factories import PASSWORD
 
 pytestmark = BROWSER_MARKS
 

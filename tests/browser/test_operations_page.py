@@ -9,7 +9,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from tests.browser.conftest import CHROMIUM
-from tests.conftest import PASSWORD
+from tests.helpers.factories import PASSWORD
 
 pytestmark = [
     pytest.mark.browser,

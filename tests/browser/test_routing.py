@@ -9,7 +9,7 @@ import pytest
 
 from inference.models import ModelDeployment
 from tests.browser.conftest import BROWSER_MARKS, sign_in
-from tests.conftest import SCRIPTED_DEFAULT
+from tests.helpers.engines import SCRIPTED_DEFAULT
 from tests.orchestration.test_routing import full_canary_before
 
 pytestmark = BROWSER_MARKS

@@ -31,7 +31,8 @@ from conversations.services import conversation_create
 from inference.defaults import DEFAULT_DEPLOYMENT_NAME
 from inference.models import Generation
 from inference.services import generation_finish
-from tests.conftest import next_event, open_socket, rate_limits_clear
+from tests.helpers.databases import rate_limits_clear
+from tests.helpers.sockets import next_event, open_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

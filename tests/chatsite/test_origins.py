@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chatsite.origins import origin_allowed, trusted_origin_valid
-from tests.conftest import open_socket
+from tests.helpers.sockets import open_socket
 
 
 def scope(origin: str | None, host: str | None = "127.0.0.1:8000", scheme: str = "ws", **headers: str) -> dict:

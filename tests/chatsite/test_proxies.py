@@ -21,7 +21,7 @@ from django.test import Client, RequestFactory
 from accounts.services import LOGIN_FAILURES_PER_ADDRESS, LOGIN_PERIOD_S
 from chatsite.origins import origin_allowed
 from chatsite.proxies import client_address, request_forwarded_headers_resolve
-from tests.conftest import free_port
+from tests.helpers.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ from schemathesis.specs.openapi.checks import content_type_conformance, response
 from accounts.models import ApiKey
 from accounts.services import api_key_create
 from conversations.services import conversation_create
-from tests.conftest import rate_limits_clear
+from tests.helpers.databases import rate_limits_clear
 
 # Sending a message or a (chat or text) completion starts a real generation: far too slow to fuzz
 # on a CPU. Embeddings and tokenizing run in the web process, so they are fuzzed.

@@ -22,7 +22,7 @@ from conversations.models import Conversation, Message
 from conversations.requests import SendRequest
 from conversations.services import conversation_create, message_send
 from inference.models import Generation, ModelDeployment
-from tests.conftest import ended_in_the_database_once_queued, generation_once_finished, stopped_while_streaming
+from tests.helpers.sockets import ended_in_the_database_once_queued, generation_once_finished, stopped_while_streaming
 
 ALL_SCOPES = tuple(ApiKey.Scope.values)
 MEGABYTE = "x" * 1_000_000

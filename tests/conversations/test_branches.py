@@ -23,8 +23,8 @@ from conversations.services import (
 from inference.engine.tokenizers import continuation_ids, tokenizer_for
 from inference.models import Generation
 from inference.services import generation_finish
-from tests.conftest import PASSWORD
 from tests.conversations.test_apis import client_for
+from tests.helpers.factories import PASSWORD
 
 
 def _finish(sent, text, *, finish_reason="stop", completion_tokens=3):

@@ -24,7 +24,7 @@ from inference.models import Generation, ModelDeployment
 from inference.openai.wire import usage
 from inference.services import generation_finish
 from inference.streaming.streams import StreamPublisher, replay_buffer
-from tests.conftest import (
+from tests.helpers.sockets import (
     DropsLiveSends,
     drain_until_finished,
     events_but_broadcasts,
@@ -707,7 +707,7 @@ async def test_a_send_whose_database_connection_drops_after_its_commit_is_still_
     import uuid
 
     from moderation.services import InputCheck
-    from tests.conftest import database_connection_dropped
+    from tests.helpers.databases import database_connection_dropped
 
     scored = InputCheck.scored
 
@@ -736,7 +736,7 @@ async def test_a_send_whose_database_connection_was_dropped_before_it_is_saved_o
 ):
     import uuid
 
-    from tests.conftest import database_connection_dropped
+    from tests.helpers.databases import database_connection_dropped
 
     socket, _ = await open_socket(alice)
     client_id = str(uuid.uuid4())

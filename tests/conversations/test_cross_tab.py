@@ -8,7 +8,7 @@ from channels.db import database_sync_to_async
 
 from conversations.models import Conversation, Message
 from conversations.services import conversation_rename
-from tests.conftest import drain_until_finished, next_event, open_socket
+from tests.helpers.sockets import drain_until_finished, next_event, open_socket
 
 pytestmark = [pytest.mark.topology, pytest.mark.django_db(transaction=True)]
 

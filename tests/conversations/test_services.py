@@ -15,7 +15,7 @@ from conversations.services import conversation_rename, message_send
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
 from inference.models import Generation, ModelDeployment
 from inference.services import generation_claim, generation_finish, generation_mark_started, generation_request_stop
-from tests.conftest import at_the_same_instant
+from tests.helpers.databases import at_the_same_instant
 
 
 @pytest.mark.topology

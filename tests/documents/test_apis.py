@@ -13,8 +13,8 @@ from accounts.services import api_key_create
 from conversations.requests import SendRequest
 from conversations.services import conversation_start, message_send
 from documents.models import Chunk, Citation, Document
-from tests.conftest import PASSWORD
 from tests.documents.test_answering import FACT, POISONED
+from tests.helpers.factories import PASSWORD
 
 pytestmark = pytest.mark.django_db
 

@@ -11,9 +11,9 @@ import pytest
 from django.conf import settings
 
 from documents.models import Chunk, Document
-from tests.conftest import CeleryWorker
 from tests.documents.test_answering import FACT
 from tests.documents.test_apis import a_file, client_for
+from tests.helpers.engines import CeleryWorker
 
 pytestmark = [
     pytest.mark.topology,

@@ -21,7 +21,7 @@ from inference.execution.scheduling import effective_priority, queue_order
 from inference.models import Generation, ModelDeployment
 from inference.selectors import generation_queue_ordered
 from inference.services import generation_admit
-from tests.conftest import next_event, open_socket
+from tests.helpers.sockets import next_event, open_socket
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 

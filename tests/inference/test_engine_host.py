@@ -12,7 +12,7 @@ from django.conf import settings
 from chatsite.cpu import cpu_has_native_bf16
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
 from inference.engine.host import EngineRequestError, engine_dtype
-from tests.conftest import drain_until_finished, next_event, open_socket
+from tests.helpers.sockets import drain_until_finished, next_event, open_socket
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db]
 

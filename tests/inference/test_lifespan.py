@@ -23,7 +23,7 @@ from django.conf import settings
 
 from accounts.services import api_key_create
 from inference.models import Generation
-from tests.conftest import free_port
+from tests.helpers.servers import free_port
 
 pytestmark = [
     pytest.mark.topology,

@@ -19,7 +19,7 @@ from accounts.selectors import day_start, usage_tokens_since
 from accounts.services import api_key_create, request_admit
 from chatsite.errors import ClientError
 from inference.models import Generation
-from tests.conftest import ended_in_the_database_once_queued, generation_once_finished, stopped_while_streaming
+from tests.helpers.sockets import ended_in_the_database_once_queued, generation_once_finished, stopped_while_streaming
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MODEL = "smollm2-135m"

@@ -9,9 +9,8 @@ import openai
 import pytest
 
 from inference.engine.tokenizers import render_chat, tokenizer_for
-from inference.engine.vllm_internals import vllm_release
 from inference.models import Generation, ModelDeployment
-from inference.openai.tools import WRITTEN_FOR, ToolCallReader, tool_parsers_missing, tool_sampling
+from inference.openai.tools import ToolCallReader, tool_sampling
 from inference.services import newest_user_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -53,12 +52,7 @@ def assert_valid_weather_call(call) -> dict:
     return arguments
 
 
-# --- the fence around vLLM's serving classes -----------------------------------------------------------
-
-
-def test_the_tool_parsers_are_used_on_the_vllm_release_they_were_written_for():
-    assert vllm_release() == WRITTEN_FOR, "check inference/openai/tools.py against this vLLM, then move WRITTEN_FOR"
-    assert tool_parsers_missing() == []
+# --- the deployment's parser and template -------------------------------------------------------------
 
 
 def test_a_deployment_names_a_parser_vllm_has_and_a_template_that_is_there(default_deployment):

@@ -40,7 +40,8 @@ from conversations.models import Message
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME
 from inference.execution.workers import reap_forever, reap_once
 from inference.models import Generation, ModelDeployment
-from tests.conftest import CeleryWorker, _serving, engine_cores, free_port
+from tests.helpers.engines import CeleryWorker, engine_cores
+from tests.helpers.servers import _serving, free_port
 
 pytestmark = [
     pytest.mark.topology,

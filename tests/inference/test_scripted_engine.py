@@ -24,7 +24,8 @@ from inference.engine.tokenizers import count_tokens, tokenizer_for
 from inference.execution.dispatch import local_backend
 from inference.models import Generation, ModelDeployment
 from inference.selectors import engine_spec_for
-from tests.conftest import BROADCASTS, CeleryWorker, drain_until_finished, next_event, open_socket
+from tests.helpers.engines import CeleryWorker
+from tests.helpers.sockets import BROADCASTS, drain_until_finished, next_event, open_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

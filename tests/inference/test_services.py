@@ -14,7 +14,7 @@ from accounts.models import UsageRecord
 from chatsite.database import db_async, reconnecting
 from inference.models import Generation
 from inference.services import generation_claim, generation_finish
-from tests.conftest import database_connection_dropped
+from tests.helpers.databases import database_connection_dropped
 
 pytestmark = [pytest.mark.topology, pytest.mark.django_db(transaction=True)]
 

@@ -14,7 +14,7 @@ from inference.openai.wire import usage
 from inference.streaming import streams as streaming
 from inference.streaming.following import follow_streams
 from inference.streaming.streams import StreamPublisher, generation_group, replay_buffer
-from tests.conftest import DropsLiveSends
+from tests.helpers.sockets import DropsLiveSends
 
 pytestmark = pytest.mark.topology
 

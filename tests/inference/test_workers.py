@@ -18,7 +18,8 @@ from conversations.models import Message
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
 from inference.models import Generation, ModelDeployment
 from inference.services import generation_claim
-from tests.conftest import CeleryWorker, drain_until_finished, next_event, open_socket, stopped_while_streaming
+from tests.helpers.engines import CeleryWorker
+from tests.helpers.sockets import drain_until_finished, next_event, open_socket, stopped_while_streaming
 
 pytestmark = [
     pytest.mark.topology,

@@ -213,7 +213,7 @@ async def _held_generation_of(user) -> Generation:
 @pytest.mark.django_db(transaction=True)
 async def test_a_held_answer_shows_nothing_until_its_message_passes(engine, alice, monkeypatch, make_policy):
     from moderation.defaults import DEFAULT_RULES
-    from tests.conftest import drain_until_finished, open_socket
+    from tests.helpers.sockets import drain_until_finished, open_socket
 
     # The default rules on the message, none on the answer: the answer is sampled, a few hundred
     # tokens long, and output moderation now and then cuts such an answer (docs/moderation.md),
@@ -247,7 +247,7 @@ async def test_a_held_answer_shows_nothing_until_its_message_passes(engine, alic
 async def test_a_held_answer_whose_socket_closes_before_the_verdict_is_still_released_by_it(engine, alice, monkeypatch):
     """The socket's handler is cancelled when it closes; the verdict is still taken and applied
     then, not left for the runner's last resort seconds later."""
-    from tests.conftest import open_socket
+    from tests.helpers.sockets import open_socket
 
     scores_may_come = _late_scores(monkeypatch)
     socket, _ = await open_socket(alice)
@@ -263,7 +263,7 @@ async def test_a_held_answer_whose_socket_closes_before_the_verdict_is_still_rel
 
 @pytest.mark.django_db(transaction=True)
 async def test_a_held_answer_whose_message_is_blocked_is_withdrawn_unseen(engine, alice, monkeypatch):
-    from tests.conftest import next_event, open_socket
+    from tests.helpers.sockets import next_event, open_socket
 
     scores_may_come = _late_scores(monkeypatch)
     socket, _ = await open_socket(alice)

@@ -283,7 +283,7 @@ def test_bad_input_is_refused_before_moderation_and_leaves_nothing(alice, conten
 @pytest.mark.django_db(transaction=True)
 async def test_the_socket_tells_the_user_their_message_was_held_back(alice, monkeypatch):
     from inference.execution.dispatch import local_backend
-    from tests.conftest import next_event, open_socket
+    from tests.helpers.sockets import next_event, open_socket
 
     async def do_not_start_an_engine() -> None:
         return None

@@ -17,7 +17,7 @@ from moderation.services import (
     SentenceSplitter,
     verdict_from_scores,
 )
-from tests.conftest import drain_until_finished, next_event, open_socket
+from tests.helpers.sockets import drain_until_finished, next_event, open_socket
 
 DEFAULT = policy_built_in()
 

@@ -102,7 +102,7 @@ async def test_the_readiness_wait_says_when_the_service_can_take_messages_and_wh
 
 
 async def test_the_readiness_wait_gives_up_on_a_service_that_does_not_answer():
-    from tests.conftest import free_port
+    from tests.helpers.servers import free_port
 
     code, out = await _wait_ready(f"http://127.0.0.1:{free_port()}/readyz", "--timeout", "1")
     assert code == 1 and "unreachable" in out

@@ -9,7 +9,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from accounts.services import api_key_create
-from tests.conftest import drain_until_finished, open_socket
+from tests.helpers.sockets import drain_until_finished, open_socket
 from tests.observability.conftest import engine_metrics_url, scrape, total
 
 pytestmark = pytest.mark.django_db(transaction=True)

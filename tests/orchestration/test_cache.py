@@ -24,7 +24,7 @@ from conversations.services import message_send
 from inference.models import Generation, ModelDeployment
 from inference.services import completion_create, generation_claim, generation_finish
 from orchestration.models import CachedResponse
-from tests.conftest import drain_until_finished, next_event, open_socket
+from tests.helpers.sockets import drain_until_finished, next_event, open_socket
 
 QUESTION = "What is the capital of France?"
 PARAPHRASE = "What's the capital city of France?"

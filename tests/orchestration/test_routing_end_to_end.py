@@ -17,7 +17,8 @@ from accounts.models import Tier, TierModelPrice, UsageRecord
 from accounts.services import api_key_create, user_set_tier
 from inference.defaults import DEFAULT_DEPLOYMENT_NAME
 from inference.models import Generation, ModelDeployment
-from tests.conftest import SCRIPTED_DEFAULT, drain_until_finished, open_socket
+from tests.helpers.engines import SCRIPTED_DEFAULT
+from tests.helpers.sockets import drain_until_finished, open_socket
 from tests.orchestration.test_routing import CANARY, fill_queue, full_canary_before
 
 pytestmark = pytest.mark.django_db(transaction=True)
