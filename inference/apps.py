@@ -9,6 +9,11 @@ class InferenceConfig(AppConfig):
         from django.conf import settings
 
         from inference import receivers  # noqa: F401
+        from inference.backend import backend_install
+        from inference.execution.dispatch import backend
+
+        # The services sit below the execution layer and reach its backend through this slot.
+        backend_install(backend)
 
         if settings.REDIS_URL:
             # A channels_redis its reaches do not know says so in the log at start-up, not at the first answer.

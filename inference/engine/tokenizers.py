@@ -8,6 +8,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from chatsite.imports import ML_IMPORTS
+
 _loading = threading.Lock()
 
 
@@ -21,8 +23,6 @@ def tokenizer_for(model_path: str) -> Any:
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer_load(model_path: str) -> Any:
-    from chatsite.imports import ML_IMPORTS
-
     with ML_IMPORTS:
         from transformers import AutoTokenizer
 
@@ -131,3 +131,11 @@ def _defuse(text: str, specials: tuple[str, ...]) -> str:
         if len(special) > 1 and special in text:
             text = text.replace(special, special[0] + WORD_JOINER + special[1:])
     return text
+
+
+def tool_parser_names() -> list[str]:
+    """The names vLLM's `--tool-call-parser` takes: which of its tool parsers reads a model's output
+    for tool calls, as the chat template writes them (`inference.openai.tools`)."""
+    from vllm.tool_parsers import ToolParserManager
+
+    return ToolParserManager.list_registered()

@@ -30,6 +30,7 @@ from typing import Any
 from rest_framework import serializers
 
 from chatsite.errors import ClientError
+from inference.engine.tokenizers import tokenizer_for
 
 WRITTEN_FOR = "0.32.0"
 TOOL_STRICT_LEVEL = "parameter"
@@ -226,8 +227,6 @@ def tool_sampling(request: dict[str, Any], *, deployment: Any) -> dict[str, Any]
         return {}
     from vllm.exceptions import VLLMValidationError
 
-    from inference.engine.tokenizers import tokenizer_for
-
     tokenizer = tokenizer_for(deployment.model_path)
     parser_cls = parser_class(deployment.tool_parser, tokenizer)
     adjusted = vllm_request(request)
@@ -320,17 +319,9 @@ def tool_call_readers(request: dict[str, Any], *, deployment: Any, n: int) -> li
     """One reader per choice, or None when the answer is not read for tool calls."""
     if not tool_calling(request):
         return None
-    from inference.engine.tokenizers import tokenizer_for
 
     tokenizer = tokenizer_for(deployment.model_path)
     return [ToolCallReader(request, deployment=deployment, tokenizer=tokenizer) for _ in range(n)]
-
-
-def tool_parser_names() -> list[str]:
-    """The names vLLM's `--tool-call-parser` takes."""
-    from vllm.tool_parsers import ToolParserManager
-
-    return ToolParserManager.list_registered()
 
 
 def tool_parsers_missing() -> list[str]:

@@ -16,8 +16,8 @@ from accounts.services import user_set_tier
 from chatsite.errors import ClientError
 from conversations.models import Message
 from conversations.services import message_send
-from inference.execution.scheduling import effective_priority, queue_order
 from inference.models import Generation, ModelDeployment
+from inference.scheduling import effective_priority, queue_order
 from inference.selectors import generation_queue_ordered
 from inference.services import generation_admit
 from tests.conftest import next_event, open_socket

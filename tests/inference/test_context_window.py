@@ -22,7 +22,7 @@ from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAM
 from inference.engine.host import engine_environment_set
 from inference.models import Generation, ModelDeployment
 from inference.openai.apis import ChatCompletionInputSerializer
-from inference.services import completion_create
+from inference.openai.services import completion_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MODEL = "smollm2-135m"

@@ -23,7 +23,7 @@ from inference.openai.fields import (
     completion_sampling,
     request_fields_check,
 )
-from inference.services import completion_create
+from inference.openai.services import completion_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MODEL = "smollm2-135m"
