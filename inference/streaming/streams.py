@@ -286,6 +286,7 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 def final_event_from_row(generation: Generation, *, seq: int) -> dict[str, Any]:
     """A finished generation's end as its stream announced it, with its whole text, from its row: for
     a follower that finds its stream's buffer gone."""
+    event: dict[str, Any]
     if generation.status == Generation.Status.FAILED:
         event = {"type": "generation.error", "code": generation.error_code, "message": generation.error_message}
     else:
