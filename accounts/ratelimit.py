@@ -35,6 +35,8 @@ from functools import cache
 from django.conf import settings
 from django.core.cache import cache as django_cache
 
+from chatsite.redis_clients import redis_client
+
 KEY_PREFIX = "rl:"
 
 
@@ -115,15 +117,11 @@ _local_lock = threading.Lock()
 
 @cache
 def _redis_script(url: str):
-    from chatsite.redis_clients import redis_client
-
     return redis_client(url).register_script(_LUA)
 
 
 @cache
 def _redis_peek_script(url: str):
-    from chatsite.redis_clients import redis_client
-
     return redis_client(url).register_script(_PEEK_LUA)
 
 

@@ -98,28 +98,6 @@ def api_exception_handler(exc: Exception, context: dict) -> Any:
     return response
 
 
-def validated_json_body(body: bytes, serializer_class: Any) -> dict[str, Any]:
-    """A JSON object body validated by a DRF serializer, for the async views outside DRF's dispatch.
-
-    Anything wrong (not JSON as `json_parse` takes it, not an object, a field that fails) is a 400
-    ClientError naming the first offending field.
-    """
-    from chatsite.parsers import json_parse
-
-    payload = json_parse(body)
-    if not isinstance(payload, dict):
-        raise ClientError("The request body must be a JSON object.", code="invalid_request")
-    serializer = serializer_class(data=payload)
-    if not serializer.is_valid():
-        field, problems = next(iter(serializer.errors.items()))
-        detail = problems[0] if isinstance(problems, list) else problems
-        if isinstance(detail, dict):  # nested (e.g. a list item)
-            detail = next(iter(detail.values()))
-            detail = detail[0] if isinstance(detail, list) else detail
-        raise ClientError(f"Invalid '{field}': {detail}", code="invalid_value", param=field)
-    return serializer.validated_data
-
-
 API_PREFIXES = ("/api/", "/v1/")
 
 

@@ -289,7 +289,7 @@ INFERENCE_STREAM_RESYNC_S = env_float("INFERENCE_STREAM_RESYNC_S", 5.0, minimum=
 INFERENCE_REPLAY_TTL_S = env_int("INFERENCE_REPLAY_TTL_S", 900, minimum=10)
 INFERENCE_MIN_OUTPUT_TOKENS = env_int("INFERENCE_MIN_OUTPUT_TOKENS", 32, minimum=1)
 INFERENCE_ENGINE_START_TIMEOUT_S = env_float("INFERENCE_ENGINE_START_TIMEOUT_S", 600, minimum=1)
-# Admission control and queue order (see inference/execution/scheduling.py).
+# Admission control and queue order (see inference/scheduling.py).
 INFERENCE_AT_CAPACITY_RETRY_S = env_int("INFERENCE_AT_CAPACITY_RETRY_S", 10, minimum=1)
 INFERENCE_PRIORITY_AGING_S = env_float("INFERENCE_PRIORITY_AGING_S", 15, minimum=0)
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 32_000, minimum=1)

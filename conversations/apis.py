@@ -39,8 +39,8 @@ from accounts.apis import ScopedApi
 from accounts.authentication import ApiKeyAuthentication, HasScope, signed_in
 from accounts.metering import ADMITTED, metered
 from accounts.models import ApiKey
-from chatsite.errors import INVALID_API_KEY, ClientError, error_body, validated_json_body
-from chatsite.parsers import request_body
+from chatsite.errors import INVALID_API_KEY, ClientError, error_body
+from chatsite.parsers import request_body, validated_json_body
 from conversations.models import Conversation, Message
 from conversations.requests import SendRequest
 from conversations.selectors import (
@@ -63,6 +63,8 @@ from documents.selectors import citation_json, citations_for_messages, documents
 from documents.services import document_upload
 from inference.models import Generation
 from inference.selectors import generation_writer
+from inference.streaming.following import FOLLOW_TIMEOUT_MESSAGE, follow_streams, stopped_if_abandoned
+from inference.streaming.streams import RESTARTING_MESSAGE, ServerRestarting, events_after, final_event_from_row
 
 READ, WRITE, CHAT = ApiKey.Scope.CONVERSATIONS_READ, ApiKey.Scope.CONVERSATIONS_WRITE, ApiKey.Scope.CHAT
 
@@ -550,9 +552,6 @@ async def _stream(sent):
     """The answer's events as server-sent events. If the response ends before the answer does (the
     client went away, or no event came for longer than an answer may take), the answer is stopped
     rather than spend the engine on nobody (`stopped_if_abandoned`)."""
-    from inference.streaming.following import FOLLOW_TIMEOUT_MESSAGE, follow_streams, stopped_if_abandoned
-    from inference.streaming.streams import RESTARTING_MESSAGE, ServerRestarting
-
     generation_id = str(sent.generation.id)
     try:
         async with stopped_if_abandoned([generation_id]) as following:
@@ -603,8 +602,6 @@ async def _final_from_row(sent) -> str | None:
     events (then the stream is followed as for a first send). The row is read first: an answer's end
     is recorded before it is announced, so a finished row beside an empty buffer is an answer whose
     events are gone, or that ended before it published any, and the row holds all of it."""
-    from inference.streaming.streams import events_after, final_event_from_row
-
     generation = await Generation.objects.aget(id=sent.generation.id)
     if not generation.is_finished or await events_after(str(generation.id), 0):
         return None

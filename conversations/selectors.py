@@ -6,13 +6,16 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeGuard, cast
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from accounts.models import User
+from accounts.selectors import deployments_allowed_for_user, user_settings_get
 from conversations.branches import Tree
 from conversations.models import Conversation, Message, MessageFeedback, SharedConversation
+from inference.selectors import deployment_list_enabled, queue_length_annotation
 from moderation.models import Flag
 from orchestration.models import ConversationSummary
 from orchestration.selectors import summary_for_branch
@@ -34,8 +37,6 @@ def conversation_get_for_send(*, user: User, conversation_id: Any) -> Conversati
 
     Whether an answer is still being written in it must be read after this, in a statement of its
     own: a send that waited here for another's lock sees that send's rows only in a later statement."""
-    from inference.selectors import queue_length_annotation
-
     conversations = (
         conversation_list_for_user(user=user)
         .select_for_update(of=("self",))
@@ -134,11 +135,6 @@ def default_model_for_user(*, user: User, allowed: list[Any] | None = None) -> s
     """The model a new chat of this person starts on: their chosen default while it is enabled and
     their plan includes it, else the service's. `allowed`: the deployments the plan may use, when the
     caller has read them already."""
-    from django.conf import settings
-
-    from accounts.selectors import deployments_allowed_for_user, user_settings_get
-    from inference.selectors import deployment_list_enabled
-
     chosen = user_settings_get(user=user).default_model
     if chosen:
         if allowed is None:

@@ -8,6 +8,9 @@ class DocumentsConfig(AppConfig):
     def ready(self) -> None:
         from accounts.selectors import USAGE_FIGURES
         from documents import receivers  # noqa: F401
+        from documents.background import document_process_dispatch
         from documents.selectors import usage_storage_figures
+        from documents.services import document_processing_install
 
         USAGE_FIGURES.append(usage_storage_figures)
+        document_processing_install(document_process_dispatch)

@@ -24,6 +24,7 @@ from django.db import close_old_connections
 
 from documents.models import Document
 from documents.services import STALE_PROCESSING, document_process
+from documents.tasks import document_process_task
 
 logger = logging.getLogger(__name__)
 
@@ -134,3 +135,12 @@ def embedded_pool() -> EmbeddedPool:
             _pool = EmbeddedPool(workers=settings.DOCUMENTS_WORKERS)
             _pool.resume()
         return _pool
+
+
+def document_process_dispatch(*, document_id: int, owner_id: int) -> None:
+    """Process the document in the background: a Celery task on the "documents" queue in the
+    production topology, the embedded pool of this process otherwise."""
+    if settings.DOCUMENTS_PROCESSING == "celery":
+        document_process_task.apply_async(args=[document_id], queue="documents")
+        return
+    embedded_pool().put(owner_id=owner_id, document_id=document_id)

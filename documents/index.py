@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from django.db import connection
 
+from documents.models import Chunk
 from documents.sqlite_extension import load_sqlite_vec
 
 logger = logging.getLogger(__name__)
@@ -152,8 +153,6 @@ def vector_search(*, owner_id: int, document_ids: Sequence[int], query: np.ndarr
 
 def vector_search_exact(*, owner_id: int, document_ids: Sequence[int], query: np.ndarray, limit: int) -> list[Hit]:
     """Every chunk in scope compared with the query: needs no extension anywhere."""
-    from documents.models import Chunk
-
     rows = list(
         Chunk.objects.filter(owner_id=owner_id, document_id__in=list(document_ids), injection=False).values_list(
             "id", "embedding"

@@ -8,7 +8,7 @@ import datetime as dt
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,17 +149,22 @@ def document_delete(*, document: Document) -> None:
 # --- processing ------------------------------------------------------------------------------------
 
 
+# Where a committed upload goes to be processed: the Celery task or this process's pool
+# (`documents.background.document_process_dispatch`). Both run `document_process` below, so the one
+# this process uses is installed at start-up (DocumentsConfig.ready) rather than imported.
+_processing_dispatch: Callable[..., None] | None = None
+
+
+def document_processing_install(dispatch: Callable[..., None]) -> None:
+    global _processing_dispatch
+    _processing_dispatch = dispatch
+
+
 def document_process_dispatch(*, document_id: int, owner_id: int) -> None:
-    """Process the document in the background: a Celery task on the "documents" queue in the
-    production topology, the embedded pool of this process otherwise (documents.background)."""
-    if settings.DOCUMENTS_PROCESSING == "celery":
-        from documents.tasks import document_process_task
-
-        document_process_task.apply_async(args=[document_id], queue="documents")
-        return
-    from documents.background import embedded_pool
-
-    embedded_pool().put(owner_id=owner_id, document_id=document_id)
+    """Process the document in the background, where this process sends its files."""
+    if _processing_dispatch is None:
+        raise RuntimeError("no document processing installed: DocumentsConfig.ready installs it")
+    _processing_dispatch(document_id=document_id, owner_id=owner_id)
 
 
 def _alive(document_id: int) -> bool:

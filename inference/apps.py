@@ -18,6 +18,12 @@ class InferenceConfig(AppConfig):
         # (read from the package's metadata: importing vLLM here would cost every process seconds).
         release_supported()
 
+        from inference.backend import backend_install
+        from inference.execution.dispatch import backend
+
+        # The services sit below the execution layer and reach its backend through this slot.
+        backend_install(backend)
+
         if settings.REDIS_URL:
             # A channels_redis its reaches do not know says so in the log at start-up, not at the first answer.
             from inference.streaming.channels_redis_internals import internals_supported

@@ -40,6 +40,7 @@ from accounts.models import User
 from accounts.services import Admission, admission_refund
 from chatsite.completion import run_to_end
 from chatsite.database import DatabaseCall, db_async, reconnecting
+from inference.backend import generation_abort, generation_gate_open
 from inference.models import Generation, GenerationId
 from inference.selectors import generation_awaiting_verdict
 from moderation.services import InputCheck, Verdict, input_moderate
@@ -161,8 +162,6 @@ async def checked_after_commit(call: DatabaseCall, service: Callable[..., Any], 
 def generation_release(*, generation_id: GenerationId) -> bool:
     """Let a held generation's text through: its runner shows it from now on. False when it was not
     held any more (released or withdrawn already)."""
-    from inference.execution.dispatch import generation_gate_open
-
     released = Generation.objects.filter(id=generation_id, awaiting_verdict=True).update(awaiting_verdict=False)
     if released:
         generation_gate_open(generation_id=generation_id)
@@ -173,8 +172,6 @@ def generation_withdraw(*, generation_id: GenerationId) -> bool:
     """Take back a held generation as if it had never been queued: the row goes (nothing of it was
     shown, nothing is charged), and once the caller's transaction commits its engine request is
     aborted. False when it was not held any more."""
-    from inference.execution.dispatch import generation_abort
-
     withdrawn, _ = Generation.objects.filter(id=generation_id, awaiting_verdict=True).delete()
     if withdrawn:
         transaction.on_commit(lambda: generation_abort(generation_id=generation_id))

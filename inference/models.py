@@ -10,6 +10,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from inference.engine.base import marked_name
+from inference.engine.tokenizers import chat_template_text
+from inference.engine.vllm_server_internals import tool_parser_names
 
 DTYPE_CHOICES = [
     ("auto", "auto"),
@@ -123,9 +125,6 @@ class ModelDeployment(models.Model):
 
     def clean(self) -> None:
         """A parser vLLM knows and a template that is there: else every request with tools would fail."""
-        from inference.engine.tokenizers import chat_template_text
-        from inference.engine.vllm_server_internals import tool_parser_names
-
         errors = {}
         if self.tool_parser and self.tool_parser not in tool_parser_names():
             errors["tool_parser"] = f"vLLM has no tool parser named {self.tool_parser!r}."

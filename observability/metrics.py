@@ -21,6 +21,8 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from observability.selectors import generations_by_state, workers_list
+
 logger = logging.getLogger(__name__)
 
 LABELS = ("deployment", "tier", "channel")
@@ -120,8 +122,6 @@ class ServiceCollector:
     running per deployment, and the workers alive with their engines' states."""
 
     def collect(self) -> Any:
-        from observability.selectors import generations_by_state, workers_list
-
         depth = GaugeMetricFamily(
             "chatsite_queue_depth", "Generations waiting for an engine.", labels=["deployment", "priority"]
         )

@@ -17,7 +17,9 @@ from django.db.models.signals import post_save
 from django.dispatch import receiver
 
 import chatsite.request_context as request_context
+from accounts.selectors import tier_for_user_id_or_none
 from accounts.signals import request_refused
+from inference.selectors import deployment_cached
 from inference.signals import generation_finished, generation_first_token
 from observability import metrics, store, tracing
 
@@ -54,8 +56,6 @@ TIER_NAME_TTL_S = 60.0
 
 
 def _tier_name(user_id: Any) -> str:
-    from accounts.selectors import tier_for_user_id_or_none
-
     now = time.monotonic()
     cached = _tier_names.get(user_id)
     if cached is not None and cached[1] > now:
@@ -71,8 +71,6 @@ def _tier_name(user_id: Any) -> str:
 @receiver(generation_finished)
 def generation_measured(sender: Any, generation: Any, **kwargs: Any) -> None:
     """A finished generation's timings and tokens, recorded once its end has committed."""
-    from inference.selectors import deployment_cached
-
     first_at = _first_token_at.pop(str(generation.id), None)
     created = generation.created_at.timestamp()
     finished = generation.finished_at.timestamp() if generation.finished_at else time.time()

@@ -9,12 +9,16 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count
 
+from chatsite.redis_clients import redis_client
+from inference.engine.host import engine_hosts
+from inference.execution.dispatch import local_backend
+from inference.execution.workers import WORKER_KEY
+from inference.models import Generation
+
 
 def generations_by_state() -> dict[str, dict[Any, int]]:
     """Queued generations per (deployment, broker priority) and running ones per deployment: one
     grouped query on the indexed status column."""
-    from inference.models import Generation
-
     rows = (
         Generation.objects.filter(status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING])
         .values_list("status", "deployment__name", "queue_priority")
@@ -37,8 +41,6 @@ def workers_list() -> list[dict[str, Any]]:
     topology, this process's own engines in the embedded default."""
     if settings.INFERENCE_BACKEND == "local":
         return [_local_worker()]
-    from chatsite.redis_clients import redis_client
-    from inference.execution.workers import WORKER_KEY
 
     client = redis_client(settings.REDIS_URL)
     try:
@@ -69,9 +71,6 @@ def workers_list() -> list[dict[str, Any]]:
 
 
 def _local_worker() -> dict[str, Any]:
-    from inference.engine.host import engine_hosts
-    from inference.execution.dispatch import local_backend
-
     hosts = engine_hosts()
     runner = local_backend.runner
     return {

@@ -20,6 +20,8 @@ from typing import Any
 
 from django.conf import settings
 
+from chatsite.redis_clients import redis_client
+
 logger = logging.getLogger(__name__)
 
 WINDOW_MINUTES = 60
@@ -38,8 +40,6 @@ def _minute(at: float) -> int:
 
 
 def _client() -> Any:
-    from chatsite.redis_clients import redis_client
-
     url = settings.REDIS_URL
     if url not in _clients:
         _clients[url] = redis_client(url)

@@ -21,6 +21,7 @@ from inference.engine.tokenizers import (
 )
 from inference.models import ModelDeployment
 from inference.selectors import Routed, deployment_get
+from inference.services import generation_request_stop
 from orchestration.routing import route
 
 logger = logging.getLogger(__name__)
@@ -103,8 +104,6 @@ def conversation_pin(*, conversation: Conversation, pinned: bool) -> Conversatio
 
 
 def conversation_delete(*, conversation: Conversation) -> None:
-    from inference.services import generation_request_stop
-
     for message in conversation.messages.filter(status__in=Message.IN_PROGRESS).select_related("generation"):
         if message.generation is not None:
             generation_request_stop(generation=message.generation)

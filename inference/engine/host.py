@@ -14,6 +14,8 @@ import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from chatsite.cpu import cpu_has_native_bf16
+from chatsite.imports import ML_IMPORTS
 from inference.engine.base import (
     Delta,
     EngineHostBase,
@@ -23,6 +25,7 @@ from inference.engine.base import (
     EngineUnavailable,
     StateListener,
 )
+from inference.engine.sampling import sampling_params
 from inference.engine.scripted import ScriptedEngineHost
 
 __all__ = [
@@ -90,8 +93,6 @@ class EngineHost(EngineHostBase):
         """Stream one request. Cancelling the consuming task aborts the request inside the engine."""
         from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
-
-        from inference.engine.sampling import sampling_params
 
         await self.wait_ready()
         try:
@@ -172,15 +173,12 @@ def vllm_figures_claim(spec: EngineSpec, args: dict[str, Any]) -> dict[str, Any]
 
 
 def _build_engine(spec: EngineSpec) -> Any:
-    from chatsite.imports import ML_IMPORTS
-
     engine_environment_set()
     with ML_IMPORTS:
         from vllm import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from chatsite.cpu import cpu_has_native_bf16
         from inference.engine.vllm_internals import CPU_HOST_SCHEDULER, SPIN_KEY, internals_supported
 
     args = vllm_figures_claim(spec, spec.engine_args())

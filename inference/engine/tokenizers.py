@@ -8,6 +8,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from chatsite.imports import ML_IMPORTS
+
 _loading = threading.Lock()
 
 
@@ -21,8 +23,6 @@ def tokenizer_for(model_path: str) -> Any:
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer_load(model_path: str) -> Any:
-    from chatsite.imports import ML_IMPORTS
-
     with ML_IMPORTS:
         from transformers import AutoTokenizer
 

@@ -7,16 +7,30 @@ import logging
 import os
 import secrets
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 
+from chatsite.database import db_async
 from inference.engine.base import host_names
 from inference.engine.host import EngineState, engine_host_for, engine_hosts
-from inference.selectors import LOCAL_WORKER_PREFIX
-
-if TYPE_CHECKING:
-    from inference.execution.runner import Runner
+from inference.execution.runner import Runner
+from inference.execution.tasks import generation_run_task
+from inference.execution.workers import (
+    abort_broadcast,
+    generation_end_orphaned,
+    release_broadcast,
+    worker_engine_state,
+)
+from inference.heartbeats import process_heartbeat_beat, process_heartbeats_forget
+from inference.models import Generation
+from inference.selectors import (
+    LOCAL_WORKER_PREFIX,
+    deployment_get,
+    engine_spec_for,
+    generation_ids_orphaned_locally,
+)
+from inference.streaming.streams import engine_status_broadcast
 
 logger = logging.getLogger(__name__)
 
@@ -43,12 +57,6 @@ class LocalBackend:
         Returns once loading has begun, not when it ends: a message sent meanwhile waits in the
         runner for the engine instead of failing.
         """
-        from chatsite.database import db_async
-        from inference.execution.runner import Runner
-        from inference.selectors import deployment_get, engine_spec_for
-        from inference.services import process_heartbeat_beat
-        from inference.streaming.streams import engine_status_broadcast
-
         loop = asyncio.get_running_loop()
         if self.runner is not None and self.runner.loop is loop:
             return
@@ -70,9 +78,6 @@ class LocalBackend:
 
     async def _keep_alive(self) -> None:
         """Recover what a previous run left, then beat, and end dead processes' answers, until stopped."""
-        from chatsite.database import db_async
-        from inference.services import process_heartbeat_beat
-
         await self._recover()
         interval = settings.INFERENCE_WORKER_HEARTBEAT_TTL_S / HEARTBEATS_PER_TTL
         while True:
@@ -86,9 +91,6 @@ class LocalBackend:
     async def _recover(self) -> None:
         """Pick up what a previous run of this process left: re-run queued work, and end the answers
         of processes that are gone (a process still beating keeps its own)."""
-        from chatsite.database import db_async
-        from inference.models import Generation
-        from inference.services import process_heartbeats_forget
 
         def queued() -> list[Any]:
             qs = Generation.objects.filter(deployment__name__in=settings.INFERENCE_LOCAL_DEPLOYMENTS)
@@ -138,10 +140,6 @@ HEARTBEAT_FORGOTTEN_S = 24 * 3600
 async def local_orphans_end(*, own: str) -> int:
     """End the generations still running on local processes that are gone (not `own`, this
     process), and tell their followers; returns how many."""
-    from chatsite.database import db_async
-    from inference.execution.workers import generation_end_orphaned
-    from inference.selectors import generation_ids_orphaned_locally
-
     ended = 0
     for generation_id in await db_async(generation_ids_orphaned_locally)(own=own):
         ended += await generation_end_orphaned(generation_id=generation_id, worker="a local process")
@@ -158,8 +156,6 @@ class CeleryBackend:
     def submit(
         self, generation_id: Any, *, queue: str = "", priority: int = 0, order: dict[str, Any] | None = None
     ) -> None:
-        from inference.execution.tasks import generation_run_task
-
         # The Redis transport reads priority 0 first, like vLLM; it knows ten steps. The order's
         # prompt is the user's text in token ids: the message's description (its headers, and the
         # events a monitor like Flower shows) says only how long it is, and Celery is spared
@@ -173,33 +169,19 @@ class CeleryBackend:
         )
 
     def abort(self, generation_id: Any) -> None:
-        from inference.execution.workers import abort_broadcast
-
         abort_broadcast(generation_id)
 
     def release(self, generation_id: Any) -> None:
-        from inference.execution.workers import release_broadcast
-
         release_broadcast(generation_id)
 
     def host_state(self, host: str) -> str:
-        from inference.execution.workers import worker_engine_state
-
         return worker_engine_state(host)
 
 
-# The one backend of this process, chosen once from its settings: everything below goes through it.
+# The one backend of this process, chosen once from its settings: everything goes through it, the
+# services' dispatches, aborts and releases too, once InferenceConfig.ready installs it
+# (inference.backend).
 backend: LocalBackend | CeleryBackend = local_backend if settings.INFERENCE_BACKEND == "local" else CeleryBackend()
-
-
-def generation_dispatch(
-    *, generation_id: Any, queue: str, priority: int = 0, order: dict[str, Any] | None = None
-) -> None:
-    """Send a committed generation to its engine. `priority` follows vLLM: lower is served first.
-
-    `order` (`generation_order`) lets the runner start the engine request before its claim; without
-    one (a re-dispatch, a restart's recovery) the runner claims the row first and reads it there."""
-    backend.submit(generation_id, queue=queue, priority=priority, order=order)
 
 
 def order_description(order: dict[str, Any] | None) -> str:
@@ -207,15 +189,6 @@ def order_description(order: dict[str, Any] | None) -> str:
     if order is None:
         return "{}"
     return f"{{'order': <a prompt of {len(order['prompt_token_ids'])} tokens>}}"
-
-
-def generation_abort(*, generation_id: Any) -> None:
-    backend.abort(generation_id)
-
-
-def generation_gate_open(*, generation_id: Any) -> None:
-    """Tell the runner holding a generation's text for its message's verdict that it may show it."""
-    backend.release(generation_id)
 
 
 # What a host's state is where no process hosts it: here (idle), or among the workers (offline).

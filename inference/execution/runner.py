@@ -27,11 +27,10 @@ from inference.engine.host import EngineRequestError, EngineUnavailable, engine_
 from inference.execution.replay import replay_stream
 from inference.held import AnswerWithdrawn, HeldGates, held_verdict_wait
 from inference.models import Generation
-from inference.openai import wire
 from inference.selectors import deployment_cached, deployment_get_cached, engine_spec_for
 from inference.services import generation_claim, generation_finish, generation_from_order, generation_mark_started
 from inference.signals import generation_first_token
-from inference.streaming.streams import StreamPublisher
+from inference.streaming.streams import StreamPublisher, usage
 from moderation.services import CONTENT_FILTER, ContentFiltered, output_flag_create, output_monitor_for
 
 logger = logging.getLogger(__name__)
@@ -223,7 +222,7 @@ class Runner:
             await publisher.finish(
                 status=status,
                 finish_reason=progress["finish_reason"],
-                usage=wire.usage(progress["prompt_tokens"], progress["completion_tokens"], progress["cached_tokens"]),
+                usage=usage(progress["prompt_tokens"], progress["completion_tokens"], progress["cached_tokens"]),
                 text=text if filtered is not None else None,
             )
 

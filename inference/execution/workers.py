@@ -24,16 +24,21 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 
 from chatsite.database import db_async, reconnecting
 from chatsite.heap import heap_freeze_when_warm, heap_frozen_count
 from chatsite.redis_clients import redis_async_client, redis_client
-
-if TYPE_CHECKING:
-    from inference.execution.runner import Runner
+from inference.engine.host import EngineState, engine_host_for, engine_hosts
+from inference.engine.tokenizers import count_tokens, tokenizer_for
+from inference.execution.runner import Runner
+from inference.models import Generation
+from inference.selectors import deployment_get, engine_spec_for, generation_ids_stop_requested
+from inference.services import generation_finish, generation_promote_waiting, generations_redispatch_queued
+from inference.streaming.streams import StreamPublisher, engine_status_broadcast
+from moderation.services import classifiers_loaded, classifiers_prepare
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +54,6 @@ ENGINE_STATE_KEY = "chatsite:engine:{deployment}:{state}"  # sorted set: worker 
 def process_warm() -> bool:
     """The classifiers are loaded and no engine this process hosts is still loading: start-up is
     over, and the heap can be frozen (chatsite.heap)."""
-    from inference.engine.host import EngineState, engine_hosts
-    from moderation.services import classifiers_loaded
 
     return classifiers_loaded() and all(host.state is not EngineState.LOADING for host in engine_hosts().values())
 
@@ -91,11 +94,6 @@ class WorkerRuntime:
         self.loop.run_forever()
 
     async def _boot(self) -> None:
-        from inference.engine.host import engine_host_for
-        from inference.execution.runner import Runner
-        from inference.selectors import deployment_get, engine_spec_for
-        from inference.streaming.streams import engine_status_broadcast
-        from moderation.services import classifiers_prepare
 
         # Answers are moderated as they stream: load the classifiers while the engines load, not
         # in the middle of the first answer (a load takes seconds, and the stream waits for it).
@@ -125,8 +123,6 @@ class WorkerRuntime:
     def status(self) -> dict[str, Any]:
         """What the heartbeat publishes. It runs on the engine loop every second, so nothing here may
         take long: every stream on the loop waits while it runs."""
-        from inference.engine.host import engine_hosts
-        from moderation.services import classifiers_loaded
 
         hosts = engine_hosts()
         return {
@@ -143,7 +139,6 @@ class WorkerRuntime:
         }
 
     async def _heartbeat(self) -> None:
-        from inference.engine.host import engine_hosts
 
         client = _async_redis()
         ttl = settings.INFERENCE_WORKER_HEARTBEAT_TTL_S
@@ -191,7 +186,6 @@ class WorkerRuntime:
         (at boot, or after a lost connection) never reaches it. Once it is subscribed again (Redis
         confirms it), every stop published from then on arrives, and the web process marks a stop in
         the database before it publishes one: so the stops missed before are all in the database."""
-        from inference.selectors import generation_ids_stop_requested
 
         streaming = self._runner().streaming_ids()
         if streaming:
@@ -202,7 +196,6 @@ class WorkerRuntime:
                 self._runner().abort(generation_id)
 
     def stop(self) -> None:
-        from inference.engine.host import engine_hosts
 
         async def close() -> None:
             for task in self._tasks:
@@ -352,7 +345,6 @@ async def reap_once() -> int:
     from that text with the deployment's tokenizer (the engine's count died with the runner), and
     ends as failed with `worker_lost`; the client is told.
     """
-    from inference.models import Generation
 
     ttl = settings.INFERENCE_WORKER_HEARTBEAT_TTL_S
 
@@ -399,8 +391,6 @@ async def generation_end_orphaned(*, generation_id: Any, worker: str, model_path
     deployment's tokenizer (`model_path`; read from the row when not given). The row is ended even
     when the replay buffer cannot be read (Redis restarting): the text the stream had shown is lost
     then, but a follower learns the end from the row (`ends_from_rows`)."""
-    from inference.services import generation_finish
-    from inference.streaming.streams import StreamPublisher
 
     try:
         publisher = await StreamPublisher.continuing(generation_id, ahead_if_lost=True)
@@ -428,7 +418,6 @@ async def generation_end_orphaned(*, generation_id: Any, worker: str, model_path
 
 
 def _model_path_of(generation_id: Any) -> str | None:
-    from inference.models import Generation
 
     generation = Generation.objects.select_related("deployment").only("deployment__model").filter(id=generation_id)
     found = generation.first()
@@ -439,7 +428,6 @@ def _tokens_in(model_path: str, text: str) -> int:
     """How many tokens the deployment's tokenizer makes of `text` (what the engine had generated)."""
     if not text:
         return 0
-    from inference.engine.tokenizers import count_tokens, tokenizer_for
 
     try:
         return count_tokens(tokenizer_for(model_path), text)
@@ -462,8 +450,6 @@ def generations_resent_if_broker_emptied() -> list[Any]:
     """
     from datetime import UTC, datetime
 
-    from inference.services import generations_redispatch_queued
-
     client = _redis()
     if not client.set(BROKER_MARK_KEY, time.time(), nx=True):
         return []
@@ -478,7 +464,6 @@ def generations_resent_if_broker_emptied() -> list[Any]:
 async def reap_forever(interval: float = 2.0) -> None:
     """Every `interval` seconds: end dead workers' generations, send again the tasks an emptied
     Redis lost, and age waiting ones' priorities."""
-    from inference.services import generation_promote_waiting
 
     while True:
         try:

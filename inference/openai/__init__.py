@@ -1,2 +1,2 @@
-"""The OpenAI-compatible API (`apis`: /v1/models, /v1/chat/completions) and its wire format (`wire`),
-which the chat socket's events share."""
+"""The OpenAI-compatible API (`apis`: /v1/models, /v1/chat/completions), its service (`services`: a
+completion checked and queued), and its wire format (`wire`)."""

@@ -25,20 +25,22 @@ from rest_framework.views import APIView
 
 from accounts.authentication import ApiKeyAuthentication, HasScope, api_key_caller, signed_in
 from accounts.metering import ADMITTED, metered
+from accounts.selectors import deployments_allowed_for_user
 from chatsite.database import db_async
-from chatsite.errors import ClientError, validated_json_body
-from chatsite.parsers import request_body
+from chatsite.errors import ClientError
+from chatsite.parsers import request_body, validated_json_body
 from inference.held import checked_after_commit
 from inference.openai import responding, wire
 from inference.openai.fields import SamplingFieldsSerializer, StopAndStreamOptions
 from inference.openai.ratelimits import with_rate_limits
+from inference.openai.services import completion_create, newest_user_text
 from inference.openai.tools import (
     ToolFieldsSerializer,
     tool_call_readers,
     tool_fields_check,
     tool_message_fields,
 )
-from inference.services import completion_create, newest_user_text
+from inference.selectors import deployment_list_enabled, models_listed
 
 
 class ChatCompletionInputSerializer(StopAndStreamOptions, SamplingFieldsSerializer, ToolFieldsSerializer):
@@ -216,9 +218,6 @@ class ModelListApi(APIView):
         summary="List the models your plan includes",
     )
     def get(self, request: Request) -> Response:
-        from accounts.selectors import deployments_allowed_for_user
-        from inference.selectors import deployment_list_enabled, models_listed
-
         enabled = deployment_list_enabled(task=None)  # embedding models too
         deployments = deployments_allowed_for_user(user=signed_in(request), deployments=enabled)
         data = self.OutputSerializer(models_listed(deployments), many=True).data

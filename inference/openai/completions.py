@@ -27,13 +27,15 @@ from rest_framework.views import APIView
 from accounts.authentication import ApiKeyAuthentication, HasScope, api_key_caller
 from accounts.metering import ADMITTED, metered
 from chatsite.database import db_async
-from chatsite.errors import ClientError, validated_json_body
-from chatsite.parsers import request_body
+from chatsite.errors import ClientError
+from chatsite.parsers import request_body, validated_json_body
+from inference.engine.tokenizers import tokenizer_for
 from inference.held import checked_after_commit
 from inference.openai import responding, wire
 from inference.openai.fields import MAX_TOP_LOGPROBS, StopAndStreamOptions
 from inference.openai.ratelimits import with_rate_limits
-from inference.services import completion_create
+from inference.openai.services import completion_create
+from inference.selectors import deployment_serving
 
 # OpenAI's default for this endpoint (and vLLM's): a text completion is a short continuation.
 DEFAULT_MAX_TOKENS = 16
@@ -120,8 +122,6 @@ def _moderated_text(data: dict[str, Any]) -> str:
     prompt = data["prompt"]
     if isinstance(prompt, str):
         return prompt
-    from inference.engine.tokenizers import tokenizer_for
-    from inference.selectors import deployment_serving
 
     deployment = deployment_serving(model=data["model"])
     return tokenizer_for(deployment.model_path).decode(prompt, skip_special_tokens=True)

@@ -28,6 +28,7 @@ from rest_framework import serializers
 
 from chatsite.errors import ClientError
 from inference.engine import vllm_server_internals as vllm_server
+from inference.engine.tokenizers import tokenizer_for
 
 MAX_TOOLS = 128
 TOOLS_MAX_CHARS = 100_000
@@ -207,7 +208,6 @@ def tool_sampling(request: dict[str, Any], *, deployment: Any) -> dict[str, Any]
     and a named function), and `skip_special_tokens` where call markers are special tokens."""
     if not tool_calling(request):
         return {}
-    from inference.engine.tokenizers import tokenizer_for
 
     tokenizer = tokenizer_for(deployment.model_path)
     try:
@@ -274,7 +274,6 @@ def tool_call_readers(request: dict[str, Any], *, deployment: Any, n: int) -> li
     """One reader per choice, or None when the answer is not read for tool calls."""
     if not tool_calling(request):
         return None
-    from inference.engine.tokenizers import tokenizer_for
 
     tokenizer = tokenizer_for(deployment.model_path)
     return [ToolCallReader(request, deployment=deployment, tokenizer=tokenizer) for _ in range(n)]

@@ -7,22 +7,14 @@ import json
 from typing import Any
 
 from chatsite.errors import error_body
+from inference.streaming.streams import usage
 
-__all__ = ["error_body"]
+# Shapes made below this layer that a `/v1` body carries as they are: an error's, and the token
+# counts every stream's end carries.
+__all__ = ["error_body", "usage"]
 
 # vLLM's reasons, as OpenAI names them. A stopped (aborted) stream ends like a natural stop.
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "stop", "content_filter": "content_filter"}
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
-    """Token counts as OpenAI reports them (the chat socket's `generation.done` uses the same shape).
-    `cached_tokens`: of the prompt's, those the engine's prefix cache served (vLLM's count)."""
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
 
 
 def finish_reason(reason: str | None) -> str:

@@ -23,6 +23,8 @@ from typing import Any
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from chatsite.database import db_async
+from inference.services import generations_request_stop
 from inference.streaming import streams
 from inference.streaming.streams import TERMINAL_EVENTS, ServerRestarting, generation_group, restarting_event
 
@@ -248,9 +250,6 @@ async def stopped_if_abandoned(generation_ids: list[str]) -> AsyncIterator[Follo
     it ends, so the engine spends no time on nobody. It ends early when the client goes away (the
     task is cancelled, or the response is closed at one of its yields, the first included), when
     `follow_streams` times out, or when it gives up on a failed stream."""
-    from chatsite.database import db_async
-    from inference.services import generations_request_stop
-
     following = Following()
     try:
         yield following

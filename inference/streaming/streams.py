@@ -31,7 +31,10 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from chatsite.batching import Batcher
+from chatsite.database import db_async
 from chatsite.redis_clients import redis_async_client
+from inference.models import Generation
+from inference.selectors import generations_finished
 from inference.streaming.channels_redis_internals import group_channel, pubsub_on
 
 logger = logging.getLogger(__name__)
@@ -269,12 +272,21 @@ async def engine_status_broadcast(deployment: str, state: str) -> None:
 TERMINAL_EVENTS = ("generation.done", "generation.error")
 
 
-def final_event_from_row(generation: Any, *, seq: int) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """Token counts as a stream's end carries them, in the shape OpenAI reports them (a `/v1` body
+    carries them as they are: `inference.openai.wire`). `cached_tokens`: of the prompt's, those the engine's prefix cache served (vLLM's count)."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def final_event_from_row(generation: Generation, *, seq: int) -> dict[str, Any]:
     """A finished generation's end as its stream announced it, with its whole text, from its row: for
     a follower that finds its stream's buffer gone."""
-    from inference.models import Generation
-    from inference.openai import wire
-
+    event: dict[str, Any]
     if generation.status == Generation.Status.FAILED:
         event = {"type": "generation.error", "code": generation.error_code, "message": generation.error_message}
     else:
@@ -282,7 +294,7 @@ def final_event_from_row(generation: Any, *, seq: int) -> dict[str, Any]:
             "type": "generation.done",
             "status": generation.status,
             "finish_reason": generation.finish_reason,
-            "usage": wire.usage(generation.prompt_tokens, generation.completion_tokens, generation.cached_tokens),
+            "usage": usage(generation.prompt_tokens, generation.completion_tokens, generation.cached_tokens),
         }
     return {**event, "generation": str(generation.id), "seq": seq, "text": generation.text}
 
@@ -316,9 +328,6 @@ async def ends_from_rows(last_seqs: dict[str, int]) -> list[dict[str, Any]]:
     all of it. The buffer is read once more after the row, since an end is recorded before it is
     announced: an end published meanwhile is passed on as it is, else it is made from the row, with
     the row's whole text for the follower to show (`final_event_from_row`)."""
-    from chatsite.database import db_async
-    from inference.selectors import generations_finished
-
     events: list[dict[str, Any]] = []
     for generation in await db_async(generations_finished)(ids=list(last_seqs)):
         generation_id = str(generation.id)

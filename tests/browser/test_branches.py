@@ -120,7 +120,7 @@ async def _conversation_with_an_ended_answer(username: str, monkeypatch, **finis
     """A conversation whose answer ended as `finish` says, made without the engine."""
     user = await User.objects.aget(username=username)
     with monkeypatch.context() as patched:
-        patched.setattr("inference.execution.dispatch.generation_dispatch", lambda **dispatch: None)
+        patched.setattr("inference.services.generation_dispatch", lambda **dispatch: None)
         sent = await database_sync_to_async(message_send)(user=user, request=SendRequest(content="What is 2 + 2?"))
     await database_sync_to_async(generation_finish)(generation_id=sent.generation.id, **finish)
     return sent.conversation

@@ -39,7 +39,7 @@ def no_engine(monkeypatch):
     async def start() -> None:
         return None
 
-    monkeypatch.setattr("inference.execution.dispatch.generation_dispatch", lambda **dispatch: None)
+    monkeypatch.setattr("inference.services.generation_dispatch", lambda **dispatch: None)
     monkeypatch.setattr(local_backend, "start", start)
 
 

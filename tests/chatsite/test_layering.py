@@ -77,3 +77,184 @@ def test_the_check_sees_imports_inside_functions(tmp_path, monkeypatch):
     assert imports_of(path) == [(2, "conversations.services")]
     assert layer_of("conversations.services") == "conversations"
     assert LAYERS.index(layer_of("conversations.services")) > LAYERS.index(layer_of("inference.execution.runner"))
+
+
+# --- Inside inference: its own order ---------------------------------------------------------------
+
+# Lowest first; a module of inference imports only from its own sub-layer and those below. The
+# engine knows nothing of rows; the core (models, selectors, services, the held answer) sends work
+# through the backend installed at start-up (inference.backend); streaming reads the rows it
+# announces; execution runs generations on the core and streams them; the OpenAI API uses them all;
+# the app's wiring (AppConfig, receivers, admin, commands, migrations) sits on top.
+INFERENCE_LAYERS = {
+    "engine": ["inference.engine"],
+    "core": [
+        *("inference.models", "inference.signals", "inference.selectors", "inference.services", "inference.held"),
+        *("inference.heartbeats", "inference.backend", "inference.caching", "inference.scheduling"),
+        "inference.defaults",
+    ],
+    "streaming": ["inference.streaming"],
+    "execution": ["inference.execution"],
+    "openai": ["inference.openai"],
+    "wiring": ["inference", "inference.apps", "inference.receivers", "inference.admin", "inference.management"],
+}
+INFERENCE_ORDER = list(INFERENCE_LAYERS)
+
+
+def inference_layer_of(module: str) -> str | None:
+    """The sub-layer of a module of inference (the longest prefix named above), None if none is."""
+    best, found = "", None
+    for layer, prefixes in INFERENCE_LAYERS.items():
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > len(best):
+                best, found = prefix, layer
+    return found
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """`imports_of`, with `from package import module` read as the module it names."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            package = ROOT.joinpath(*node.module.split("."))
+            for alias in node.names:
+                named = package / alias.name
+                is_module = named.with_suffix(".py").exists() or (named / "__init__.py").exists()
+                found.append((node.lineno, f"{node.module}.{alias.name}" if is_module else node.module))
+    return found
+
+
+def inference_modules() -> list[Path]:
+    return [p for p in sorted((ROOT / "inference").rglob("*.py")) if "migrations" not in p.parts]
+
+
+def inference_upward_imports() -> list[str]:
+    found = []
+    for path in inference_modules():
+        importer = module_name(path)
+        rank = INFERENCE_ORDER.index(inference_layer_of(importer) or "wiring")
+        for line, imported in imported_modules(path):
+            target = inference_layer_of(imported) if imported.split(".")[0] == "inference" else None
+            if target is not None and INFERENCE_ORDER.index(target) > rank:
+                found.append(
+                    f"{path.relative_to(ROOT)}:{line} ({inference_layer_of(importer)}) imports {imported} ({target})"
+                )
+    return found
+
+
+def test_every_module_of_inference_has_a_place_in_its_order():
+    modules = [module_name(path) for path in inference_modules()]
+    assert len(modules) > 40
+    assert [m for m in modules if inference_layer_of(m) is None] == []
+
+
+def test_inference_imports_only_its_own_sub_layer_and_those_below():
+    assert inference_upward_imports() == []
+
+
+def test_the_inner_order_sees_an_import_of_a_layer_above(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from inference.execution import dispatch\n")
+    assert [inference_layer_of(m) for _, m in imports_of(probe)] == ["execution"]
+    assert INFERENCE_ORDER.index("execution") > INFERENCE_ORDER.index(inference_layer_of("inference.held"))
+
+
+# --- No imports of the project's modules inside functions ------------------------------------------
+
+# An import of the project's own modules waits inside a function only for a reason written here; an
+# AppConfig.ready (apps.py) and `if TYPE_CHECKING:` blocks need none. Keyed by file and module.
+INSIDE_FUNCTIONS_ALLOWED = {
+    ("inference/engine/host.py", "inference.engine.vllm_internals"): (
+        "imports vLLM, which must not load in a web process that hosts no vLLM engine"
+    ),
+    ("chatsite/celery.py", "inference.execution.workers"): (
+        "chatsite.celery loads with the chatsite package, before Django's apps; the worker's hooks "
+        "import the engine runtime once the worker starts"
+    ),
+    ("chatsite/celery.py", "observability.metrics"): (
+        "chatsite.celery loads with the chatsite package, before Django's apps: see above"
+    ),
+}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_inside_functions(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of the project's own modules made inside a function (at any
+    depth), those under `if TYPE_CHECKING:` left out."""
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST, inside: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for other in child.orelse:
+                    visit(other, inside)
+                continue
+            if inside and isinstance(child, ast.Import):
+                found.extend((child.lineno, a.name) for a in child.names if layer_of(a.name) is not None)
+            elif inside and isinstance(child, ast.ImportFrom):
+                if child.level:
+                    found.append((child.lineno, "." * child.level + (child.module or "")))
+                elif child.module and layer_of(child.module) is not None:
+                    found.append((child.lineno, child.module))
+            visit(child, inside or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda))
+
+    visit(ast.parse(path.read_text(), filename=str(path)), False)
+    return found
+
+
+def project_files() -> list[Path]:
+    return [path for package in ["chatsite", *APPS] for path in sorted((ROOT / package).rglob("*.py"))]
+
+
+def imports_inside_functions_unexcused() -> tuple[list[str], set[tuple[str, str]]]:
+    """The imports inside functions with no reason written for them, and the reasons no import uses."""
+    allowed = INSIDE_FUNCTIONS_ALLOWED
+    unexcused, used = [], set()
+    for path in project_files():
+        where = str(path.relative_to(ROOT))
+        if path.name == "apps.py":
+            continue
+        for line, imported in imports_inside_functions(path):
+            if (where, imported) in allowed:
+                used.add((where, imported))
+            else:
+                unexcused.append(f"{where}:{line} imports {imported} inside a function")
+    return unexcused, set(allowed) - used
+
+
+def test_no_module_imports_the_projects_modules_inside_a_function():
+    unexcused, _ = imports_inside_functions_unexcused()
+    assert unexcused == []
+
+
+def test_every_import_allowed_inside_a_function_is_still_there():
+    _, stale = imports_inside_functions_unexcused()
+    assert stale == set()
+
+
+def test_the_check_sees_imports_inside_functions_but_not_type_checking_blocks(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "import json\n"
+        "if TYPE_CHECKING:\n"
+        "    from inference.models import Generation\n"
+        "def f():\n"
+        "    import json\n"
+        "    from inference.services import generation_finish\n"
+        "    if TYPE_CHECKING:\n"
+        "        from inference.held import HeldAnswer\n"
+        "    class C:\n"
+        "        def g(self):\n"
+        "            import accounts.services\n"
+        "    return lambda: None\n"
+    )
+    assert imports_inside_functions(probe) == [(7, "inference.services"), (12, "accounts.services")]
+    assert len(project_files()) > 200

@@ -505,7 +505,7 @@ async def test_an_answer_ended_without_an_event_still_ends_its_event_stream(
     the row's end instead of waiting out an answer's time limit."""
     settings.INFERENCE_STREAM_RESYNC_S = 0.2
     # No engine runs it.
-    monkeypatch.setattr("inference.execution.dispatch.generation_dispatch", lambda **dispatch: None)
+    monkeypatch.setattr("inference.services.generation_dispatch", lambda **dispatch: None)
     key = await database_sync_to_async(lambda: api_key_create(user=alice, name="t", scopes=["chat"]).key)()
     ending = asyncio.ensure_future(
         ended_in_the_database_once_queued(

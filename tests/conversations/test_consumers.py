@@ -619,7 +619,7 @@ async def test_a_regenerate_sent_again_is_answered_with_the_answer_it_began(alic
 
     # The test ends both answers itself: none is sent to an engine, where the run's worker (started
     # once by an earlier engine test, in the production topology) would stream one of them too.
-    monkeypatch.setattr("inference.execution.dispatch.generation_dispatch", lambda **dispatch: None)
+    monkeypatch.setattr("inference.services.generation_dispatch", lambda **dispatch: None)
     sent = await database_sync_to_async(message_send)(user=alice, request=SendRequest(content="Say hello to Alice."))
     await database_sync_to_async(generation_finish)(
         generation_id=sent.generation.id, status="failed", text="", error_code="worker_lost"

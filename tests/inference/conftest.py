@@ -25,4 +25,4 @@ def client_of(db):
 @pytest.fixture
 def nothing_runs(monkeypatch):
     """Completions are queued and never dispatched: for what a request becomes, not its answer."""
-    monkeypatch.setattr("inference.execution.dispatch.generation_dispatch", lambda **dispatch: None)
+    monkeypatch.setattr("inference.services.generation_dispatch", lambda **dispatch: None)

@@ -17,8 +17,8 @@ from chatsite.errors import ClientError
 from conversations.models import Message
 from conversations.requests import SendRequest
 from conversations.services import message_send
-from inference.execution.scheduling import effective_priority, queue_order
 from inference.models import Generation, ModelDeployment
+from inference.scheduling import effective_priority, queue_order
 from inference.selectors import generation_queue_ordered
 from inference.services import generation_admit
 from tests.helpers.sockets import next_event, open_socket

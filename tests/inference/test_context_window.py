@@ -17,12 +17,12 @@ from django.db.migrations.executor import MigrationExecutor
 from accounts.defaults import DEFAULT_TIERS
 from accounts.models import Tier, UsageRecord
 from accounts.services import request_limits
-from chatsite.errors import validated_json_body
+from chatsite.parsers import validated_json_body
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME
 from inference.engine.host import engine_environment_set
 from inference.models import Generation, ModelDeployment
 from inference.openai.apis import ChatCompletionInputSerializer
-from inference.services import completion_create
+from inference.openai.services import completion_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MODEL = "smollm2-135m"

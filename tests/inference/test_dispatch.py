@@ -7,7 +7,7 @@ import uuid
 import pytest
 from django.conf import settings
 
-from inference.execution.dispatch import generation_dispatch
+from inference.backend import generation_dispatch
 
 pytestmark = [
     pytest.mark.topology,

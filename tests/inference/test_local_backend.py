@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from chatsite.database import db_async
 from inference.execution.dispatch import LocalBackend, local_orphans_end
+from inference.heartbeats import process_heartbeat_beat
 from inference.models import Generation, ProcessHeartbeat
-from inference.services import process_heartbeat_beat
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -322,7 +322,7 @@ ENDED_FAILED = {"status": Generation.Status.FAILED, "error_code": "worker_lost",
 def no_engine_runs_it(settings, monkeypatch):
     """Completions are queued and never run; the stream's quiet spells are short."""
     settings.INFERENCE_STREAM_RESYNC_S = 0.2
-    monkeypatch.setattr("inference.execution.dispatch.generation_dispatch", lambda **dispatch: None)
+    monkeypatch.setattr("inference.services.generation_dispatch", lambda **dispatch: None)
 
 
 @pytest.mark.parametrize("ended", [ENDED_COMPLETE, ENDED_FAILED], ids=["complete", "failed"])

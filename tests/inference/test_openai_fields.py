@@ -10,7 +10,8 @@ import openai
 import pytest
 
 from accounts.models import Tier, UsageRecord
-from chatsite.errors import ClientError, validated_json_body
+from chatsite.errors import ClientError
+from chatsite.parsers import validated_json_body
 from inference.engine.tokenizers import render_chat, tokenizer_for
 from inference.models import Generation
 from inference.openai.apis import ChatCompletionInputSerializer
@@ -23,7 +24,7 @@ from inference.openai.fields import (
     completion_sampling,
     request_fields_check,
 )
-from inference.services import completion_create
+from inference.openai.services import completion_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MODEL = "smollm2-135m"

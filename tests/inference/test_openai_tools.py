@@ -10,8 +10,8 @@ import pytest
 
 from inference.engine.tokenizers import render_chat, tokenizer_for
 from inference.models import Generation, ModelDeployment
+from inference.openai.services import newest_user_text
 from inference.openai.tools import ToolCallReader, tool_sampling
-from inference.services import newest_user_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MODEL = "smollm2-135m"
@@ -123,7 +123,7 @@ def test_a_tool_schema_the_grammar_cannot_hold_is_the_clients_error(default_depl
 
 
 def test_tool_choice_none_leaves_the_tools_out_of_the_prompt(alice, nothing_runs):
-    from inference.services import completion_create
+    from inference.openai.services import completion_create
 
     (with_none,) = completion_create(
         user=alice, api_key=None, request={"model": MODEL, "messages": ASK, "tools": [WEATHER], "tool_choice": "none"}

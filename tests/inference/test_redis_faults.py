@@ -556,7 +556,7 @@ def test_the_tasks_a_restarted_redis_lost_are_sent_again_once(restarting_redis, 
 
     from django.utils import timezone
 
-    from inference.execution import dispatch
+    from inference import services
     from inference.execution.workers import generations_resent_if_broker_emptied
 
     sent = []
@@ -564,7 +564,7 @@ def test_the_tasks_a_restarted_redis_lost_are_sent_again_once(restarting_redis, 
     def dispatched(**task: Any) -> None:
         sent.append(task["generation_id"])
 
-    monkeypatch.setattr(dispatch, "generation_dispatch", dispatched)
+    monkeypatch.setattr(services, "generation_dispatch", dispatched)
     settings.REDIS_URL = restarting_redis.url
     deployment = ModelDeployment.objects.get(name=DEFAULT_DEPLOYMENT_NAME)
 
@@ -583,10 +583,10 @@ def test_the_tasks_a_restarted_redis_lost_are_sent_again_once(restarting_redis, 
     def unreachable(**task: Any) -> None:
         raise ConnectionError("the broker went away again")
 
-    monkeypatch.setattr(dispatch, "generation_dispatch", unreachable)
+    monkeypatch.setattr(services, "generation_dispatch", unreachable)
     with pytest.raises(ConnectionError):
         generations_resent_if_broker_emptied()
-    monkeypatch.setattr(dispatch, "generation_dispatch", dispatched)
+    monkeypatch.setattr(services, "generation_dispatch", dispatched)
     assert generations_resent_if_broker_emptied() == [before.id]  # the failed round left no mark
     assert generations_resent_if_broker_emptied() == []
     assert sent == [before.id] and since.id not in sent

@@ -329,7 +329,7 @@ async def _held_generation_queued(user, deployment, *, max_tokens: int) -> Gener
 @pytest.mark.django_db(transaction=True)
 async def test_a_release_whose_message_was_lost_is_found_in_the_database(engine, alice, default_deployment):
     """Pub/sub delivers at most once: the runner holding an answer looks for its verdict in the row."""
-    from inference.execution.dispatch import generation_dispatch
+    from inference.backend import generation_dispatch
 
     generation = await _held_generation_queued(alice, default_deployment, max_tokens=8)
     generation_dispatch(generation_id=generation.id, queue=default_deployment.queue_name)
@@ -398,7 +398,7 @@ def _completion(content: str) -> dict:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_completion_whose_scores_come_after_the_commit_is_held_until_they_pass(alice):
-    from inference.services import completion_create
+    from inference.openai.services import completion_create
 
     scores = ScoresAfterTheCommit(HARMLESS)
     generations = completion_create(user=alice, api_key=None, request=_completion(HARMLESS), verdict=InputCheck(scores))
@@ -410,7 +410,7 @@ def test_a_completion_whose_scores_come_after_the_commit_is_held_until_they_pass
 
 @pytest.mark.django_db(transaction=True)
 def test_a_completion_blocked_after_its_commit_is_refused_and_withdrawn(alice):
-    from inference.services import completion_create
+    from inference.openai.services import completion_create
 
     Tier.objects.filter(name="free").update(requests_per_minute=2, tokens_per_minute=None)
     for _ in range(2):  # refused as blocked both times, not as rate limited: the charge came back

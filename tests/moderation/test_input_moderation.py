@@ -141,7 +141,7 @@ def test_a_blocked_message_too_long_for_the_window_is_still_kept_flagged(alice):
 
 def test_a_completion_checked_beside_its_transaction_is_judged_under_the_tier_it_reads(alice, bob, make_policy):
     from inference.defaults import DEFAULT_DEPLOYMENT_NAME
-    from inference.services import completion_create
+    from inference.openai.services import completion_create
 
     make_policy({"illicit/violent": (0.5, "block")}, name="global")
     make_policy({"illicit/violent": (0.5, "allow")}, tier_name="enterprise", name="enterprise tier")

@@ -253,9 +253,7 @@ def test_an_answer_is_moderated_under_the_tier_its_message_was_sent_under(
     enterprise = Tier.objects.get(name="enterprise")
     user_set_tier(user=alice, tier=enterprise)
     orders = []  # what the engine would be sent; nothing here runs the answer
-    monkeypatch.setattr(
-        "inference.execution.dispatch.generation_dispatch", lambda **dispatch: orders.append(dispatch["order"])
-    )
+    monkeypatch.setattr("inference.services.generation_dispatch", lambda **dispatch: orders.append(dispatch["order"]))
     with django_capture_on_commit_callbacks(execute=True):
         generation = message_send(user=alice, request=SendRequest(content="Tell me about dragons.")).generation
 

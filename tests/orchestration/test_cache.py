@@ -22,7 +22,8 @@ from accounts.services import api_key_create
 from conversations.requests import SendRequest
 from conversations.services import message_send
 from inference.models import Generation, ModelDeployment
-from inference.services import completion_create, generation_claim, generation_finish
+from inference.openai.services import completion_create
+from inference.services import generation_claim, generation_finish
 from orchestration.models import CachedResponse
 from tests.helpers.sockets import drain_until_finished, next_event, open_socket
 
