@@ -6,10 +6,12 @@ else commits its generations held (`Generation.awaiting_verdict`) and dispatches
 starts while the message is scored. One protocol serves every caller (a chat message, an OpenAI
 completion):
 
-- The service returns a `HeldAnswer` describing what it committed (with `settle=False`); its owner
-  subclasses it to say what the verdict means for its own rows (`passed`, `withdrawn`, `blocked`).
-- `checked_after_commit` (async callers) awaits the scores on the event loop, holding no database
-  thread, and settles the held answer in a database call of its own; a sync caller settles at once.
+- The service returns what it did with its verdict `pending`: a `HeldAnswer` describing what it
+  committed, which its owner subclasses to say what the verdict means for its own rows (`passed`,
+  `withdrawn`, `blocked`).
+- The caller settles it (`HeldAnswer.settle`): an async caller (`message_send_checked`,
+  `completion_create_checked`) first awaits the scores on the event loop, holding no database
+  thread, then settles in a database call of its own; a sync caller settles at once.
 - A verdict that passes releases the generations (`generation_release`); one that blocks withdraws
   them (`generation_withdraw`: rows removed, engine requests aborted, the rate-limit charge given
   back), and the caller gets what it would have had the verdict come first.
@@ -17,7 +19,8 @@ completion):
   opened by its release: a call in the embedded default, the release channel on a worker, or the row
   found released. With no verdict within INFERENCE_VERDICT_WAIT_S the web process is taken for dead
   and the runner judges the message itself (`held_answer_judge`): the owner hands its `HeldAnswer`
-  back through the hook it registered (`held_answer_owner_register`), and a generation no owner claims is withdrawn.
+  back through the hook it registered (`held_answer_owner_register`), and a generation no owner
+  claims is withdrawn.
 
 Release and withdrawal are conditional updates of `awaiting_verdict`: of two verdicts racing (the web
 process's and a runner's last resort), one decides.
@@ -29,7 +32,7 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -38,8 +41,7 @@ from django.db import transaction
 
 from accounts.models import User
 from accounts.services import Admission, admission_refund
-from chatsite.completion import run_to_end
-from chatsite.database import DatabaseCall, db_async, reconnecting
+from chatsite.database import db_async, reconnecting
 from inference.backend import generation_abort, generation_gate_open
 from inference.models import Generation, GenerationId
 from inference.selectors import generation_awaiting_verdict
@@ -133,30 +135,6 @@ class HeldAnswer(ABC, Generic[Result]):
     def _refund(self) -> None:
         for admission in self.admissions:
             admission_refund(admission=admission)
-
-
-async def checked_after_commit(call: DatabaseCall, service: Callable[..., Any], *, text: str, **fields: Any) -> Any:
-    """`service(verdict=<an InputCheck of text>, settle=False, **fields)` from async code (the OpenAI
-    completions), run through `call` (how the caller reaches the database from its loop), and a held
-    answer it returns settled.
-
-    The scores are awaited here, on the event loop: a service that waited for them itself would hold a
-    database thread meanwhile (on SQLite the process's only one, which the answer's own claim needs).
-    Both calls run to their end even if the caller is cancelled (its socket closed), so committed work
-    is always released or withdrawn."""
-    check = InputCheck.deferred(text)
-
-    async def run() -> Any:
-        try:
-            result = await call(service)(verdict=check, settle=False, **fields)
-            if isinstance(result, HeldAnswer):
-                await check.scored()
-                result = await call(result.settle)(check)
-            return result
-        finally:
-            check.discard()
-
-    return await run_to_end(run())
 
 
 def generation_release(*, generation_id: GenerationId) -> bool:

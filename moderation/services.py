@@ -260,11 +260,6 @@ class InputCheck:
             self._scores.cancel()
 
 
-def verdict_under_tier(verdict: Verdict | InputCheck, *, tier_id: int | None) -> Verdict:
-    """The verdict itself, or an input check's verdict under the policy of `tier_id`."""
-    return verdict.verdict(tier_id=tier_id) if isinstance(verdict, InputCheck) else verdict
-
-
 # How long a send transaction waits for its message's scores (a pass takes milliseconds).
 INPUT_CHECK_TIMEOUT_S = 30
 

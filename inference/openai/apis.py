@@ -29,11 +29,10 @@ from accounts.selectors import deployments_allowed_for_user
 from chatsite.database import db_async
 from chatsite.errors import ClientError
 from chatsite.parsers import request_body, validated_json_body
-from inference.held import checked_after_commit
 from inference.openai import responding, wire
 from inference.openai.fields import SamplingFieldsSerializer, StopAndStreamOptions
 from inference.openai.ratelimits import with_rate_limits
-from inference.openai.services import completion_create, newest_user_text
+from inference.openai.services import completion_create_checked, newest_user_text
 from inference.openai.tools import (
     ToolFieldsSerializer,
     tool_call_readers,
@@ -112,8 +111,8 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
         user, api_key = await db_async(api_key_caller)(request, scope="chat")
         data = validated_json_body(request_body(request), ChatCompletionInputSerializer)
         # Scored once the completion is committed held: the engine starts on it meanwhile.
-        generations = await checked_after_commit(
-            db_async, completion_create, text=newest_user_text(data), user=user, api_key=api_key, request=data
+        generations = await completion_create_checked(
+            db_async, user=user, api_key=api_key, request=data, text=newest_user_text(data)
         )
     except ClientError as exc:
         return await with_rate_limits(_error(exc), user=user, api_key=api_key)

@@ -30,11 +30,10 @@ from chatsite.database import db_async
 from chatsite.errors import ClientError
 from chatsite.parsers import request_body, validated_json_body
 from inference.engine.tokenizers import tokenizer_for
-from inference.held import checked_after_commit
 from inference.openai import responding, wire
 from inference.openai.fields import MAX_TOP_LOGPROBS, StopAndStreamOptions
 from inference.openai.ratelimits import with_rate_limits
-from inference.openai.services import completion_create
+from inference.openai.services import completion_create_checked
 from inference.selectors import deployment_serving
 
 # OpenAI's default for this endpoint (and vLLM's): a text completion is a short continuation.
@@ -144,9 +143,7 @@ async def completions(request: HttpRequest) -> HttpResponseBase:
         user, api_key = await db_async(lambda: api_key_caller(request, scope="chat"))()
         data = validated_json_body(request_body(request), CompletionInputSerializer)
         text = data["prompt"] if isinstance(data["prompt"], str) else await db_async(_judged_text)(data)
-        generations = await checked_after_commit(
-            db_async, completion_create, text=text, user=user, api_key=api_key, request=data
-        )
+        generations = await completion_create_checked(db_async, user=user, api_key=api_key, request=data, text=text)
     except ClientError as exc:
         return await with_rate_limits(_error(exc), user=user, api_key=api_key)
     ids = [str(g.id) for g in generations]

@@ -9,13 +9,15 @@ generations through `inference.services.generation_create`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 
 from accounts.models import ApiKey, User
 from accounts.services import RequestLimits, request_admit, request_limits, request_size_check
+from chatsite.completion import run_to_end
+from chatsite.database import DatabaseCall
 from chatsite.errors import ClientError
 from inference.caching import response_cache_probe
 from inference.engine.tokenizers import render_chat, tokenizer_for
@@ -25,7 +27,7 @@ from inference.openai.fields import choice_seed, completion_sampling, token_ids_
 from inference.openai.tools import tool_sampling, tools_check, tools_in_prompt
 from inference.selectors import deployment_route
 from inference.services import generation_admit, generation_create
-from moderation.services import InputCheck, Verdict, input_moderate, verdict_under_tier
+from moderation.services import InputCheck, Verdict, input_moderate
 
 
 def newest_user_text(request: dict[str, Any]) -> str:
@@ -42,31 +44,58 @@ def newest_user_text(request: dict[str, Any]) -> str:
     return "\n\n".join(m["content"] for m in request["messages"] if m["content"])
 
 
+@dataclass(frozen=True)
+class Completion:
+    """What `completion_create` queued: the generations of one completion (`n` of them), with their
+    verdict `pending` where the scores of the text were not in when the transaction had done
+    everything else (they are committed held; `settled` takes the verdict)."""
+
+    generations: list[Generation]
+    pending: _HeldCompletion | None = None
+
+    def settled(self, check: InputCheck) -> list[Generation]:
+        """The generations, the pending verdict (if any) taken now from `check`, waiting for its
+        scores: for sync callers. Blocked: refused with 400 `content_policy_violation`."""
+        return self.pending.settle(check) if self.pending is not None else self.generations
+
+
 def completion_create(
-    *,
-    user: User,
-    api_key: ApiKey | None,
-    request: dict[str, Any],
-    verdict: Verdict | InputCheck | None = None,
-    settle: bool = True,
-) -> list[Generation] | _HeldCompletion:
+    *, user: User, api_key: ApiKey | None, request: dict[str, Any], check: InputCheck | None = None
+) -> Completion:
     """Moderate the newest user message and queue the completion (see _completion_queue).
 
-    `verdict` is input moderation's verdict on `newest_user_text(request)`, or an `InputCheck`
-    whose verdict is taken under the tier the transaction reads (the API view makes one, which
-    scores the text after the commit, the generations held meanwhile); without one, the text is
-    classified before the transaction opens, so no lock is held while the classifier runs. A
-    blocked request is refused with 400 `content_policy_violation`: nothing stays queued, and
-    nothing is shown or charged (generations committed held while the scores were coming are
-    withdrawn). `settle=False` returns a completion committed held as it is, for an async caller to
-    settle once its scores are in (`checked_after_commit`, as for `message_send`).
+    `check` is input moderation's check of `newest_user_text(request)`, its verdict taken under the
+    tier the transaction reads (the API views make one that scores the text after the commit, the
+    generations held meanwhile: `completion_create_checked`); without one, the text is classified
+    before the transaction opens, so no lock is held while the classifier runs. A blocked request is
+    refused with 400 `content_policy_violation`: nothing stays queued, and nothing is shown or
+    charged (generations committed held while the scores were coming are withdrawn).
     """
-    if verdict is None:
-        verdict = input_moderate(user=user, text=newest_user_text(request))
-    queued = _completion_queue(user=user, api_key=api_key, request=request, verdict=verdict)
-    if isinstance(queued, _HeldCompletion) and settle:
-        return queued.settle(cast(InputCheck, verdict))  # only a check's scores still coming hold it
-    return queued
+    if check is None:
+        check = InputCheck.decided(input_moderate(user=user, text=newest_user_text(request)))
+    return _completion_queue(user=user, api_key=api_key, request=request, check=check)
+
+
+async def completion_create_checked(
+    call: DatabaseCall, *, user: User, api_key: ApiKey | None, request: dict[str, Any], text: str
+) -> list[Generation]:
+    """`completion_create` from an async view, through `call`, with input moderation's check of
+    `text` scored after the commit on the event loop (no database thread waits for the scores) and
+    the pending verdict settled in a call of its own. Both calls run to their end even if the
+    client goes, so committed work is always released or withdrawn."""
+    check = InputCheck.deferred(text)
+
+    async def create() -> list[Generation]:
+        try:
+            queued = await call(completion_create)(user=user, api_key=api_key, request=request, check=check)
+            if queued.pending is None:
+                return queued.generations
+            await check.scored()
+            return await call(queued.pending.settle)(check)
+        finally:
+            check.discard()
+
+    return await run_to_end(create())
 
 
 @dataclass(frozen=True)
@@ -83,9 +112,7 @@ class _HeldCompletion(HeldAnswer[list[Generation]]):
 
 
 @transaction.atomic
-def _completion_queue(
-    *, user: User, api_key: ApiKey | None, request: dict[str, Any], verdict: Verdict | InputCheck
-) -> list[Generation] | _HeldCompletion:
+def _completion_queue(*, user: User, api_key: ApiKey | None, request: dict[str, Any], check: InputCheck) -> Completion:
     """Queue the generations of one OpenAI chat completion (`n` of them), after every check.
 
     The client owns the whole conversation here, system prompt included, so nothing is dropped to
@@ -119,11 +146,7 @@ def _completion_queue(
     request_size_check(chars=_prompt_chars(request), limits=limits)
     tokenizer = tokenizer_for(deployment.model_path)
     prompt = prompt_on(deployment)
-    pending, taken = None, None
-    if isinstance(verdict, InputCheck):
-        pending, taken = verdict, verdict.verdict_if_scored(tier_id=limits.tier.id)
-    else:
-        taken = verdict_under_tier(verdict, tier_id=limits.tier.id)
+    taken = check.verdict_if_scored(tier_id=limits.tier.id)
     if taken is not None and taken.blocks:
         raise ClientError(taken.explanation(), code="content_policy_violation", param="messages")
     try:
@@ -139,23 +162,24 @@ def _completion_queue(
             routing_reason=routed.reason,
         )
     except ClientError:
-        if taken is None and pending is not None:
-            taken = pending.verdict(tier_id=limits.tier.id)
+        if taken is None:
+            taken = check.verdict(tier_id=limits.tier.id)
         if taken is not None and taken.blocks:
             raise ClientError(taken.explanation(), code="content_policy_violation", param="messages") from None
         raise
     if taken is not None:
-        return generations
+        return Completion(generations)
     # No app recovers a held completion for a runner's last resort (its client went with its web
     # process): `text` is what was judged, for the record.
     text = newest_user_text(request) if "messages" in request else request["prompt"]
-    return _HeldCompletion(
+    held = _HeldCompletion(
         user=user,
         text=text if isinstance(text, str) else "",
         generations=generations,
         admissions=admissions,
         tier_id=limits.tier.id,
     )
+    return Completion(generations, pending=held)
 
 
 def _prompt_chars(request: dict[str, Any]) -> int:

@@ -59,7 +59,7 @@ def test_open_webuis_tools_fit_the_default_deployment_on_the_free_plan(alice, de
     assert len(OPEN_WEBUI_TOOLS) == 36 and len(json.dumps(OPEN_WEBUI_TOOLS)) > 20_000
     payload = {"model": MODEL, "messages": QUESTION, "tools": OPEN_WEBUI_TOOLS, "stream": True}
     request = validated_json_body(json.dumps(payload).encode(), ChatCompletionInputSerializer)
-    (generation,) = completion_create(user=alice, api_key=None, request=request)
+    (generation,) = completion_create(user=alice, api_key=None, request=request).generations
     assert 6_000 < generation.prompt_tokens
     assert generation.prompt_tokens + generation.sampling["max_tokens"] <= default_deployment.max_context
 

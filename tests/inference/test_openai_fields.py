@@ -95,7 +95,7 @@ def test_fields_agent_sdks_send_routinely_are_accepted_and_change_nothing_in_the
     answers = []
     for payload in (plain, {**plain, **ROUTINE}):
         request = validated_json_body(json.dumps(payload).encode(), ChatCompletionInputSerializer)
-        (generation,) = completion_create(user=alice, api_key=None, request=request)
+        (generation,) = completion_create(user=alice, api_key=None, request=request).generations
         answers.append((generation.prompt_token_ids, generation.sampling))
     assert answers[0] == answers[1]
 
@@ -188,7 +188,7 @@ def test_the_sampling_json_becomes_vllms_own_objects():
 def test_a_request_without_max_tokens_may_use_the_rest_of_the_window(alice, default_deployment, nothing_runs):
     Tier.objects.filter(name="free").update(max_output_tokens=None, max_context=None, tokens_per_minute=None)
     request = {"model": MODEL, "messages": HELLO, "n": 1}
-    (generation,) = completion_create(user=alice, api_key=None, request=request)
+    (generation,) = completion_create(user=alice, api_key=None, request=request).generations
     prompt = len(render_chat(tokenizer_for(default_deployment.model_path), HELLO))
     assert generation.sampling["max_tokens"] == default_deployment.max_context - prompt
     assert generation.sampling["max_tokens"] > default_deployment.default_max_tokens
@@ -196,7 +196,9 @@ def test_a_request_without_max_tokens_may_use_the_rest_of_the_window(alice, defa
 
 def test_a_request_without_max_tokens_stays_within_the_plans_output_cap(alice, nothing_runs):
     Tier.objects.filter(name="free").update(max_output_tokens=900)
-    (generation,) = completion_create(user=alice, api_key=None, request={"model": MODEL, "messages": HELLO, "n": 1})
+    (generation,) = completion_create(
+        user=alice, api_key=None, request={"model": MODEL, "messages": HELLO, "n": 1}
+    ).generations
     assert generation.sampling["max_tokens"] == 900
 
 
@@ -215,7 +217,7 @@ def test_extras_and_response_format_reach_the_generation(alice, nothing_runs):
         "logit_bias": {"42": -100.0},
         "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
     }
-    (generation,) = completion_create(user=alice, api_key=None, request=request)
+    (generation,) = completion_create(user=alice, api_key=None, request=request).generations
     expected = {
         "top_k": 3,
         "min_p": 0.05,
@@ -374,7 +376,7 @@ async def test_a_schema_the_engine_cannot_enforce_is_refused_before_anything_is_
 def test_the_service_refuses_a_schema_no_structured_output_backend_compiles(alice, nothing_runs, schema):
     request = {"model": MODEL, "messages": HELLO, "n": 1, "max_tokens": 8, "response_format": _schema_format(schema)}
     with pytest.raises(ClientError) as refused:
-        completion_create(user=alice, api_key=None, request=request)
+        completion_create(user=alice, api_key=None, request=request).generations
     assert (refused.value.param, refused.value.code) == ("response_format", "invalid_value")
     assert not Generation.objects.exists()
     assert not UsageRecord.objects.exists()
@@ -392,7 +394,7 @@ def test_the_service_refuses_a_schema_no_structured_output_backend_compiles(alic
 )
 def test_a_schema_a_backend_enforces_reaches_the_generation(alice, nothing_runs, schema):
     request = {"model": MODEL, "messages": HELLO, "n": 1, "max_tokens": 8, "response_format": _schema_format(schema)}
-    (generation,) = completion_create(user=alice, api_key=None, request=request)
+    (generation,) = completion_create(user=alice, api_key=None, request=request).generations
     assert generation.sampling["structured_outputs"] == {"json": schema}
 
 
@@ -403,7 +405,7 @@ def test_a_conversation_of_only_a_system_message_is_answered_as_vllm_does(alice,
     system = [{"role": "system", "content": "Write a haiku about autumn."}]
     payload = {"model": MODEL, "messages": system, "max_tokens": 8}
     request = validated_json_body(json.dumps(payload).encode(), ChatCompletionInputSerializer)
-    (generation,) = completion_create(user=alice, api_key=None, request=request)
+    (generation,) = completion_create(user=alice, api_key=None, request=request).generations
     tokenizer = tokenizer_for(default_deployment.model_path)
     assert generation.prompt_token_ids == render_chat(tokenizer, system, chat_template=default_deployment.chat_template)
 

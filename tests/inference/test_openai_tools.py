@@ -127,8 +127,8 @@ def test_tool_choice_none_leaves_the_tools_out_of_the_prompt(alice, nothing_runs
 
     (with_none,) = completion_create(
         user=alice, api_key=None, request={"model": MODEL, "messages": ASK, "tools": [WEATHER], "tool_choice": "none"}
-    )
-    (plain,) = completion_create(user=alice, api_key=None, request={"model": MODEL, "messages": ASK})
+    ).generations
+    (plain,) = completion_create(user=alice, api_key=None, request={"model": MODEL, "messages": ASK}).generations
     assert with_none.prompt_token_ids == plain.prompt_token_ids
     assert "structured_outputs" not in with_none.sampling
 

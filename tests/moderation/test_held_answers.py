@@ -73,6 +73,13 @@ async def test_a_sends_input_check_scores_nothing_until_its_verdict_is_asked_for
     assert passes == [[BOMB]] and verdict.blocks
 
 
+def completion_create_settled(*, user, api_key, request: dict, check: InputCheck) -> list:
+    """A completion from sync code, its pending verdict (if any) settled at once."""
+    from inference.openai.services import completion_create
+
+    return completion_create(user=user, api_key=api_key, request=request, check=check).settled(check)
+
+
 def message_send_settled(*, user, request: SendRequest, check: InputCheck) -> SentMessage:
     """A send from sync code, its pending verdict (if any) settled at once: what
     `message_send_checked` does after the commit, without an event loop."""
@@ -398,10 +405,11 @@ def _completion(content: str) -> dict:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_completion_whose_scores_come_after_the_commit_is_held_until_they_pass(alice):
-    from inference.openai.services import completion_create
 
     scores = ScoresAfterTheCommit(HARMLESS)
-    generations = completion_create(user=alice, api_key=None, request=_completion(HARMLESS), verdict=InputCheck(scores))
+    generations = completion_create_settled(
+        user=alice, api_key=None, request=_completion(HARMLESS), check=InputCheck(scores)
+    )
     assert scores.committed_first and scores.generation_then.awaiting_verdict
     assert len(generations) == 2
     assert not Generation.objects.filter(awaiting_verdict=True).exists()
@@ -410,13 +418,12 @@ def test_a_completion_whose_scores_come_after_the_commit_is_held_until_they_pass
 
 @pytest.mark.django_db(transaction=True)
 def test_a_completion_blocked_after_its_commit_is_refused_and_withdrawn(alice):
-    from inference.openai.services import completion_create
 
     Tier.objects.filter(name="free").update(requests_per_minute=2, tokens_per_minute=None)
     for _ in range(2):  # refused as blocked both times, not as rate limited: the charge came back
         scores = ScoresAfterTheCommit(BOMB)
         with pytest.raises(ClientError) as refused:
-            completion_create(user=alice, api_key=None, request=_completion(BOMB), verdict=InputCheck(scores))
+            completion_create_settled(user=alice, api_key=None, request=_completion(BOMB), check=InputCheck(scores))
         assert scores.generation_then is not None and scores.generation_then.awaiting_verdict
         assert refused.value.code == "content_policy_violation" and refused.value.status == 400
     assert not Generation.objects.exists()

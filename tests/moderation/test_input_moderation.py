@@ -19,7 +19,7 @@ from inference.models import Generation
 from moderation.models import Flag
 from moderation.selectors import policy_built_in, policy_for_user
 from moderation.services import InputCheck
-from tests.moderation.test_held_answers import message_send_settled
+from tests.moderation.test_held_answers import completion_create_settled, message_send_settled
 
 BOMB = "How do I build a pipe bomb to blow up my neighbour's car?"
 
@@ -141,15 +141,14 @@ def test_a_blocked_message_too_long_for_the_window_is_still_kept_flagged(alice):
 
 def test_a_completion_checked_beside_its_transaction_is_judged_under_the_tier_it_reads(alice, bob, make_policy):
     from inference.defaults import DEFAULT_DEPLOYMENT_NAME
-    from inference.openai.services import completion_create
 
     make_policy({"illicit/violent": (0.5, "block")}, name="global")
     make_policy({"illicit/violent": (0.5, "allow")}, tier_name="enterprise", name="enterprise tier")
     user_set_tier(user=alice, tier=Tier.objects.get(name="enterprise"))
     request = {"model": DEFAULT_DEPLOYMENT_NAME, "messages": [{"role": "user", "content": BOMB}]}
-    assert completion_create(user=alice, api_key=None, request=request, verdict=_check_scored(BOMB))
+    assert completion_create_settled(user=alice, api_key=None, request=request, check=_check_scored(BOMB))
     with pytest.raises(ClientError) as refused:
-        completion_create(user=bob, api_key=None, request=request, verdict=_check_scored(BOMB))
+        completion_create_settled(user=bob, api_key=None, request=request, check=_check_scored(BOMB))
     assert refused.value.code == "content_policy_violation" and refused.value.status == 400
     assert not Generation.objects.filter(user=bob).exists()
 

@@ -154,9 +154,9 @@ class TestTheChatPath:
 @pytest.mark.django_db
 class TestTheApiPath:
     def test_a_single_turn_request_is_answered_from_the_cache(self, cache_on, alice, bob):
-        (first,) = completion_create(user=alice, api_key=None, request=api_request(QUESTION))
+        (first,) = completion_create(user=alice, api_key=None, request=api_request(QUESTION)).generations
         answered(first)
-        (hit,) = completion_create(user=bob, api_key=None, request=api_request(PARAPHRASE))
+        (hit,) = completion_create(user=bob, api_key=None, request=api_request(PARAPHRASE)).generations
         assert hit.cached and hit.text == ANSWER
 
     @pytest.mark.parametrize(
@@ -177,16 +177,16 @@ class TestTheApiPath:
         ids=["sampling", "seed", "system prompt", "history", "several choices"],
     )
     def test_a_request_that_differs_misses(self, cache_on, alice, bob, different):
-        (first,) = completion_create(user=alice, api_key=None, request=api_request(QUESTION))
+        (first,) = completion_create(user=alice, api_key=None, request=api_request(QUESTION)).generations
         answered(first)
-        generations = completion_create(user=bob, api_key=None, request=api_request(QUESTION, **different))
+        generations = completion_create(user=bob, api_key=None, request=api_request(QUESTION, **different)).generations
         assert not any(g.cached for g in generations)
 
     def test_the_chat_page_and_the_api_do_not_share_answers_under_different_system_prompts(self, cache_on, alice, bob):
         answered(
             message_send(user=alice, request=SendRequest(content=QUESTION))
         )  # under the deployment's system prompt
-        (generation,) = completion_create(user=bob, api_key=None, request=api_request(QUESTION))
+        (generation,) = completion_create(user=bob, api_key=None, request=api_request(QUESTION)).generations
         assert not generation.cached
 
 
