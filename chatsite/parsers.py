@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 from django.core.exceptions import RequestDataTooBig
 from rest_framework import parsers
@@ -21,6 +21,11 @@ from chatsite.errors import ClientError, request_too_large
 # limit leaves room for clients that send more, and keeps Python's recursion limit (about 1,000
 # frames, shared with the caller's stack) far away from anything that walks a parsed value.
 JSON_MAX_DEPTH = 64
+
+# A JSON object as it came (an API body, a stored order, a wire payload), its fields checked by a
+# serializer or by the code that wrote it: the one name for "whatever JSON holds" that the typed
+# services and selectors may take and return.
+JsonObject: TypeAlias = dict[str, Any]
 
 
 def _refuse_constant(name: str) -> Any:

@@ -4,7 +4,7 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeGuard, cast
+from typing import TypeGuard, cast
 
 from django.conf import settings
 from django.db import connection
@@ -13,8 +13,10 @@ from django.utils import timezone
 
 from accounts.models import User
 from accounts.selectors import deployments_allowed_for_user, user_settings_get
+from chatsite.parsers import JsonObject
 from conversations.branches import Tree
 from conversations.models import Conversation, Message, MessageFeedback, SharedConversation
+from inference.models import ModelDeployment
 from inference.selectors import deployment_list_enabled, queue_length_annotation
 from moderation.models import Flag
 from orchestration.models import ConversationSummary
@@ -25,12 +27,12 @@ def conversation_list_for_user(*, user: User) -> QuerySet[Conversation]:
     return Conversation.objects.filter(user=user).select_related("deployment")
 
 
-def conversation_get_for_user(*, user: User, conversation_id: Any) -> Conversation | None:
+def conversation_get_for_user(*, user: User, conversation_id: int) -> Conversation | None:
     """The user's own conversation, or None: another user's conversation looks exactly like a missing one."""
     return _conversation_get(conversation_list_for_user(user=user), conversation_id=conversation_id)
 
 
-def conversation_get_for_send(*, user: User, conversation_id: Any) -> Conversation | None:
+def conversation_get_for_send(*, user: User, conversation_id: int) -> Conversation | None:
     """The user's own conversation, as `conversation_get_for_user`, locked for a send into it until
     the transaction ends (PostgreSQL row lock; SQLite locks the database), with its deployment's
     queue length (`deployment.queued_now`, for `generation_admit`): one statement.
@@ -44,13 +46,12 @@ def conversation_get_for_send(*, user: User, conversation_id: Any) -> Conversati
     )
     conversation = _conversation_get(conversations, conversation_id=conversation_id)
     if conversation is not None:
-        # Columns of the query's annotations, which the type checker cannot see on the rows.
-        row: Any = conversation
-        row.deployment.queued_now = row.deployment_queued_now
+        # A column of the query's annotations, which the type checker cannot see on the rows.
+        setattr(conversation.deployment, "queued_now", getattr(conversation, "deployment_queued_now"))  # noqa: B009, B010
     return conversation
 
 
-def _conversation_get(conversations: QuerySet[Conversation], *, conversation_id: Any) -> Conversation | None:
+def _conversation_get(conversations: QuerySet[Conversation], *, conversation_id: int) -> Conversation | None:
     try:
         conversation_id = int(conversation_id)
         if not 0 < conversation_id < 2**63:  # beyond a bigint, PostgreSQL would refuse the query
@@ -131,7 +132,7 @@ def conversation_has_message_in_progress(*, conversation: Conversation) -> bool:
     return conversation.messages.filter(status__in=Message.IN_PROGRESS).exists()
 
 
-def default_model_for_user(*, user: User, allowed: list[Any] | None = None) -> str:
+def default_model_for_user(*, user: User, allowed: list[ModelDeployment] | None = None) -> str:
     """The model a new chat of this person starts on: their chosen default while it is enabled and
     their plan includes it, else the service's. `allowed`: the deployments the plan may use, when the
     caller has read them already."""
@@ -246,7 +247,7 @@ EXPORT_HOLDS = {
 }
 
 
-def conversation_export(*, conversation: Conversation, scope: ExportScope = ExportScope.BRANCH) -> dict[str, Any]:
+def conversation_export(*, conversation: Conversation, scope: ExportScope = ExportScope.BRANCH) -> JsonObject:
     """The conversation as plain data (the JSON download, and the Markdown one's source), saying
     what it holds (`holds`, `holds_description`): the branch on screen (`Tree.active_path`, as the
     chat page shows it), or the whole tree. Its user and assistant messages with their roles,

@@ -3,7 +3,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 from django.conf import settings
 from django.db.models import Q
@@ -11,6 +11,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from accounts.models import User
 from chatsite.errors import ClientError
 from inference.engine.host import EngineSpec
 from inference.models import Generation, GenerationId, ModelDeployment, ProcessHeartbeat
@@ -67,7 +68,7 @@ class DeploymentRouter(Protocol):
     def __call__(
         self,
         *,
-        user: Any,
+        user: User,
         model: str,
         sticky: ModelDeployment | None = None,
         prompt_tokens: Callable[[ModelDeployment], int] | None = None,
@@ -99,7 +100,9 @@ def models_listed(deployments: list[ModelDeployment]) -> list[tuple[str, ModelDe
     return [*routed, *named.items()]
 
 
-def deployment_route(*, user: Any, model: str, prompt_tokens: Callable[[ModelDeployment], int] | None = None) -> Routed:
+def deployment_route(
+    *, user: User, model: str, prompt_tokens: Callable[[ModelDeployment], int] | None = None
+) -> Routed:
     """The deployment that serves `user`'s request for the public `model` (orchestration.routing);
     `prompt_tokens` measures the request's prompt with a deployment's tokenizer, for `auto`. Without
     a router installed, the enabled deployment of that name, with its queue's length."""
@@ -218,7 +221,7 @@ def generations_finished(*, ids: list[str]) -> list[Generation]:
     return list(Generation.objects.filter(id__in=ids, status__in=Generation.FINISHED))
 
 
-def generation_ids_orphaned_locally(*, own: str) -> list[Any]:
+def generation_ids_orphaned_locally(*, own: str) -> list[GenerationId]:
     """Generations still running on a local process (not `own`) that has gone silent: its heartbeat
     is older than INFERENCE_WORKER_HEARTBEAT_TTL_S by the database's clock, or missing."""
     alive = ProcessHeartbeat.objects.filter(

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from accounts.models import User
 from chatsite.errors import ClientError
+from chatsite.parsers import JsonObject
 from chatsite.queries import update_returning
 from inference.backend import generation_abort, generation_dispatch
 from inference.caching import CachedAnswer
@@ -48,7 +49,7 @@ def generation_create(
     user: User,
     deployment: ModelDeployment,
     prompt_token_ids: list[int],
-    sampling: dict[str, Any],
+    sampling: JsonObject,
     priority: int = 0,
     awaiting_verdict: bool = False,
     tier_id: int | None = None,
@@ -126,7 +127,7 @@ def service_generation_create(
     )
 
 
-def generation_order(generation: Generation, *, tier_id: int | None = None) -> dict[str, Any]:
+def generation_order(generation: Generation, *, tier_id: int | None = None) -> JsonObject:
     """What an engine needs to start a queued generation, sent with its first dispatch.
 
     With it the runner starts the engine request at once and claims the row beside the engine's first
@@ -147,7 +148,7 @@ def generation_order(generation: Generation, *, tier_id: int | None = None) -> d
     return order
 
 
-def generation_from_order(*, generation_id: GenerationId, order: dict[str, Any]) -> Generation:
+def generation_from_order(*, generation_id: GenerationId, order: JsonObject) -> Generation:
     """The generation an order describes, unsaved and unclaimed: enough to start its engine request.
     Its `deployment` is for the caller to set (from the process's cache: no query here)."""
     return Generation(
@@ -220,7 +221,7 @@ def generation_finish(
     was lost. A row that ended exactly as this call would end it is then returned (its receivers ran
     in that commit, and run no more), so its caller still announces the end."""
     assert status in Generation.FINISHED
-    fields: dict[str, Any] = {
+    fields: dict[str, object] = {
         "status": status,
         "text": text,
         "finish_reason": finish_reason,
@@ -267,7 +268,7 @@ def generation_request_stop(*, generation: Generation) -> Generation | None:
     return ended
 
 
-def generations_request_stop(*, generation_ids: list[Any]) -> None:
+def generations_request_stop(*, generation_ids: Sequence[GenerationId]) -> None:
     """Ask each of these generations to stop (those already ended stay as they are)."""
     for generation in Generation.objects.filter(id__in=generation_ids):
         generation_request_stop(generation=generation)

@@ -21,16 +21,19 @@ import uuid
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
+import numpy as np
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from numpy.typing import NDArray
 
 from accounts.models import User
 from accounts.services import user_deactivate
 from chatsite.batching import Batcher
 from chatsite.errors import ClientError
+from chatsite.parsers import JsonObject
 from moderation.classifiers import (
     CATEGORIES,
     PROMPT_INJECTION,
@@ -492,7 +495,7 @@ def _thread_nice_raise(nice: int) -> None:
 
 # Per event loop (the web server's in the embedded default, a worker's engine loop): a scorer for
 # answers' sentences and one for incoming messages (prompt-injection score and guard model included).
-_scorers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = weakref.WeakKeyDictionary()
+_scorers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, object]] = weakref.WeakKeyDictionary()
 
 LoopScorer = TypeVar("LoopScorer", BatchScorer, InputScorer)
 
@@ -501,7 +504,7 @@ def _loop_scorer(kind: str, make: Callable[[], LoopScorer]) -> LoopScorer:
     per_loop = _scorers.setdefault(asyncio.get_running_loop(), {})
     if kind not in per_loop:
         per_loop[kind] = make()
-    return per_loop[kind]
+    return cast(LoopScorer, per_loop[kind])  # each kind is made by one `make`
 
 
 def output_scorer() -> BatchScorer:
@@ -608,7 +611,7 @@ def flag_suspend_user(*, flag: Flag, reviewer: User, note: str = "") -> Flag:
 API_THRESHOLD = 0.5
 
 
-def moderations_create(*, inputs: list[str], model: str | None = None) -> dict[str, Any]:
+def moderations_create(*, inputs: list[str], model: str | None = None) -> JsonObject:
     """The body of OpenAI's `POST /v1/moderations` response for a list of texts."""
     if not isinstance(inputs, list) or not inputs or not all(isinstance(text, str) for text in inputs):
         raise ClientError(
@@ -651,7 +654,7 @@ def sentence_token_counts(*, model: str, texts: list[str]) -> tuple[list[int], i
     return encoder.token_counts(texts), encoder.max_length
 
 
-def sentence_embeddings(*, model: str, texts: list[str]) -> Any:
+def sentence_embeddings(*, model: str, texts: list[str]) -> NDArray[np.float32]:
     """Unit-length embeddings of `texts` (a float32 array, one row per text)."""
     return SENTENCE_MODELS[model].embed(texts)
 

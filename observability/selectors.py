@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TypedDict
 
 from django.conf import settings
 from django.db.models import Count
 
+from chatsite.parsers import JsonObject
 from chatsite.redis_clients import redis_client
 from inference.engine.host import engine_hosts
 from inference.execution.dispatch import local_backend
@@ -16,7 +17,12 @@ from inference.execution.workers import WORKER_KEY
 from inference.models import Generation
 
 
-def generations_by_state() -> dict[str, dict[Any, int]]:
+class GenerationCounts(TypedDict):
+    queued: dict[tuple[str, int], int]  # by (deployment, broker priority)
+    running: dict[str, int]  # by deployment
+
+
+def generations_by_state() -> GenerationCounts:
     """Queued generations per (deployment, broker priority) and running ones per deployment: one
     grouped query on the indexed status column."""
     rows = (
@@ -25,7 +31,7 @@ def generations_by_state() -> dict[str, dict[Any, int]]:
         .annotate(n=Count("id"))
         .order_by()
     )
-    counts: dict[str, dict[Any, int]] = {"queued": {}, "running": {}}
+    counts: GenerationCounts = {"queued": {}, "running": {}}
     for status, deployment, priority, n in rows:
         if status == Generation.Status.QUEUED:
             key = (deployment, priority if priority is not None else 0)
@@ -35,7 +41,7 @@ def generations_by_state() -> dict[str, dict[Any, int]]:
     return counts
 
 
-def workers_list() -> list[dict[str, Any]]:
+def workers_list() -> list[JsonObject]:
     """Every process hosting engines, with its heartbeat's age, its engines' states, the queues it
     consumes and what it is running: the Celery workers' heartbeats in Redis in the production
     topology, this process's own engines in the embedded default."""
@@ -70,7 +76,7 @@ def workers_list() -> list[dict[str, Any]]:
     return found
 
 
-def _local_worker() -> dict[str, Any]:
+def _local_worker() -> JsonObject:
     hosts = engine_hosts()
     runner = local_backend.runner
     return {

@@ -1,12 +1,11 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
 
 from orchestration.models import ConversationSummary
 
 
-def summary_for_branch(*, conversation_id: Any, message_ids: Collection[int]) -> ConversationSummary | None:
+def summary_for_branch(*, conversation_id: int, message_ids: Collection[int]) -> ConversationSummary | None:
     """The newest ready summary of the conversation that runs to a message of this branch: one that
     ran to another branch's message says nothing of this one."""
     if not message_ids:

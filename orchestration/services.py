@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
@@ -29,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 
 def summary_extend(
-    *, conversation_id: Any, user_id: Any, deployment: ModelDeployment, turns: Sequence[Turn], upto: int
+    *, conversation_id: int, user_id: int, deployment: ModelDeployment, turns: Sequence[Turn], upto: int
 ) -> ConversationSummary | None:
     """Have the deployment's utility model extend the branch's summary with the turns that fell out
     of the window, `turns[covered:upto]` (`covered`: the turns its newest ready summary covers, 0

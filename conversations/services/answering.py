@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -47,7 +46,7 @@ logger = logging.getLogger(__name__)
 ANSWER_CUT = "This answer was stopped by an automatic safety check; what it had written before that is kept."
 
 
-def passages_for(*, user_id: int, conversation_id: Any, text: str) -> Retrieved:
+def passages_for(*, user_id: int, conversation_id: int | None, text: str) -> Retrieved:
     """The passages of the user's files (the conversation's and the library's) that answer `text`.
     A search that fails costs the answer its passages, not the message."""
     if conversation_id is not None and not is_row_id(conversation_id):
@@ -206,7 +205,7 @@ def _memory_of(path: list[Message], turns: list[Turn], *, max_context: int) -> M
     return Memory(text=summary.text, covers=keys.index(summary.through_id) + 1)
 
 
-def memory_extend_after_commit(*, user_id: Any, deployment: ModelDeployment, path: list[Message], upto: int) -> None:
+def memory_extend_after_commit(*, user_id: int, deployment: ModelDeployment, path: list[Message], upto: int) -> None:
     """Once the send commits (after its answer is dispatched), have the turns that fell out of the
     window summarized in the background (orchestration.services.summary_extend); whatever becomes
     of that, the message is answered."""

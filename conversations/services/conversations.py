@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
 
 from accounts.models import User
 from accounts.services import (
@@ -54,7 +54,11 @@ def model_name_stored(asked: str, deployment: ModelDeployment) -> str:
 
 
 def conversation_route(
-    *, user: Any, conversation: Conversation, model: str | None, prompt_tokens: Any = None
+    *,
+    user: User,
+    conversation: Conversation,
+    model: str | None,
+    prompt_tokens: Callable[[ModelDeployment], int] | None = None,
 ) -> Routed:
     """The deployment a conversation's next answer goes to (orchestration.routing): the one it is on,
     unless that is drained or gone or cannot take it, or `model` names another model (a switch, from
@@ -70,7 +74,7 @@ def conversation_route(
     return routed
 
 
-def prompt_measure(*, path: list[Message], content: str) -> Any:
+def prompt_measure(*, path: list[Message], content: str) -> Callable[[ModelDeployment], int]:
     """A send's prompt size on a deployment, for the `auto` model's rule: the branch's turns as they
     were counted when saved, and the new message and the system prompt in that deployment's tokenizer
     (the template's own few tokens aside)."""

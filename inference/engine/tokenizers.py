@@ -6,14 +6,18 @@ import functools
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from chatsite.imports import ML_IMPORTS
 
 _loading = threading.Lock()
 
+# A Hugging Face tokenizer (transformers' PreTrainedTokenizerBase), whose own annotations are too loose
+# to check the calls made of it here.
+Tokenizer: TypeAlias = Any
 
-def tokenizer_for(model_path: str) -> Any:
+
+def tokenizer_for(model_path: str) -> Tokenizer:
     # One load at a time: the first messages after a start arrive together, on several database
     # threads, and each would otherwise load its own copy (about half a second each, mostly holding
     # the GIL) before the cache kept one of them.

@@ -19,8 +19,9 @@ from accounts.services import RequestLimits, request_admit, request_limits, requ
 from chatsite.completion import run_to_end
 from chatsite.database import DatabaseCall
 from chatsite.errors import ClientError
-from inference.caching import response_cache_probe
-from inference.engine.tokenizers import render_chat, tokenizer_for
+from chatsite.parsers import JsonObject
+from inference.caching import CacheProbe, response_cache_probe
+from inference.engine.tokenizers import Tokenizer, render_chat, tokenizer_for
 from inference.held import HeldAnswer
 from inference.models import Generation, ModelDeployment
 from inference.openai.fields import choice_seed, completion_sampling, token_ids_check
@@ -30,7 +31,7 @@ from inference.services import generation_admit, generation_create
 from moderation.services import InputCheck, Verdict, input_moderate
 
 
-def newest_user_text(request: dict[str, Any]) -> str:
+def newest_user_text(request: JsonObject) -> str:
     """What input moderation judges in a chat completion: its newest user message and the tool
     results after it, the turn's new input from the client's tools. A conversation with no user
     message (a system prompt alone, which vLLM answers too) is judged whole: its text is all the
@@ -60,7 +61,7 @@ class Completion:
 
 
 def completion_create(
-    *, user: User, api_key: ApiKey | None, request: dict[str, Any], check: InputCheck | None = None
+    *, user: User, api_key: ApiKey | None, request: JsonObject, check: InputCheck | None = None
 ) -> Completion:
     """Moderate the newest user message and queue the completion (see _completion_queue).
 
@@ -77,7 +78,7 @@ def completion_create(
 
 
 async def completion_create_checked(
-    call: DatabaseCall, *, user: User, api_key: ApiKey | None, request: dict[str, Any], text: str
+    call: DatabaseCall, *, user: User, api_key: ApiKey | None, request: JsonObject, text: str
 ) -> list[Generation]:
     """`completion_create` from an async view, through `call`, with input moderation's check of
     `text` scored after the commit on the event loop (no database thread waits for the scores) and
@@ -112,7 +113,7 @@ class _HeldCompletion(HeldAnswer[list[Generation]]):
 
 
 @transaction.atomic
-def _completion_queue(*, user: User, api_key: ApiKey | None, request: dict[str, Any], check: InputCheck) -> Completion:
+def _completion_queue(*, user: User, api_key: ApiKey | None, request: JsonObject, check: InputCheck) -> Completion:
     """Queue the generations of one OpenAI chat completion (`n` of them), after every check.
 
     The client owns the whole conversation here, system prompt included, so nothing is dropped to
@@ -182,14 +183,14 @@ def _completion_queue(*, user: User, api_key: ApiKey | None, request: dict[str, 
     return Completion(generations, pending=held)
 
 
-def _prompt_chars(request: dict[str, Any]) -> int:
+def _prompt_chars(request: JsonObject) -> int:
     if "prompt" in request:  # a text completion (/v1/completions): its prompt is text or token ids
         return len(request["prompt"])
     calls = (c["function"]["arguments"] for m in request["messages"] for c in m.get("tool_calls") or ())
     return sum(len(m["content"] or "") for m in request["messages"]) + sum(len(a) for a in calls)
 
 
-def _prompt_ids(tokenizer: Any, request: dict[str, Any], *, deployment: ModelDeployment) -> list[int]:
+def _prompt_ids(tokenizer: Tokenizer, request: JsonObject, *, deployment: ModelDeployment) -> list[int]:
     """The prompt's token ids: a chat's messages (and tools) in the deployment's chat template; a
     text completion's prompt as it is (its client owns the whole text, special tokens included, as
     with vLLM), or its token ids, which must be the model's."""
@@ -211,11 +212,11 @@ def _completion_generations(
     *,
     user: User,
     api_key: ApiKey | None,
-    request: dict[str, Any],
+    request: JsonObject,
     deployment: ModelDeployment,
     limits: RequestLimits,
     prompt: list[int],
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     awaiting_verdict: bool,
     routing_reason: str = "",
 ) -> tuple[list[Generation], list[Any]]:
@@ -281,11 +282,11 @@ def _completion_generations(
 
 
 def _tools_fit_check(
-    request: dict[str, Any],
+    request: JsonObject,
     *,
     prompt: list[int],
     answer: int,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     deployment: ModelDeployment,
     limits: RequestLimits,
 ) -> None:
@@ -326,7 +327,9 @@ _CACHEABLE_FIELDS = {
 }
 
 
-def _cache_probe(*, user: User, request: dict[str, Any], deployment: ModelDeployment, sampling: dict[str, Any]) -> Any:
+def _cache_probe(
+    *, user: User, request: JsonObject, deployment: ModelDeployment, sampling: JsonObject
+) -> CacheProbe | None:
     """The response cache's answer (inference.caching) for a single-turn chat request: one user
     message after at most a system message, one choice, no field outside _CACHEABLE_FIELDS."""
     messages = request.get("messages") or []

@@ -376,7 +376,7 @@ async def test_a_schema_the_engine_cannot_enforce_is_refused_before_anything_is_
 def test_the_service_refuses_a_schema_no_structured_output_backend_compiles(alice, nothing_runs, schema):
     request = {"model": MODEL, "messages": HELLO, "n": 1, "max_tokens": 8, "response_format": _schema_format(schema)}
     with pytest.raises(ClientError) as refused:
-        completion_create(user=alice, api_key=None, request=request).generations
+        completion_create(user=alice, api_key=None, request=request)
     assert (refused.value.param, refused.value.code) == ("response_format", "invalid_value")
     assert not Generation.objects.exists()
     assert not UsageRecord.objects.exists()
