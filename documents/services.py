@@ -20,7 +20,8 @@ from django.utils import timezone
 
 from accounts.defaults import DEFAULT_DOCUMENT_PROCESSING_LIMITS, DEFAULT_TIER_NAME
 from accounts.selectors import tier_for_user
-from accounts.services import moderation_tokens, processing_usage_record, quota_check
+from accounts.services import moderation_tokens, quota_check
+from billing.services import processing_usage_record
 from chatsite.errors import ClientError
 from documents.index import embedding_bytes, pgvector_add
 from documents.models import Chunk, Citation, Document, TierDocumentLimits

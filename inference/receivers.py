@@ -2,11 +2,9 @@
 
 from django.dispatch import receiver
 
-from accounts.services import usage_record
 from accounts.signals import quota_tokens_reserved, user_deactivated
 from inference.selectors import generation_tokens_reserved_for_user
 from inference.services import user_generations_stop
-from inference.signals import generation_finished
 
 
 @receiver(user_deactivated)
@@ -17,8 +15,3 @@ def on_user_deactivated(sender, user_id, **kwargs) -> None:
 @receiver(quota_tokens_reserved)
 def on_quota_tokens_reserved(sender, user, **kwargs) -> int:
     return generation_tokens_reserved_for_user(user=user)
-
-
-@receiver(generation_finished)
-def on_generation_finished(sender, generation, **kwargs) -> None:
-    usage_record(generation=generation)

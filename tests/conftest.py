@@ -23,8 +23,9 @@ from django.core.cache import cache
 
 from accounts import ratelimit
 from accounts.defaults import create_default_tiers
-from accounts.models import Tier, TierModelPrice
+from accounts.models import Tier
 from accounts.services import user_create
+from billing.models import TierModelPrice
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME, DEFAULT_DEPLOYMENT_TOOL_FIELDS
 from inference.engine.host import EngineState, engine_host_for, engine_hosts
 from inference.execution.dispatch import local_backend

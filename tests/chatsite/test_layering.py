@@ -21,7 +21,16 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ["accounts", "moderation", "inference", "orchestration", "documents", "conversations", "observability"]
+APPS = [
+    "accounts",
+    "moderation",
+    "inference",
+    "billing",
+    "orchestration",
+    "documents",
+    "conversations",
+    "observability",
+]
 COMPOSITION = {"chatsite.settings", "chatsite.urls", "chatsite.asgi", "chatsite.celery", "chatsite.wsgi"}
 LAYERS = ["shared", *APPS, "composition"]
 

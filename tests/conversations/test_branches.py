@@ -7,7 +7,7 @@ import pytest
 from django.apps import apps
 from django.test import Client
 
-from accounts.models import UsageRecord
+from billing.models import UsageRecord
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message, MessageFeedback
 from conversations.selectors import message_branch

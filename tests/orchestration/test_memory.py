@@ -9,8 +9,8 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from accounts.models import UsageRecord
-from accounts.selectors import usage_tokens_since
+from billing.models import UsageRecord
+from billing.selectors import usage_tokens_since
 from conversations.models import Message
 from conversations.prompts import Turn
 from conversations.services import message_send
