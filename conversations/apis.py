@@ -41,6 +41,7 @@ from accounts.metering import ADMITTED, metered
 from accounts.models import ApiKey
 from chatsite.errors import INVALID_API_KEY, ClientError, error_body, validated_json_body
 from chatsite.parsers import request_body
+from conversations.citations import citation_json, citations_for_messages
 from conversations.models import Conversation
 from conversations.selectors import (
     branch_summary,
@@ -59,7 +60,7 @@ from conversations.services import (
     message_send,
 )
 from documents.apis import DocumentOutputSerializer, FileUploadSerializer, uploaded_file
-from documents.selectors import citation_json, citations_for_messages, documents_of_conversation
+from documents.selectors import documents_of_conversation
 from documents.services import document_upload
 from inference.held import checked_after_commit
 from inference.models import Generation

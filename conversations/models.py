@@ -136,6 +136,33 @@ class SharedConversation(models.Model):
         return f"Share of {self.conversation_id}"
 
 
+class Citation(models.Model):
+    """A passage that went into an answer's prompt, numbered as the prompt numbered it ([1], [2] …),
+    or one the prompt-injection check left out (`withheld`, no text kept). The file's name and the
+    passage are copied, so an answer keeps its sources after the file is deleted. An answer's own
+    record, kept here beside it: it goes with the message, and points down at the file."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="citations")
+    document = models.ForeignKey(
+        "documents.Document", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    number = models.PositiveSmallIntegerField(default=0)
+    file_name = models.CharField(max_length=255)
+    page = models.PositiveIntegerField(null=True, blank=True)
+    heading = models.CharField(max_length=300, blank=True, default="")
+    passage = models.TextField(blank=True, default="")
+    withheld = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "documents_citation"  # made by documents, which held the citations first
+        ordering = ["message_id", "withheld", "number", "id"]
+        indexes = [models.Index(fields=["owner", "message"])]
+
+    def __str__(self) -> str:
+        return f"[{self.number}] {self.file_name}"
+
+
 class MessageFeedback(models.Model):
     """A user's rating of an answer, with an optional comment: one per user and message, replaced
     when given again. A dataset for the operator, read in the admin."""

@@ -26,6 +26,7 @@ from accounts.services import (
 )
 from chatsite.errors import ClientError
 from conversations.branches import Tree
+from conversations.citations import citations_record, retrieved_for_answer
 from conversations.models import Conversation, Message, MessageFeedback, SharedConversation
 from conversations.prompts import AssembledPrompt, Memory, Turn, assemble_prompt
 from conversations.selectors import (
@@ -47,9 +48,7 @@ from documents.retrieval import (
     Retrieved,
     passages_quoted,
     retrieve_for_message,
-    retrieved_for_answer,
 )
-from documents.services import citations_record
 from inference.caching import response_cache_probe
 from inference.engine.tokenizers import (
     continuation_ids,

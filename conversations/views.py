@@ -18,6 +18,7 @@ from accounts.metering import metered
 from accounts.selectors import deployments_allowed_for_user
 from chatsite.errors import ClientError, error_body
 from conversations.branches import Tree
+from conversations.citations import citations_for_messages
 from conversations.models import Conversation, Message
 from conversations.selectors import (
     ConversationGroup,
@@ -42,7 +43,7 @@ from conversations.services import (
     conversation_share_revoke,
     held_back_reason,
 )
-from documents.selectors import citations_for_messages, documents_of_conversation
+from documents.selectors import documents_of_conversation
 from inference.execution.dispatch import engine_state
 from inference.selectors import deployment_list_enabled, models_listed
 from orchestration.routing import AUTO, AUTO_LABEL

@@ -91,29 +91,6 @@ class Chunk(models.Model):
         return f"{self.document_id}#{self.ordinal}"
 
 
-class Citation(models.Model):
-    """A passage that went into an answer's prompt, numbered as the prompt numbered it ([1], [2] …),
-    or one the prompt-injection check left out (`withheld`, no text kept). The file's name and the
-    passage are copied, so an answer keeps its sources after the file is deleted."""
-
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
-    message = models.ForeignKey("conversations.Message", on_delete=models.CASCADE, related_name="citations")
-    document = models.ForeignKey(Document, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    number = models.PositiveSmallIntegerField(default=0)
-    file_name = models.CharField(max_length=255)
-    page = models.PositiveIntegerField(null=True, blank=True)
-    heading = models.CharField(max_length=300, blank=True, default="")
-    passage = models.TextField(blank=True, default="")
-    withheld = models.BooleanField(default=False)
-
-    class Meta:
-        ordering = ["message_id", "withheld", "number", "id"]
-        indexes = [models.Index(fields=["owner", "message"])]
-
-    def __str__(self) -> str:
-        return f"[{self.number}] {self.file_name}"
-
-
 class TierDocumentLimits(models.Model):
     """What a plan allows in files, and how much of the service one file's processing may take. A
     tier with no row gets the DOCUMENTS_* settings' defaults; an empty field means no limit, except

@@ -1,16 +1,13 @@
-"""Reads: a user's files (never another's: every query filters by owner), their storage, and the
-sources of answers."""
+"""Reads: a user's files (never another's: every query filters by owner) and their storage."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import Count, Q, QuerySet, Sum
 
-from documents.models import Citation, Document
+from documents.models import Document
 
 # Every column but the file's bytes: lists and pages never need them.
 LISTED = ("data",)
@@ -51,28 +48,6 @@ class Storage:
 def storage_for_user(*, user: Any) -> Storage:
     held = Document.objects.filter(owner=user).aggregate(files=Count("id"), bytes=Sum("size"))
     return Storage(files=held["files"], bytes=held["bytes"] or 0)
-
-
-def citations_for_messages(*, owner_id: int, message_ids: Iterable[int]) -> dict[int, list[Citation]]:
-    """Each message's sources, numbered, then what was left out of its prompt: one query."""
-    found: dict[int, list[Citation]] = defaultdict(list)
-    ids = list(message_ids)
-    if ids:
-        for citation in Citation.objects.filter(owner_id=owner_id, message_id__in=ids):
-            found[citation.message_id].append(citation)
-    return dict(found)
-
-
-def citation_json(citation: Citation) -> dict[str, Any]:
-    return {
-        "number": citation.number,
-        "file": citation.file_name,
-        "document": citation.document_id,
-        "page": citation.page,
-        "heading": citation.heading,
-        "passage": citation.passage,
-        "withheld": citation.withheld,
-    }
 
 
 def usage_storage_figures(user: Any) -> list[tuple[str, str]]:

@@ -8,7 +8,6 @@ import datetime as dt
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +23,7 @@ from accounts.services import moderation_tokens, quota_check
 from billing.services import processing_usage_record
 from chatsite.errors import ClientError
 from documents.index import embedding_bytes, pgvector_add
-from documents.models import Chunk, Citation, Document, TierDocumentLimits
+from documents.models import Chunk, Document, TierDocumentLimits
 from documents.parsing import ParseLimits, bad_file, check_readable, kind_of
 from documents.sandbox import ProcessingStopped, parse_bounded
 from inference.defaults import EMBEDDING_DEPLOYMENT_NAME
@@ -347,38 +346,3 @@ def _fail(document_id: int, reason: str) -> str:
         status=Document.Status.FAILED, error=reason, progress=0, updated_at=timezone.now()
     )
     return "failed" if updated else "deleted"
-
-
-# --- an answer's sources ---------------------------------------------------------------------------
-
-
-def citations_record(*, owner_id: int, message_id: int, cited: Sequence[Any], withheld: Sequence[Any]) -> None:
-    """Record what an answer's prompt quoted (`cited`, numbered in order from 1) and what the
-    prompt-injection check left out of it (`withheld`): `documents.retrieval.Passage`s."""
-    rows = [
-        Citation(
-            owner_id=owner_id,
-            message_id=message_id,
-            document_id=p.document_id,
-            number=i,
-            file_name=p.file_name,
-            page=p.page,
-            heading=p.heading,
-            passage=p.text,
-        )
-        for i, p in enumerate(cited, start=1)
-    ]
-    rows += [
-        Citation(
-            owner_id=owner_id,
-            message_id=message_id,
-            document_id=p.document_id,
-            file_name=p.file_name,
-            page=p.page,
-            heading=p.heading,
-            withheld=True,
-        )
-        for p in withheld
-    ]
-    if rows:
-        Citation.objects.bulk_create(rows)

@@ -7,9 +7,10 @@ import pytest
 from django.conf import settings
 
 from accounts.models import Tier
+from conversations.models import Citation
 from conversations.prompts import context_budget
 from conversations.services import conversation_start, message_continue, message_regenerate, message_send
-from documents.models import Citation, Document
+from documents.models import Document
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
 from inference.engine.tokenizers import tokenizer_for
 from inference.services import generation_finish

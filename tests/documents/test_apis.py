@@ -10,8 +10,9 @@ from rest_framework.test import APIClient
 
 from accounts.models import ApiKey
 from accounts.services import api_key_create
+from conversations.models import Citation
 from conversations.services import conversation_start, message_send
-from documents.models import Chunk, Citation, Document
+from documents.models import Chunk, Document
 from tests.conftest import PASSWORD
 from tests.documents.test_answering import FACT, POISONED
 
