@@ -7,3 +7,8 @@ class ConversationsConfig(AppConfig):
 
     def ready(self) -> None:
         from conversations import receivers  # noqa: F401
+        from conversations.flags import MESSAGE_FLAGS
+        from moderation.subjects import flag_subjects_install
+
+        # Moderation records and shows which message a flag is about through this (moderation.subjects).
+        flag_subjects_install(MESSAGE_FLAGS)

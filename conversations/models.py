@@ -99,6 +99,11 @@ class Message(models.Model):
         editable=False,
         help_text="The sender's own id for a user message, so that a message sent twice is saved once.",
     )
+    # What moderation flagged about it (an input check's flag on a user message, an output check's on
+    # an answer), through rows that point down at the flags: `Flag.objects.filter(message=...)`.
+    moderation_flags = models.ManyToManyField(
+        "moderation.Flag", through="FlaggedMessage", related_name="messages", related_query_name="message"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -117,6 +122,20 @@ class Message(models.Model):
     @property
     def is_in_progress(self) -> bool:
         return self.status in self.IN_PROGRESS
+
+
+class FlaggedMessage(models.Model):
+    """Which message a moderation flag is about: at most one per flag, kept here, beside the
+    messages, pointing down at the flag. A message deleted takes its flags with it
+    (conversations.flags), as it did when the flag held the key."""
+
+    flag = models.OneToOneField(
+        "moderation.Flag", on_delete=models.CASCADE, primary_key=True, related_name="message_link"
+    )
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="flag_links")
+
+    def __str__(self) -> str:
+        return f"flag {self.flag_id} on message {self.message_id}"
 
 
 class SharedConversation(models.Model):

@@ -1,7 +1,10 @@
-"""Keeps assistant messages in step with their generations; the rules live in services."""
+"""Keeps assistant messages in step with their generations, and flags with their messages; the
+rules live in services."""
 
+from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
+from conversations.models import FlaggedMessage
 from conversations.services import (
     conversation_title_on_finish,
     held_message_recover,
@@ -10,6 +13,7 @@ from conversations.services import (
 )
 from inference.held import HeldAnswer, held_answer_unjudged
 from inference.signals import generation_finished, generation_started
+from moderation.models import Flag
 
 
 @receiver(generation_started)
@@ -26,3 +30,10 @@ def on_generation_finished(sender, generation, **kwargs) -> None:
 @receiver(held_answer_unjudged)
 def on_held_answer_unjudged(sender, generation_id, **kwargs) -> HeldAnswer | None:
     return held_message_recover(generation_id=generation_id)
+
+
+@receiver(post_delete, sender=FlaggedMessage)
+def flag_goes_with_its_message(sender, instance, **kwargs) -> None:
+    """A message deleted (alone, or with its conversation or its user) takes its flags with it, as
+    the flag's own cascading key did when moderation held it."""
+    Flag.objects.filter(id=instance.flag_id).delete()

@@ -4,7 +4,7 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeGuard, cast
+from typing import Any, TypeGuard
 
 from django.db import connection
 from django.db.models import Q, QuerySet
@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from accounts.models import User
 from conversations.branches import Tree
-from conversations.models import Conversation, Message, MessageFeedback, SharedConversation
+from conversations.models import Conversation, FlaggedMessage, Message, MessageFeedback, SharedConversation
 from moderation.models import Flag
 from orchestration.models import ConversationSummary
 from orchestration.selectors import summary_for_branch
@@ -122,8 +122,12 @@ def held_back_flags(*, messages: list[Message]) -> dict[int, Flag]:
     held = [m.id for m in messages if m.role == Message.Role.USER and m.status == Message.Status.FLAGGED]
     if not held:
         return {}
-    flags = Flag.objects.filter(message_id__in=held, source=Flag.Source.INPUT).order_by("-id")
-    return {cast(int, flag.message_id): flag for flag in flags}  # newest first, so a message's first flag wins
+    links = (
+        FlaggedMessage.objects.filter(message_id__in=held, flag__source=Flag.Source.INPUT)
+        .select_related("flag")
+        .order_by("-flag_id")
+    )
+    return {link.message_id: link.flag for link in links}  # newest first, so a message's first flag wins
 
 
 def conversation_has_message_in_progress(*, conversation: Conversation) -> bool:
