@@ -124,6 +124,53 @@ class Message(models.Model):
         return self.status in self.IN_PROGRESS
 
 
+class ConversationSummary(models.Model):
+    """The running summary of a conversation's oldest turns, as of one message: the memory whose
+    policy is orchestration.memory's, kept here with the conversation it describes.
+
+    Each summary extends the one before it (`previous`) with the turns that fell out of the window
+    since: it covers the branch from the conversation's first message to `through`, and serves any
+    prompt whose branch passes through that message (an edit further up starts a branch it does not
+    cover). Written by a generation of its own (`purpose` "summary") in the background; until it has
+    ended well (`ready`), prompts go on from the previous one, or from the sliding window."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        READY = "ready"
+        FAILED = "failed"
+
+    # A summary goes with its conversation and with the message it runs to.
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="summaries", db_index=True)
+    through = models.ForeignKey(
+        Message,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="The last message the summary covers: it covers the branch from the first one to this.",
+    )
+    previous = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    turns_covered = models.PositiveIntegerField(default=0, help_text="Messages of the branch it covers.")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    text = models.TextField(blank=True, default="")
+    generation = models.OneToOneField(
+        "inference.Generation", null=True, blank=True, on_delete=models.SET_NULL, related_name="summary"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "orchestration_conversationsummary"  # made by orchestration, which held the summaries first
+        ordering = ["-turns_covered", "-id"]
+        constraints = [
+            # One summary is written at a time per conversation: the claim that starts one.
+            models.UniqueConstraint(
+                fields=["conversation"], condition=models.Q(status="pending"), name="summary_one_pending"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"Summary of conversation {self.conversation_id} through {self.through_id} ({self.status})"
+
+
 class FlaggedMessage(models.Model):
     """Which message a moderation flag is about: at most one per flag, kept here, beside the
     messages, pointing down at the flag. A message deleted takes its flags with it

@@ -1,5 +1,5 @@
-"""Keeps assistant messages in step with their generations, and flags with their messages; the
-rules live in services."""
+"""Keeps assistant messages and summaries in step with their generations, and flags with their
+messages; the rules live in services and summaries."""
 
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
@@ -11,7 +11,9 @@ from conversations.services import (
     message_finish_from_generation,
     message_mark_streaming,
 )
+from conversations.summaries import summary_on_finish
 from inference.held import HeldAnswer, held_answer_unjudged
+from inference.models import Generation
 from inference.signals import generation_finished, generation_started
 from moderation.models import Flag
 
@@ -30,6 +32,12 @@ def on_generation_finished(sender, generation, **kwargs) -> None:
 @receiver(held_answer_unjudged)
 def on_held_answer_unjudged(sender, generation_id, **kwargs) -> HeldAnswer | None:
     return held_message_recover(generation_id=generation_id)
+
+
+@receiver(generation_finished)
+def on_summary_finished(sender, generation, **kwargs) -> None:
+    if generation.purpose == Generation.Purpose.SUMMARY:
+        summary_on_finish(generation=generation)
 
 
 @receiver(post_delete, sender=FlaggedMessage)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeGuard
@@ -12,10 +13,15 @@ from django.utils import timezone
 
 from accounts.models import User
 from conversations.branches import Tree
-from conversations.models import Conversation, FlaggedMessage, Message, MessageFeedback, SharedConversation
+from conversations.models import (
+    Conversation,
+    ConversationSummary,
+    FlaggedMessage,
+    Message,
+    MessageFeedback,
+    SharedConversation,
+)
 from moderation.models import Flag
-from orchestration.models import ConversationSummary
-from orchestration.selectors import summary_for_branch
 
 
 def conversation_list_for_user(*, user: User) -> QuerySet[Conversation]:
@@ -98,6 +104,22 @@ def message_branch(*, conversation: Conversation, through: object = None) -> Bra
     for message in path:
         message.siblings = tree.siblings(message.id)
     return Branch(path, tree)
+
+
+def summary_for_branch(*, conversation_id: Any, message_ids: Collection[int]) -> ConversationSummary | None:
+    """The newest ready summary of the conversation that runs to a message of this branch: one that
+    ran to another branch's message says nothing of this one."""
+    if not message_ids:
+        return None
+    return (
+        ConversationSummary.objects.filter(
+            conversation_id=conversation_id,
+            status=ConversationSummary.Status.READY,
+            through_id__in=list(message_ids),
+        )
+        .order_by("-turns_covered", "-id")
+        .first()
+    )
 
 
 def branch_summary(*, conversation: Conversation, messages: list[Message]) -> ConversationSummary | None:

@@ -35,7 +35,9 @@ from conversations.selectors import (
     conversation_has_message_in_progress,
     default_model_for_user,
     message_tree_for_prompt,
+    summary_for_branch,
 )
+from conversations.summaries import summary_extend
 from conversations.titles import (
     TITLE_MAX_TOKENS,
     TITLE_TEMPERATURE,
@@ -72,8 +74,6 @@ from moderation.services import (
     verdict_under_tier,
 )
 from orchestration.routing import route
-from orchestration.selectors import summary_for_branch
-from orchestration.services import summary_extend
 
 logger = logging.getLogger(__name__)
 # What a message held back by moderation says when the verdict that held it is gone.
@@ -1041,7 +1041,7 @@ def _memory_of(path: list[Message], turns: list[Turn], *, max_context: int) -> M
 
 def _memory_extend_after_commit(*, user_id: Any, deployment: ModelDeployment, path: list[Message], upto: int) -> None:
     """Once the send commits (after its answer is dispatched), have the turns that fell out of the
-    window summarized in the background (orchestration.services.summary_extend); whatever becomes
+    window summarized in the background (conversations.summaries.summary_extend); whatever becomes
     of that, the message is answered."""
     if not settings.CHAT_SUMMARIES or not path:
         return

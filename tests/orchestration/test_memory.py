@@ -11,7 +11,7 @@ from django.db import connection
 
 from billing.models import UsageRecord
 from billing.selectors import usage_tokens_since
-from conversations.models import Message
+from conversations.models import ConversationSummary, Message
 from conversations.prompts import Turn
 from conversations.services import message_send
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
@@ -20,7 +20,6 @@ from inference.models import Generation
 from inference.selectors import generation_tokens_reserved_for_user
 from inference.services import SERVICE_PRIORITY, generation_finish
 from orchestration.memory import SUMMARY_HEADING, Memory, prompt_assemble, summary_max_tokens
-from orchestration.models import ConversationSummary
 
 WINDOW = 512
 
