@@ -18,6 +18,14 @@ class Conversation(models.Model):
         related_name="titled_conversation",
         help_text="The short generation asked to write the title, once one was asked for.",
     )
+    # The files attached to it, through rows that point down at them: `Document.objects.filter(
+    # conversation=...)`. A conversation deleted takes its files with it (conversations.receivers).
+    documents = models.ManyToManyField(
+        "documents.Document",
+        through="ConversationFile",
+        related_name="conversations",
+        related_query_name="conversation",
+    )
     # The deployment its answers are routed to, kept from message to message (orchestration.routing)
     # until it is drained or gone; `model_name` is the public name it was asked for ("auto" included).
     deployment = models.ForeignKey("inference.ModelDeployment", on_delete=models.PROTECT, related_name="conversations")
@@ -122,6 +130,19 @@ class Message(models.Model):
     @property
     def is_in_progress(self) -> bool:
         return self.status in self.IN_PROGRESS
+
+
+class ConversationFile(models.Model):
+    """A file attached to a conversation (not to its owner's library): at most one conversation per
+    file, kept here, pointing down at the file."""
+
+    document = models.OneToOneField(
+        "documents.Document", on_delete=models.CASCADE, primary_key=True, related_name="conversation_link"
+    )
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="file_links")
+
+    def __str__(self) -> str:
+        return f"file {self.document_id} in conversation {self.conversation_id}"
 
 
 class ConversationSummary(models.Model):

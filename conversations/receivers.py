@@ -1,10 +1,10 @@
-"""Keeps assistant messages and summaries in step with their generations, and flags with their
-messages; the rules live in services and summaries."""
+"""Keeps assistant messages and summaries in step with their generations, and flags and files with
+the messages and conversations they belong to; the rules live in services and summaries."""
 
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
-from conversations.models import FlaggedMessage
+from conversations.models import ConversationFile, FlaggedMessage
 from conversations.services import (
     conversation_title_on_finish,
     held_message_recover,
@@ -12,6 +12,7 @@ from conversations.services import (
     message_mark_streaming,
 )
 from conversations.summaries import summary_on_finish
+from documents.models import Document
 from inference.held import HeldAnswer, held_answer_unjudged
 from inference.models import Generation
 from inference.signals import generation_finished, generation_started
@@ -45,3 +46,10 @@ def flag_goes_with_its_message(sender, instance, **kwargs) -> None:
     """A message deleted (alone, or with its conversation or its user) takes its flags with it, as
     the flag's own cascading key did when moderation held it."""
     Flag.objects.filter(id=instance.flag_id).delete()
+
+
+@receiver(post_delete, sender=ConversationFile)
+def file_goes_with_its_conversation(sender, instance, **kwargs) -> None:
+    """A conversation deleted (alone, or with its user) takes its files with it, and their chunks,
+    as the file's own cascading key did when documents held it."""
+    Document.objects.filter(id=instance.document_id).delete()

@@ -14,7 +14,8 @@ LISTED = ("data",)
 
 
 def document_list_for_user(*, user: Any) -> QuerySet[Document]:
-    return Document.objects.filter(owner=user).defer(*LISTED)
+    # With the conversation each is attached to (`Document.conversation_id`), in the same query.
+    return Document.objects.filter(owner=user).select_related("conversation_link").defer(*LISTED)
 
 
 def document_get_for_user(*, user: Any, document_id: Any) -> Document | None:
@@ -25,7 +26,7 @@ def document_get_for_user(*, user: Any, document_id: Any) -> Document | None:
 
 
 def documents_of_conversation(*, user: Any, conversation_id: int) -> QuerySet[Document]:
-    return document_list_for_user(user=user).filter(conversation_id=conversation_id)
+    return document_list_for_user(user=user).filter(conversation=conversation_id)
 
 
 def documents_in_scope(*, owner_id: int, conversation_id: int | None) -> list[tuple[int, str]]:
@@ -33,7 +34,7 @@ def documents_in_scope(*, owner_id: int, conversation_id: int | None) -> list[tu
     and the owner's library."""
     scope = Q(library=True)
     if conversation_id is not None:
-        scope |= Q(conversation_id=conversation_id)
+        scope |= Q(conversation=conversation_id)
     return list(
         Document.objects.filter(scope, owner_id=owner_id, status=Document.Status.READY).values_list("id", "name")
     )

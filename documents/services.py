@@ -128,7 +128,6 @@ def document_upload(
             )
         document = Document.objects.create(
             owner=user,
-            conversation_id=None if library else conversation_id,
             library=library,
             name=name,
             kind=kind,
@@ -136,6 +135,9 @@ def document_upload(
             sha256=hashlib.sha256(data).hexdigest(),
             data=data,
         )
+        if conversation_id is not None:
+            # Attached through the conversation's own list of files (conversations.ConversationFile).
+            document.conversations.add(conversation_id)
         transaction.on_commit(lambda: document_process_dispatch(document_id=document.id, owner_id=user.pk))
     return document
 

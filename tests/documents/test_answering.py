@@ -52,6 +52,19 @@ def test_a_conversations_file_serves_that_conversation_only(alice, upload_ready)
     assert FACT not in prompt_text(message_send(user=alice, content=question, conversation_id=elsewhere.id).generation)
 
 
+def test_a_conversations_files_and_their_passages_go_with_it_and_the_library_stays(alice, upload_ready):
+    from conversations.models import Conversation, ConversationFile
+    from documents.models import Chunk
+
+    here = conversation_start(user=alice)
+    attached = upload_ready(alice, "harbour.md", f"# Harbour history\n\n{FACT}", conversation_id=here.id)
+    kept = upload_ready(alice, "library.md", f"# Library\n\n{FACT}")
+    assert attached.conversation_id == here.id and kept.conversation_id is None
+    Conversation.objects.filter(id=here.id).delete()
+    assert list(Document.objects.all()) == [kept] and not ConversationFile.objects.exists()
+    assert set(Chunk.objects.values_list("document_id", flat=True)) == {kept.id}
+
+
 def test_a_poisoned_files_instruction_never_reaches_the_prompt_and_the_answer_says_so(alice, upload_ready):
     document = upload_ready(alice, "harbour.md", POISONED)
     assert document.status == Document.Status.READY and document.withheld_count == 1
