@@ -2,14 +2,11 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
-from django.template.response import TemplateResponse
-from django.urls import path
+from django.http import HttpRequest
 from django.utils import timezone
 
-from accounts.forms import ThrottledAdminAuthenticationForm, parse_month
-from accounts.models import ApiKey, Tier, TierModelPrice, UsageRecord, User
-from accounts.selectors import month_bounds, usage_by_user
+from accounts.forms import ThrottledAdminAuthenticationForm
+from accounts.models import ApiKey, Tier, User
 from accounts.services import login_unlock
 
 # The same per-account and per-address sign-in buckets as the site's own page, so guessing a staff
@@ -32,11 +29,6 @@ class UserAdmin(BaseUserAdmin):
         self.message_user(request, f"Unlocked sign-in for {len(usernames)} users.")
 
 
-class TierModelPriceInline(admin.TabularInline):
-    model = TierModelPrice
-    extra = 1
-
-
 @admin.register(Tier)
 class TierAdmin(admin.ModelAdmin):
     list_display = (
@@ -51,11 +43,9 @@ class TierAdmin(admin.ModelAdmin):
         "max_context",
         "max_output_tokens",
     )
-    filter_horizontal = ("deployments",)
-    inlines = [TierModelPriceInline]
     fieldsets = (
         (None, {"fields": ("name", "display_name", "is_default", "priority")}),
-        ("Models", {"fields": ("all_deployments", "deployments")}),
+        ("Models", {"fields": ("all_deployments",)}),
         (
             "Limits (empty means no limit)",
             {
@@ -117,58 +107,3 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def revoke(self, request: HttpRequest, queryset) -> None:
         count = queryset.filter(revoked_at=None).update(revoked_at=timezone.now())
         self.message_user(request, f"Revoked {count} keys.")
-
-
-@admin.register(UsageRecord)
-class UsageRecordAdmin(admin.ModelAdmin):
-    list_display = (
-        "created_at",
-        "user",
-        "kind",
-        "deployment",
-        "tier",
-        "status",
-        "prompt_tokens",
-        "cached_tokens",
-        "completion_tokens",
-        "cost",
-    )
-    list_filter = ("kind", "tier", "deployment", "status", ("created_at", admin.DateFieldListFilter))
-    list_select_related = ("user", "deployment", "tier")
-    search_fields = ("user__username", "generation__id")
-    date_hierarchy = "created_at"
-    readonly_fields = [f.name for f in UsageRecord._meta.fields]
-    show_full_result_count = False
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def get_urls(self):
-        return [
-            path("by-user/", self.admin_site.admin_view(self.by_user_view), name="accounts_usagerecord_by_user"),
-            *super().get_urls(),
-        ]
-
-    def by_user_view(self, request: HttpRequest) -> HttpResponse:
-        """Usage across users for one month (?month=YYYY-MM), most expensive first."""
-        if not self.has_view_permission(request):
-            return HttpResponse(status=403)
-        try:
-            month = parse_month(request.GET.get("month"), today=timezone.now().date())
-        except ValueError:
-            return HttpResponseBadRequest("The month must look like 2026-11.", content_type="text/plain")
-        start, end = month_bounds(month)
-        context = {
-            **self.admin_site.each_context(request),
-            "title": f"Usage by user, {month:%B %Y}",
-            "opts": self.model._meta,
-            "rows": list(usage_by_user(start=start, end=end)[:500]),
-            "month": f"{month:%Y-%m}",
-        }
-        return TemplateResponse(request, "admin/accounts/usagerecord/by_user.html", context)

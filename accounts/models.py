@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from decimal import Decimal
-
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
 from django.core.validators import MinValueValidator
@@ -22,9 +20,8 @@ class Tier(models.Model):
     all_deployments = models.BooleanField(
         default=False, help_text="May use every enabled deployment, including ones added later."
     )
-    deployments = models.ManyToManyField(
-        "inference.ModelDeployment", blank=True, related_name="tiers", help_text="Deployments this tier may use."
-    )
+    # `deployments`: the deployments this tier may use, declared on inference.ModelDeployment (`tiers`),
+    # the layer above, which points down at the tiers.
     # Not a field: a column of the query in accounts.selectors.tier_for_user_on_deployment, on the rows it reads.
     includes_deployment: bool
     requests_per_minute = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
@@ -95,33 +92,6 @@ class Tier(models.Model):
 
     def __str__(self) -> str:
         return self.display_name or self.name
-
-
-class TierModelPrice(models.Model):
-    """What a tier pays per 1,000 tokens on one deployment. No row means that deployment is free for the tier."""
-
-    tier = models.ForeignKey(Tier, on_delete=models.CASCADE, related_name="prices")
-    deployment = models.ForeignKey("inference.ModelDeployment", on_delete=models.CASCADE, related_name="prices")
-    prompt_price_per_1k = models.DecimalField(
-        max_digits=12, decimal_places=6, default=Decimal("0"), validators=[MinValueValidator(Decimal("0"))]
-    )
-    completion_price_per_1k = models.DecimalField(
-        max_digits=12, decimal_places=6, default=Decimal("0"), validators=[MinValueValidator(Decimal("0"))]
-    )
-    cached_prompt_price_per_1k = models.DecimalField(
-        max_digits=12,
-        decimal_places=6,
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(Decimal("0"))],
-        help_text="Per 1,000 prompt tokens the engine found in its prefix cache. Empty: the prompt price.",
-    )
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["tier", "deployment"], name="one_price_per_tier_and_deployment")]
-
-    def __str__(self) -> str:
-        return f"{self.tier} on {self.deployment}"
 
 
 class User(AbstractUser):
@@ -199,69 +169,6 @@ class ApiKey(models.Model):
 
     def has_scope(self, scope: str) -> bool:
         return scope in (self.scopes or [])
-
-
-class UsageRecord(models.Model):
-    """The ledger: one row per finished generation (a summary's or a cached answer's free: `Kind`), priced with the tier's prices at that moment,
-    one per /v1/moderations request (its input's tokens, which count towards the quotas), and one
-    per /v1/embeddings request (its input's tokens at the tier's prompt price for the deployment).
-
-    The one-to-one on the generation is what makes charging a generation idempotent: a retried task
-    or a second signal cannot add a second row.
-    """
-
-    class Kind(models.TextChoices):
-        GENERATION = "generation", "Generation"
-        MODERATION = "moderation", "Moderation"
-        EMBEDDING = "embedding", "Embedding"
-        # The service's own work for a conversation, and answers the response cache played back:
-        # recorded with their tokens, free of charge, and not counted towards the quotas.
-        SUMMARY = "summary", "Conversation summary"
-        CACHED = "cached", "Cached answer"
-
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="usage_records")
-    # SET_NULL: clearing old generations away must not erase what was billed for them.
-    generation = models.OneToOneField(
-        "inference.Generation", null=True, on_delete=models.SET_NULL, related_name="usage_record"
-    )
-    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.GENERATION)
-    deployment = models.ForeignKey(
-        "inference.ModelDeployment",
-        null=True,
-        on_delete=models.PROTECT,
-        related_name="usage_records",
-        help_text="Empty for a moderation request: no model ran.",
-    )
-    tier = models.ForeignKey(
-        Tier, null=True, on_delete=models.PROTECT, related_name="usage_records", help_text="Empty: no tier existed."
-    )
-    status = models.CharField(max_length=16)
-    prompt_tokens = models.PositiveIntegerField(default=0)
-    cached_tokens = models.PositiveIntegerField(
-        default=0, help_text="Of the prompt tokens, those served from the engine's prefix cache (cached price)."
-    )
-    completion_tokens = models.PositiveIntegerField(default=0)
-    prompt_price_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
-    cached_price_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
-    completion_price_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
-    cost = models.DecimalField(max_digits=16, decimal_places=6, default=Decimal("0"))
-    created_at = models.DateTimeField(default=timezone.now, db_index=True)
-
-    class Meta:
-        ordering = ["-created_at"]
-        indexes = [models.Index(fields=["user", "created_at"])]
-
-    def __str__(self) -> str:
-        return f"{self.user_id} {self.deployment_id or self.kind} {self.total_tokens} tokens {self.cost}"
-
-    @property
-    def model_name(self) -> str:
-        """What the row was for, as the usage pages name it (a moderation request has no model)."""
-        return self.deployment.name if self.deployment is not None else self.kind
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
 
 class UserSettings(models.Model):

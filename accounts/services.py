@@ -7,7 +7,6 @@ import ipaddress
 import secrets
 from collections.abc import Collection
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -18,8 +17,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from accounts.hooks import quota_tokens_reserved
-from accounts.models import ApiKey, Tier, UsageRecord, User, UserSettings
-from accounts.protocols import BillableGeneration, Deployment
+from accounts.ledger import ledger
+from accounts.models import ApiKey, Tier, User, UserSettings
+from accounts.protocols import Deployment
 from accounts.ratelimit import Charge, buckets_consume, buckets_peek, buckets_refund, buckets_reset
 from accounts.selectors import (
     api_key_get_by_prefix,
@@ -28,12 +28,9 @@ from accounts.selectors import (
     session_key_digest,
     tier_for_user,
     tier_for_user_on_deployment,
-    tier_prices_for_user_id,
-    usage_tokens_since,
 )
 from accounts.signals import user_deactivated
 from chatsite.errors import ClientError
-from chatsite.queries import insert_unless_conflicting
 
 KEY_PREFIX_BYTES = 4  # 8 hex characters: enough to tell a user's keys apart, never enough to guess one
 KEY_SECRET_BYTES = 32
@@ -41,7 +38,6 @@ KEY_TOUCH_INTERVAL = dt.timedelta(minutes=1)
 MAX_KEY_NAME = 100
 MAX_KEY_CAP = 2**31 - 1  # what the columns hold
 MINUTE_S = 60
-COST_PLACES = Decimal("0.000001")
 
 
 @transaction.atomic
@@ -382,7 +378,7 @@ def _quota_left(*, user: User, tier: Tier, needed: int) -> int | None:
     reserved = quota_tokens_reserved(user=user)
     least = None
     for quota, since, resets_at, period in _quota_periods(tier, now):
-        left = quota - usage_tokens_since(user=user, since=since) - reserved
+        left = quota - ledger().tokens_since(user=user, since=since) - reserved
         if left < needed:
             raise ClientError(
                 f"You have used {period} {quota:,} tokens on your plan ({tier}). "
@@ -487,7 +483,7 @@ def moderation_tokens(*, texts: list[str]) -> int:
     return max(1, -(-sum(len(text) for text in texts) // MODERATION_CHARS_PER_TOKEN))
 
 
-def moderation_admit(*, user: User, texts: list[str]) -> UsageRecord:
+def moderation_admit(*, user: User, texts: list[str]) -> None:
     """Admit a /v1/moderations request before its texts are scored, and charge it to the ledger.
 
     Its input's tokens (estimated) count towards the day's and month's quotas (429 quota_exceeded)
@@ -508,13 +504,7 @@ def moderation_admit(*, user: User, texts: list[str]) -> UsageRecord:
     refusal = buckets_consume(charges)
     if refusal is not None:
         raise _rate_limited(limited[refusal.index], refusal.retry_after)
-    return UsageRecord.objects.create(
-        user_id=user.id,
-        kind=UsageRecord.Kind.MODERATION,
-        tier=tier,
-        status="complete",
-        prompt_tokens=tokens,
-    )
+    ledger().moderation_charge(user_id=user.id, tier_id=tier.id, tokens=tokens)
 
 
 # --- embeddings -----------------------------------------------------------------------------------
@@ -565,21 +555,10 @@ def api_request_admit(*, user: User, deployment: Deployment, tokens: int, api_ke
     return Admission(tier=tier, max_tokens=0, priority=tier.priority, charges=tuple(charges))
 
 
-def embedding_record(*, user: User, deployment: Deployment, tokens: int) -> UsageRecord:
+def embedding_record(*, user: User, deployment: Deployment, tokens: int) -> None:
     """The ledger row of an embeddings request: its input tokens at the tier's prompt price for the
     deployment (an embedding has no output tokens)."""
-    prices = tier_prices_for_user_id(user_id=user.id, deployment_id=deployment.id)
-    cost = (Decimal(tokens) * prices.prompt_per_1k / 1000).quantize(COST_PLACES, rounding=ROUND_HALF_UP)
-    return UsageRecord.objects.create(
-        user_id=user.id,
-        kind=UsageRecord.Kind.EMBEDDING,
-        deployment_id=deployment.id,
-        tier_id=prices.tier_id,
-        status="complete",
-        prompt_tokens=tokens,
-        prompt_price_per_1k=prices.prompt_per_1k,
-        cost=cost,
-    )
+    ledger().embedding_charge(user_id=user.id, deployment_id=deployment.id, tokens=tokens)
 
 
 # --- the service's work on a user's files ---------------------------------------------------------
@@ -588,32 +567,8 @@ def embedding_record(*, user: User, deployment: Deployment, tokens: int) -> Usag
 def quota_check(*, user: User, tokens: int) -> None:
     """429 quota_exceeded when the day's or month's quota leaves the user fewer than `tokens`: for
     work done for the user in the background (a file's moderation and embedding), checked before it
-    starts and charged when it is done (`processing_usage_record`)."""
+    starts and charged when it is done (`billing.services.processing_usage_record`)."""
     _quota_left(user=user, tier=tier_for_user(user=user), needed=tokens)
-
-
-def processing_usage_record(
-    *, user: User, deployment: Deployment | None, embedding_tokens: int, moderation_tokens: int
-) -> list[UsageRecord]:
-    """The ledger rows of a file's processing: its passages' moderation (tokens estimated, free of
-    charge, counted towards the quotas, as a /v1/moderations request's) and their embeddings (exact
-    tokens at the tier's prompt price on the embedding `deployment`, as a /v1/embeddings request's;
-    free when there is none). The caller makes it happen once per file."""
-    tier = tier_for_user(user=user)
-    embedding = UsageRecord(
-        user_id=user.id, kind=UsageRecord.Kind.EMBEDDING, tier=tier, status="complete", prompt_tokens=embedding_tokens
-    )
-    if deployment is not None:
-        prices = tier_prices_for_user_id(user_id=user.id, deployment_id=deployment.id)
-        embedding.deployment_id = deployment.id
-        embedding.prompt_price_per_1k = prices.prompt_per_1k
-        embedding.cost = (Decimal(embedding_tokens) * prices.prompt_per_1k / 1000).quantize(
-            COST_PLACES, rounding=ROUND_HALF_UP
-        )
-    moderation = UsageRecord(
-        user_id=user.id, kind=UsageRecord.Kind.MODERATION, tier=tier, status="complete", prompt_tokens=moderation_tokens
-    )
-    return UsageRecord.objects.bulk_create([moderation, embedding])
 
 
 # --- signing in ----------------------------------------------------------------------------------
@@ -703,71 +658,6 @@ def signup_admit(*, address: str) -> None:
             status=429,
             retry_after=refusal.retry_after,
         )
-
-
-# --- the ledger ----------------------------------------------------------------------------------
-
-
-def usage_record(*, generation: BillableGeneration) -> UsageRecord | None:
-    """Charge a finished generation exactly once, at its user's tier's prices for its deployment.
-
-    A conversation's title (`purpose` "title") is the service's own request, which the user did not
-    make: it is neither charged nor recorded (None), so it never shows on a statement or counts
-    towards a quota. A conversation's summary (`purpose` "summary", orchestration.memory) is the
-    service's own work too, and the house pays for it; an answer played back from the response cache
-    (`cached`) ran no engine. Both are recorded with their tokens (kind "summary", "cached"), at no
-    cost, and do not count towards the quotas (`usage_billable`).
-
-    Tokens are the engine's counts. A generation that never reached an engine (stopped while queued)
-    used none; a failed one is recorded for the books but not charged. A second call for the same
-    generation (a retried task, a duplicate signal) returns the existing row and charges nothing.
-    It reads only the generation's own fields (ids included), so a row fresh from an update will do.
-    """
-    if not generation.is_finished:
-        raise ValueError("only a finished generation can be charged")
-    if getattr(generation, "purpose", "answer") == "title":
-        return None
-    # Never raise here: this runs inside generation_finish, and a missing tier must not undo a finish.
-    prices = tier_prices_for_user_id(user_id=generation.user_id, deployment_id=generation.deployment_id)
-    ran = generation.started_at is not None
-    prompt_tokens = generation.prompt_tokens if ran else 0
-    cached_tokens = min(getattr(generation, "cached_tokens", 0), prompt_tokens)
-    completion_tokens = generation.completion_tokens if ran else 0
-    kind = UsageRecord.Kind.GENERATION
-    if getattr(generation, "purpose", "answer") == "summary":
-        kind = UsageRecord.Kind.SUMMARY
-    elif getattr(generation, "cached", False):
-        kind = UsageRecord.Kind.CACHED
-    cost = Decimal("0")
-    if generation.status != "failed" and kind == UsageRecord.Kind.GENERATION:
-        # The prompt's cached tokens at the cached price, the rest at the prompt price.
-        cost = (
-            Decimal(prompt_tokens - cached_tokens) * prices.prompt_per_1k / 1000
-            + Decimal(cached_tokens) * prices.cached_per_1k / 1000
-            + Decimal(completion_tokens) * prices.completion_per_1k / 1000
-        ).quantize(COST_PLACES, rounding=ROUND_HALF_UP)
-    record = UsageRecord(
-        generation_id=generation.id,
-        user_id=generation.user_id,
-        kind=kind,
-        deployment_id=generation.deployment_id,
-        tier_id=prices.tier_id,
-        status=generation.status,
-        prompt_tokens=prompt_tokens,
-        cached_tokens=cached_tokens,
-        completion_tokens=completion_tokens,
-        prompt_price_per_1k=prices.prompt_per_1k if kind == UsageRecord.Kind.GENERATION else Decimal("0"),
-        cached_price_per_1k=prices.cached_per_1k if kind == UsageRecord.Kind.GENERATION else Decimal("0"),
-        completion_price_per_1k=prices.completion_per_1k if kind == UsageRecord.Kind.GENERATION else Decimal("0"),
-        cost=cost,
-        created_at=generation.finished_at or timezone.now(),
-    )
-    # The one-to-one on the generation is what guarantees a single row, even when two charges race:
-    # the second insert inserts nothing (ON CONFLICT DO NOTHING, no savepoint needed), and the row
-    # already there is the charge.
-    if insert_unless_conflicting(record):
-        return record
-    return UsageRecord.objects.get(generation_id=generation.id)
 
 
 def user_settings_update(

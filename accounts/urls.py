@@ -12,7 +12,5 @@ urlpatterns = [
     path("logout/", metered("request")(auth_views.LogoutView.as_view()), name="logout"),
     path("keys/", views.api_keys, name="api_keys"),
     path("keys/<int:api_key_id>/revoke/", views.api_key_revoke_view, name="api_key_revoke"),
-    path("usage/", views.usage, name="usage"),
     path("settings/", views.settings_view, name="settings"),
-    path("usage/statement.csv", views.usage_statement, name="usage_statement"),
 ]

@@ -75,6 +75,7 @@ INSTALLED_APPS = [
     "accounts",
     "conversations",
     "inference",
+    "billing",
     "moderation",
     "orchestration",
     "documents",

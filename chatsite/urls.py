@@ -30,6 +30,7 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("readyz", readyz, name="readyz"),
     path("accounts/", include("accounts.urls")),
+    path("accounts/", include("billing.urls")),
     # OpenAI-compatible: point the openai client's base_url at http://<host>/v1
     path("v1/chat/completions", chat_completions, name="chat-completions"),
     path("v1/completions", completions, name="completions"),

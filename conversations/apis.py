@@ -41,6 +41,7 @@ from accounts.metering import ADMITTED, metered
 from accounts.models import ApiKey
 from chatsite.errors import INVALID_API_KEY, ClientError, error_body
 from chatsite.parsers import request_body, validated_json_body
+from conversations.citations import citation_json, citations_for_messages
 from conversations.models import Conversation, Message
 from conversations.requests import SendRequest
 from conversations.selectors import (
@@ -59,7 +60,7 @@ from conversations.services import (
 )
 from conversations.services.feedback import FEEDBACK_COMMENT_CHARS
 from documents.apis import DocumentOutputSerializer, FileUploadSerializer, uploaded_file
-from documents.selectors import citation_json, citations_for_messages, documents_of_conversation
+from documents.selectors import documents_of_conversation
 from documents.services import document_upload
 from inference.models import Generation
 from inference.selectors import generation_writer

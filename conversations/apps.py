@@ -12,3 +12,9 @@ class ConversationsConfig(AppConfig):
 
         # A runner that never heard a message's verdict asks for its held answer (inference.held).
         held_answer_owner_register(held_message_recover)
+
+        from conversations.flags import MESSAGE_FLAGS
+        from moderation.subjects import flag_subjects_install
+
+        # Moderation records and shows which message a flag is about through this (moderation.subjects).
+        flag_subjects_install(MESSAGE_FLAGS)

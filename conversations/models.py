@@ -18,6 +18,14 @@ class Conversation(models.Model):
         related_name="titled_conversation",
         help_text="The short generation asked to write the title, once one was asked for.",
     )
+    # The files attached to it, through rows that point down at them: `Document.objects.filter(
+    # conversation=...)`. A conversation deleted takes its files with it (conversations.receivers).
+    documents = models.ManyToManyField(
+        "documents.Document",
+        through="ConversationFile",
+        related_name="conversations",
+        related_query_name="conversation",
+    )
     # The deployment its answers are routed to, kept from message to message (orchestration.routing)
     # until it is drained or gone; `model_name` is the public name it was asked for ("auto" included).
     deployment = models.ForeignKey("inference.ModelDeployment", on_delete=models.PROTECT, related_name="conversations")
@@ -99,6 +107,11 @@ class Message(models.Model):
         editable=False,
         help_text="The sender's own id for a user message, so that a message sent twice is saved once.",
     )
+    # What moderation flagged about it (an input check's flag on a user message, an output check's on
+    # an answer), through rows that point down at the flags: `Flag.objects.filter(message=...)`.
+    moderation_flags = models.ManyToManyField(
+        "moderation.Flag", through="FlaggedMessage", related_name="messages", related_query_name="message"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -119,6 +132,80 @@ class Message(models.Model):
         return self.status in self.IN_PROGRESS
 
 
+class ConversationFile(models.Model):
+    """A file attached to a conversation (not to its owner's library): at most one conversation per
+    file, kept here, pointing down at the file."""
+
+    document = models.OneToOneField(
+        "documents.Document", on_delete=models.CASCADE, primary_key=True, related_name="conversation_link"
+    )
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="file_links")
+
+    def __str__(self) -> str:
+        return f"file {self.document_id} in conversation {self.conversation_id}"
+
+
+class ConversationSummary(models.Model):
+    """The running summary of a conversation's oldest turns, as of one message: the memory whose
+    policy is orchestration.memory's, kept here with the conversation it describes.
+
+    Each summary extends the one before it (`previous`) with the turns that fell out of the window
+    since: it covers the branch from the conversation's first message to `through`, and serves any
+    prompt whose branch passes through that message (an edit further up starts a branch it does not
+    cover). Written by a generation of its own (`purpose` "summary") in the background; until it has
+    ended well (`ready`), prompts go on from the previous one, or from the sliding window."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        READY = "ready"
+        FAILED = "failed"
+
+    # A summary goes with its conversation and with the message it runs to.
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="summaries", db_index=True)
+    through = models.ForeignKey(
+        Message,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="The last message the summary covers: it covers the branch from the first one to this.",
+    )
+    previous = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    turns_covered = models.PositiveIntegerField(default=0, help_text="Messages of the branch it covers.")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    text = models.TextField(blank=True, default="")
+    generation = models.OneToOneField(
+        "inference.Generation", null=True, blank=True, on_delete=models.SET_NULL, related_name="summary"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "orchestration_conversationsummary"  # made by orchestration, which held the summaries first
+        ordering = ["-turns_covered", "-id"]
+        constraints = [
+            # One summary is written at a time per conversation: the claim that starts one.
+            models.UniqueConstraint(
+                fields=["conversation"], condition=models.Q(status="pending"), name="summary_one_pending"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"Summary of conversation {self.conversation_id} through {self.through_id} ({self.status})"
+
+
+class FlaggedMessage(models.Model):
+    """Which message a moderation flag is about: at most one per flag, kept here, beside the
+    messages, pointing down at the flag. A message deleted takes its flags with it
+    (conversations.flags), as it did when the flag held the key."""
+
+    flag = models.OneToOneField(
+        "moderation.Flag", on_delete=models.CASCADE, primary_key=True, related_name="message_link"
+    )
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="flag_links")
+
+    def __str__(self) -> str:
+        return f"flag {self.flag_id} on message {self.message_id}"
+
+
 class SharedConversation(models.Model):
     """A read-only snapshot of a conversation, readable by anyone holding its link's token.
 
@@ -134,6 +221,33 @@ class SharedConversation(models.Model):
 
     def __str__(self) -> str:
         return f"Share of {self.conversation_id}"
+
+
+class Citation(models.Model):
+    """A passage that went into an answer's prompt, numbered as the prompt numbered it ([1], [2] …),
+    or one the prompt-injection check left out (`withheld`, no text kept). The file's name and the
+    passage are copied, so an answer keeps its sources after the file is deleted. An answer's own
+    record, kept here beside it: it goes with the message, and points down at the file."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="citations")
+    document = models.ForeignKey(
+        "documents.Document", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    number = models.PositiveSmallIntegerField(default=0)
+    file_name = models.CharField(max_length=255)
+    page = models.PositiveIntegerField(null=True, blank=True)
+    heading = models.CharField(max_length=300, blank=True, default="")
+    passage = models.TextField(blank=True, default="")
+    withheld = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "documents_citation"  # made by documents, which held the citations first
+        ordering = ["message_id", "withheld", "number", "id"]
+        indexes = [models.Index(fields=["owner", "message"])]
+
+    def __str__(self) -> str:
+        return f"[{self.number}] {self.file_name}"
 
 
 class MessageFeedback(models.Model):

@@ -1,13 +1,20 @@
-"""Keeps assistant messages in step with their generations; the rules live in services."""
+"""Keeps assistant messages and summaries in step with their generations, and flags and files with
+the messages and conversations they belong to; the rules live in services and summaries."""
 
+from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
+from conversations.models import ConversationFile, FlaggedMessage
 from conversations.services import (
     conversation_title_on_finish,
     message_finish_from_generation,
     message_mark_streaming,
 )
+from conversations.summaries import summary_on_finish
+from documents.models import Document
+from inference.models import Generation
 from inference.signals import generation_finished, generation_started
+from moderation.models import Flag
 
 
 @receiver(generation_started)
@@ -19,3 +26,23 @@ def on_generation_started(sender, generation, **kwargs) -> None:
 def on_generation_finished(sender, generation, **kwargs) -> None:
     message_finish_from_generation(generation=generation)
     conversation_title_on_finish(generation=generation)
+
+
+@receiver(generation_finished)
+def on_summary_finished(sender, generation, **kwargs) -> None:
+    if generation.purpose == Generation.Purpose.SUMMARY:
+        summary_on_finish(generation=generation)
+
+
+@receiver(post_delete, sender=FlaggedMessage)
+def flag_goes_with_its_message(sender, instance, **kwargs) -> None:
+    """A message deleted (alone, or with its conversation or its user) takes its flags with it, as
+    the flag's own cascading key did when moderation held it."""
+    Flag.objects.filter(id=instance.flag_id).delete()
+
+
+@receiver(post_delete, sender=ConversationFile)
+def file_goes_with_its_conversation(sender, instance, **kwargs) -> None:
+    """A conversation deleted (alone, or with its user) takes its files with it, and their chunks,
+    as the file's own cascading key did when documents held it."""
+    Document.objects.filter(id=instance.document_id).delete()

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TypeGuard, cast
+from typing import TypeGuard
 
 from django.conf import settings
 from django.db import connection
@@ -15,12 +16,17 @@ from accounts.models import User
 from accounts.selectors import deployments_allowed_for_user, user_settings_get
 from chatsite.parsers import JsonObject
 from conversations.branches import Tree
-from conversations.models import Conversation, Message, MessageFeedback, SharedConversation
+from conversations.models import (
+    Conversation,
+    ConversationSummary,
+    FlaggedMessage,
+    Message,
+    MessageFeedback,
+    SharedConversation,
+)
 from inference.models import ModelDeployment
 from inference.selectors import deployment_list_enabled, queue_length_annotation
 from moderation.models import Flag
-from orchestration.models import ConversationSummary
-from orchestration.selectors import summary_for_branch
 
 
 def conversation_list_for_user(*, user: User) -> QuerySet[Conversation]:
@@ -102,6 +108,22 @@ def message_branch(*, conversation: Conversation, through: object = None) -> Bra
     return Branch(path, tree)
 
 
+def summary_for_branch(*, conversation_id: int, message_ids: Collection[int]) -> ConversationSummary | None:
+    """The newest ready summary of the conversation that runs to a message of this branch: one that
+    ran to another branch's message says nothing of this one."""
+    if not message_ids:
+        return None
+    return (
+        ConversationSummary.objects.filter(
+            conversation_id=conversation_id,
+            status=ConversationSummary.Status.READY,
+            through_id__in=list(message_ids),
+        )
+        .order_by("-turns_covered", "-id")
+        .first()
+    )
+
+
 def branch_summary(*, conversation: Conversation, messages: list[Message]) -> ConversationSummary | None:
     """The summary the model is shown of this branch's earliest messages (orchestration.memory), or None."""
     return summary_for_branch(conversation_id=conversation.id, message_ids=[m.id for m in messages])
@@ -124,8 +146,12 @@ def held_back_flags(*, messages: list[Message]) -> dict[int, Flag]:
     held = [m.id for m in messages if m.role == Message.Role.USER and m.status == Message.Status.FLAGGED]
     if not held:
         return {}
-    flags = Flag.objects.filter(message_id__in=held, source=Flag.Source.INPUT).order_by("-id")
-    return {cast(int, flag.message_id): flag for flag in flags}  # newest first, so a message's first flag wins
+    links = (
+        FlaggedMessage.objects.filter(message_id__in=held, flag__source=Flag.Source.INPUT)
+        .select_related("flag")
+        .order_by("-flag_id")
+    )
+    return {link.message_id: link.flag for link in links}  # newest first, so a message's first flag wins
 
 
 def conversation_has_message_in_progress(*, conversation: Conversation) -> bool:

@@ -21,7 +21,8 @@ from accounts.models import User
 from accounts.selectors import deployments_allowed_for_user
 from chatsite.errors import ClientError, error_body
 from conversations.branches import Tree
-from conversations.models import Conversation, Message
+from conversations.citations import citations_for_messages
+from conversations.models import Citation, Conversation, Message
 from conversations.selectors import (
     ConversationGroup,
     ExportScope,
@@ -45,8 +46,8 @@ from conversations.services import (
     conversation_share_revoke,
     held_back_reason,
 )
-from documents.models import Citation, Document
-from documents.selectors import citations_for_messages, documents_of_conversation
+from documents.models import Document
+from documents.selectors import documents_of_conversation
 from inference.execution.dispatch import engine_state
 from inference.selectors import deployment_list_enabled, models_listed
 from orchestration.routing import AUTO, AUTO_LABEL

@@ -6,7 +6,7 @@ class DocumentsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from accounts.selectors import USAGE_FIGURES
+        from billing.selectors import USAGE_FIGURES
         from documents import receivers  # noqa: F401
         from documents.background import document_process_dispatch
         from documents.selectors import usage_storage_figures

@@ -6,7 +6,7 @@ from django.db import models
 
 
 class Document(models.Model):
-    """A file a user uploaded: into one conversation (`conversation`), or into their library
+    """A file a user uploaded: into one conversation (`conversation_id`), or into their library
     (`library`), which every conversation of theirs draws on. Its bytes are kept in the row, so a
     worker on another host processes it from the database alone; its chunks go when it goes."""
 
@@ -24,15 +24,10 @@ class Document(models.Model):
         DOCX = "docx", "Word (DOCX)"
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="documents")
-    # A lazy reference: documents sits below conversations and never imports it.
-    conversation = models.ForeignKey(
-        "conversations.Conversation",
-        null=True,
-        blank=True,
-        on_delete=models.CASCADE,
-        related_name="documents",
-        help_text="The conversation it was attached to; empty for a library file.",
-    )
+    # The conversation it was attached to (none for a library file) is kept by conversations, the
+    # layer above, pointing down here (conversations.ConversationFile): `Document.objects.filter(
+    # conversation=...)` and `document.conversation_link` read it, and a conversation deleted takes
+    # its files with it.
     library = models.BooleanField(default=False, help_text="In its owner's library: used by every conversation.")
     name = models.CharField(max_length=255)
     kind = models.CharField(max_length=16, choices=Kind.choices)
@@ -57,7 +52,6 @@ class Document(models.Model):
         ordering = ["-created_at", "-id"]
         indexes = [
             models.Index(fields=["owner", "status"]),
-            models.Index(fields=["conversation", "status"]),
         ]
 
     def __str__(self) -> str:
@@ -66,6 +60,13 @@ class Document(models.Model):
     @property
     def is_ready(self) -> bool:
         return self.status == self.Status.READY
+
+    @property
+    def conversation_id(self) -> int | None:
+        """The conversation it was attached to, None for a library file (read with
+        `select_related("conversation_link")` where many are listed)."""
+        link = getattr(self, "conversation_link", None)
+        return link.conversation_id if link is not None else None
 
 
 class Chunk(models.Model):
@@ -89,29 +90,6 @@ class Chunk(models.Model):
 
     def __str__(self) -> str:
         return f"{self.document_id}#{self.ordinal}"
-
-
-class Citation(models.Model):
-    """A passage that went into an answer's prompt, numbered as the prompt numbered it ([1], [2] …),
-    or one the prompt-injection check left out (`withheld`, no text kept). The file's name and the
-    passage are copied, so an answer keeps its sources after the file is deleted."""
-
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
-    message = models.ForeignKey("conversations.Message", on_delete=models.CASCADE, related_name="citations")
-    document = models.ForeignKey(Document, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    number = models.PositiveSmallIntegerField(default=0)
-    file_name = models.CharField(max_length=255)
-    page = models.PositiveIntegerField(null=True, blank=True)
-    heading = models.CharField(max_length=300, blank=True, default="")
-    passage = models.TextField(blank=True, default="")
-    withheld = models.BooleanField(default=False)
-
-    class Meta:
-        ordering = ["message_id", "withheld", "number", "id"]
-        indexes = [models.Index(fields=["owner", "message"])]
-
-    def __str__(self) -> str:
-        return f"[{self.number}] {self.file_name}"
 
 
 class TierDocumentLimits(models.Model):

@@ -17,7 +17,7 @@ import numpy as np
 from django.conf import settings
 
 from documents.index import embedding_array, hybrid_search
-from documents.models import Chunk, Citation
+from documents.models import Chunk
 from documents.selectors import documents_in_scope
 from moderation.services import sentence_embeddings
 
@@ -126,11 +126,3 @@ def retrieve_for_message(
 
     # A withheld passage's text goes nowhere: not into the prompt, not into its notice.
     return Retrieved([passage(c, c.text) for c in kept], [passage(c, "") for c in withheld])
-
-
-def retrieved_for_answer(*, owner_id: int, message_id: int) -> Retrieved:
-    """The passages an answer's prompt quoted, numbered as it numbered them: what its continuation
-    quotes again, so that it writes on from the same sources and cites them by the same numbers
-    (the copies its citations keep, which outlive a deleted file)."""
-    citations = Citation.objects.filter(owner_id=owner_id, message_id=message_id, withheld=False).order_by("number")
-    return Retrieved([Passage(c.document_id or 0, c.file_name, c.page, c.heading, c.passage) for c in citations], [])

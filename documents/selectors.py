@@ -1,23 +1,21 @@
-"""Reads: a user's files (never another's: every query filters by owner), their storage, and the
-sources of answers."""
+"""Reads: a user's files (never another's: every query filters by owner) and their storage."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import Count, Q, QuerySet, Sum
 
-from documents.models import Citation, Document
+from documents.models import Document
 
 # Every column but the file's bytes: lists and pages never need them.
 LISTED = ("data",)
 
 
 def document_list_for_user(*, user: Any) -> QuerySet[Document]:
-    return Document.objects.filter(owner=user).defer(*LISTED)
+    # With the conversation each is attached to (`Document.conversation_id`), in the same query.
+    return Document.objects.filter(owner=user).select_related("conversation_link").defer(*LISTED)
 
 
 def document_get_for_user(*, user: Any, document_id: Any) -> Document | None:
@@ -28,7 +26,7 @@ def document_get_for_user(*, user: Any, document_id: Any) -> Document | None:
 
 
 def documents_of_conversation(*, user: Any, conversation_id: int) -> QuerySet[Document]:
-    return document_list_for_user(user=user).filter(conversation_id=conversation_id)
+    return document_list_for_user(user=user).filter(conversation=conversation_id)
 
 
 def documents_in_scope(*, owner_id: int, conversation_id: int | None) -> list[tuple[int, str]]:
@@ -36,7 +34,7 @@ def documents_in_scope(*, owner_id: int, conversation_id: int | None) -> list[tu
     and the owner's library."""
     scope = Q(library=True)
     if conversation_id is not None:
-        scope |= Q(conversation_id=conversation_id)
+        scope |= Q(conversation=conversation_id)
     return list(
         Document.objects.filter(scope, owner_id=owner_id, status=Document.Status.READY).values_list("id", "name")
     )
@@ -51,28 +49,6 @@ class Storage:
 def storage_for_user(*, user: Any) -> Storage:
     held = Document.objects.filter(owner=user).aggregate(files=Count("id"), bytes=Sum("size"))
     return Storage(files=held["files"], bytes=held["bytes"] or 0)
-
-
-def citations_for_messages(*, owner_id: int, message_ids: Iterable[int]) -> dict[int, list[Citation]]:
-    """Each message's sources, numbered, then what was left out of its prompt: one query."""
-    found: dict[int, list[Citation]] = defaultdict(list)
-    ids = list(message_ids)
-    if ids:
-        for citation in Citation.objects.filter(owner_id=owner_id, message_id__in=ids):
-            found[citation.message_id].append(citation)
-    return dict(found)
-
-
-def citation_json(citation: Citation) -> dict[str, Any]:
-    return {
-        "number": citation.number,
-        "file": citation.file_name,
-        "document": citation.document_id,
-        "page": citation.page,
-        "heading": citation.heading,
-        "passage": citation.passage,
-        "withheld": citation.withheld,
-    }
 
 
 def usage_storage_figures(user: Any) -> list[tuple[str, str]]:

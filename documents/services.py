@@ -8,7 +8,7 @@ import datetime as dt
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +20,11 @@ from django.utils import timezone
 
 from accounts.defaults import DEFAULT_DOCUMENT_PROCESSING_LIMITS, DEFAULT_TIER_NAME
 from accounts.selectors import tier_for_user
-from accounts.services import moderation_tokens, processing_usage_record, quota_check
+from accounts.services import moderation_tokens, quota_check
+from billing.services import processing_usage_record
 from chatsite.errors import ClientError
 from documents.index import embedding_bytes, pgvector_add
-from documents.models import Chunk, Citation, Document, TierDocumentLimits
+from documents.models import Chunk, Document, TierDocumentLimits
 from documents.parsing import ParseLimits, bad_file, check_readable, kind_of
 from documents.sandbox import ProcessingStopped, parse_bounded
 from inference.defaults import EMBEDDING_DEPLOYMENT_NAME
@@ -128,7 +129,6 @@ def document_upload(
             )
         document = Document.objects.create(
             owner=user,
-            conversation_id=None if library else conversation_id,
             library=library,
             name=name,
             kind=kind,
@@ -136,6 +136,9 @@ def document_upload(
             sha256=hashlib.sha256(data).hexdigest(),
             data=data,
         )
+        if conversation_id is not None:
+            # Attached through the conversation's own list of files (conversations.ConversationFile).
+            document.conversations.add(conversation_id)
         transaction.on_commit(lambda: document_process_dispatch(document_id=document.id, owner_id=user.pk))
     return document
 
@@ -351,38 +354,3 @@ def _fail(document_id: int, reason: str) -> str:
         status=Document.Status.FAILED, error=reason, progress=0, updated_at=timezone.now()
     )
     return "failed" if updated else "deleted"
-
-
-# --- an answer's sources ---------------------------------------------------------------------------
-
-
-def citations_record(*, owner_id: int, message_id: int, cited: Sequence[Any], withheld: Sequence[Any]) -> None:
-    """Record what an answer's prompt quoted (`cited`, numbered in order from 1) and what the
-    prompt-injection check left out of it (`withheld`): `documents.retrieval.Passage`s."""
-    rows = [
-        Citation(
-            owner_id=owner_id,
-            message_id=message_id,
-            document_id=p.document_id,
-            number=i,
-            file_name=p.file_name,
-            page=p.page,
-            heading=p.heading,
-            passage=p.text,
-        )
-        for i, p in enumerate(cited, start=1)
-    ]
-    rows += [
-        Citation(
-            owner_id=owner_id,
-            message_id=message_id,
-            document_id=p.document_id,
-            file_name=p.file_name,
-            page=p.page,
-            heading=p.heading,
-            withheld=True,
-        )
-        for p in withheld
-    ]
-    if rows:
-        Citation.objects.bulk_create(rows)

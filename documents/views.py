@@ -44,7 +44,9 @@ def library(request: HttpRequest) -> HttpResponse:
         request,
         "documents/library.html",
         {
-            "documents": document_list_for_user(user=request.user).select_related("conversation")[:500],
+            "documents": document_list_for_user(user=request.user).select_related("conversation_link__conversation")[
+                :500
+            ],
             "storage": storage_for_user(user=request.user),
             "limits": document_limits_for(user=request.user),
         },

@@ -115,6 +115,15 @@ class ModelDeployment(models.Model):
         help_text="Answer first messages without personal context from the semantic response cache "
         "(orchestration.cache) when a close enough one was answered before.",
     )
+    # Declared here, pointing down at accounts' tiers; the table is the one accounts made when it held
+    # the list (`tier.deployments` reads it from the tier's side).
+    tiers = models.ManyToManyField(
+        "accounts.Tier",
+        blank=True,
+        related_name="deployments",
+        db_table="accounts_tier_deployments",
+        help_text="The tiers that may use it (besides those with every deployment).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -3,11 +3,9 @@
 from asgiref.sync import async_to_sync
 from django.dispatch import receiver
 
-from accounts.services import usage_record
 from accounts.signals import user_deactivated
 from inference.models import Generation
 from inference.services import user_generations_stop
-from inference.signals import generation_finished
 from inference.streaming.streams import StreamPublisher, usage
 
 
@@ -24,8 +22,3 @@ async def _announce_ended(ended: list[Generation]) -> None:
         publisher = await StreamPublisher.continuing(generation.id)
         counts = usage(generation.prompt_tokens, generation.completion_tokens, generation.cached_tokens)
         await publisher.finish(status=generation.status, finish_reason=generation.finish_reason, usage=counts)
-
-
-@receiver(generation_finished)
-def on_generation_finished(sender, generation, **kwargs) -> None:
-    usage_record(generation=generation)

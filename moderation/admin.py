@@ -104,15 +104,19 @@ class FlagAdmin(admin.ModelAdmin):
 
     @admin.display(description="conversation")
     def context_display(self, flag: Flag) -> str:
-        rows = flag_context(flag=flag)
-        if not rows:
+        context = flag_context(flag=flag)
+        if not context.turns:
             return "—"
+        flagged = context.message_id
         return format_html(
             "<div>{}</div>",
             format_html_join(
                 "",
                 '<p style="margin:0 0 .5em;{}"><strong>{}</strong> ({}): {}</p>',
-                (("background:#fff3cd;" if m.id == flag.message_id else "", m.role, m.status, m.content) for m in rows),
+                (
+                    ("background:#fff3cd;" if m.id == flagged else "", m.role, m.status, m.content)
+                    for m in context.turns
+                ),
             ),
         )
 

@@ -95,9 +95,8 @@ class Flag(models.Model):
         WARNED = "warned"
         SUSPENDED = "suspended"
 
-    message = models.ForeignKey(
-        "conversations.Message", null=True, blank=True, on_delete=models.CASCADE, related_name="moderation_flags"
-    )
+    # The message it is about is kept beside the messages (conversations.FlaggedMessage), pointing down
+    # here: `flag.message_link`, from a layer this one never imports (moderation.subjects).
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="moderation_flags")
     source = models.CharField(max_length=8, choices=Source.choices)
     text = models.TextField(help_text="What was classified: for an answer, everything the model wrote.")

@@ -3,7 +3,6 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from django.core.cache import cache
 from django.db.models import Q, QuerySet
@@ -12,6 +11,7 @@ from accounts.models import User
 from accounts.selectors import tier_for_user_id_or_none
 from moderation.defaults import DEFAULT_RULES
 from moderation.models import Flag, ModerationPolicy
+from moderation.subjects import FlagContext, flag_subjects
 
 
 @dataclass(frozen=True)
@@ -102,19 +102,10 @@ def _policy_for_tier_from_db(*, tier_id: int | None) -> PolicySnapshot:
 
 
 def flag_list_for_review() -> QuerySet[Flag]:
-    return Flag.objects.select_related("user", "reviewer", "message__conversation", "policy")
+    return Flag.objects.select_related("user", "reviewer", "policy")
 
 
-def flag_context(*, flag: Flag, before: int = 6) -> list[Any]:
-    """The flagged message and the turns that led to it, oldest first: its parents, and where a message
-    has none (a conversation's first message, or a user message saved before messages had parents)
-    the one before it in the conversation."""
-    turns: list[Any] = []
-    message = flag.message
-    while message is not None and len(turns) <= before:
-        turns.append(message)
-        if message.parent_id is not None:
-            message = message.parent
-        else:
-            message = message.conversation.messages.filter(id__lt=message.id).order_by("-id").first()
-    return turns[::-1]
+def flag_context(*, flag: Flag, before: int = 6) -> FlagContext:
+    """The flagged message and the turns that led to it, oldest first (conversations reads them:
+    moderation.subjects)."""
+    return flag_subjects().flag_context(flag_id=flag.id, before=before)

@@ -47,6 +47,7 @@ from moderation.guard import combined_with_guard
 from moderation.models import ACTION_SEVERITY, Action, Flag
 from moderation.passage_injection import passage_is_injection
 from moderation.selectors import PolicySnapshot, policy_for_tier, policy_for_user, policy_for_user_id
+from moderation.subjects import flag_subjects
 
 logger = logging.getLogger(__name__)
 
@@ -281,9 +282,10 @@ def _input_scores_many(texts: list[str]) -> list[Scores]:
 
 
 def flag_create(*, user: User, message: Any, source: str, text: str, verdict: Verdict) -> Flag:
-    return Flag.objects.create(
+    """Flag `message` (a conversations.Message, which moderation cannot name): the flag, and the
+    record of which message it is about, kept beside the messages (moderation.subjects)."""
+    flag = Flag.objects.create(
         user=user,
-        message=message,
         source=source,
         text=text,
         categories=list(verdict.categories),
@@ -292,6 +294,9 @@ def flag_create(*, user: User, message: Any, source: str, text: str, verdict: Ve
         policy_id=verdict.policy_id,
         review_state=Flag.ReviewState.OPEN if verdict.needs_review else Flag.ReviewState.NOT_REQUIRED,
     )
+    if message is not None:
+        flag_subjects().message_flagged(flag_id=flag.id, message=message)
+    return flag
 
 
 # --- output -------------------------------------------------------------------------------------
@@ -540,13 +545,8 @@ def output_monitor_for(*, generation: OwnedByUser, tier_id: int | None = None) -
 @transaction.atomic
 def output_flag_create(*, generation_id: uuid.UUID | str, user_id: int, filtered: ContentFiltered) -> Flag:
     """Flag an answer that was cut: the whole text the model wrote is kept on the flag for review."""
-    # The message model through the flag's own foreign key: moderation imports nothing of the apps above it.
-    message_model = Flag._meta.get_field("message").related_model
-    return Flag.objects.create(
+    flag = Flag.objects.create(
         user_id=user_id,
-        message_id=message_model._default_manager.filter(generation_id=generation_id)
-        .values_list("id", flat=True)
-        .first(),
         source=Flag.Source.OUTPUT,
         text=filtered.full_text,
         categories=list(filtered.verdict.categories),
@@ -555,6 +555,9 @@ def output_flag_create(*, generation_id: uuid.UUID | str, user_id: int, filtered
         policy_id=filtered.verdict.policy_id,
         review_state=Flag.ReviewState.OPEN if filtered.verdict.needs_review else Flag.ReviewState.NOT_REQUIRED,
     )
+    # The answer's message, where it has one, is conversations' to find (moderation.subjects).
+    flag_subjects().answer_flagged(flag_id=flag.id, generation_id=generation_id)
+    return flag
 
 
 # --- review decisions ---------------------------------------------------------------------------

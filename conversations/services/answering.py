@@ -16,16 +16,18 @@ from accounts.services import (
     request_admit,
     request_limits,
 )
+from conversations.citations import citations_record
 from conversations.models import Conversation, Message
 from conversations.prompts import AssembledPrompt, Memory, Turn, assemble_prompt
 from conversations.requests import is_row_id
+from conversations.selectors import summary_for_branch
+from conversations.summaries import summary_extend
 from documents.retrieval import (
     NOTHING,
     Retrieved,
     passages_quoted,
     retrieve_for_message,
 )
-from documents.services import citations_record
 from inference.caching import response_cache_probe
 from inference.engine.tokenizers import (
     continuation_ids,
@@ -38,8 +40,6 @@ from inference.services import generation_admit, generation_create
 from moderation.services import (
     CONTENT_FILTER,
 )
-from orchestration.selectors import summary_for_branch
-from orchestration.services import summary_extend
 
 logger = logging.getLogger(__name__)
 # What an answer output moderation cut says under what it had written (the chat page and its script).
@@ -207,7 +207,7 @@ def _memory_of(path: list[Message], turns: list[Turn], *, max_context: int) -> M
 
 def memory_extend_after_commit(*, user_id: int, deployment: ModelDeployment, path: list[Message], upto: int) -> None:
     """Once the send commits (after its answer is dispatched), have the turns that fell out of the
-    window summarized in the background (orchestration.services.summary_extend); whatever becomes
+    window summarized in the background (conversations.summaries.summary_extend); whatever becomes
     of that, the message is answered."""
     if not settings.CHAT_SUMMARIES or not path:
         return

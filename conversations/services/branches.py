@@ -10,6 +10,7 @@ from accounts.services import (
     request_limits,
 )
 from chatsite.errors import ClientError
+from conversations.citations import retrieved_for_answer
 from conversations.models import Conversation, Message
 from conversations.requests import AnswerRequest
 from conversations.selectors import (
@@ -18,10 +19,7 @@ from conversations.selectors import (
 )
 from conversations.services.answering import answer_queue, citations_save, passages_for, prompt_for
 from conversations.services.conversations import conversation_route, prompt_measure
-from documents.retrieval import (
-    NOTHING,
-    retrieved_for_answer,
-)
+from documents.retrieval import NOTHING
 from inference.models import Generation
 
 logger = logging.getLogger(__name__)

@@ -7,8 +7,9 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from accounts.models import Tier, UsageRecord
+from accounts.models import Tier
 from accounts.services import request_admit, request_limits
+from billing.models import UsageRecord
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
 from conversations.requests import SendRequest

@@ -58,7 +58,7 @@ def test_the_theme_is_on_the_html_element_of_every_page(client, alice):
     client.force_login(alice)
     assert '<html lang="en" data-theme="system">' in client.get(reverse("conversations:chat")).content.decode()
     client.post(reverse("accounts:settings"), _form(theme="dark"))
-    for name in ("conversations:chat", "accounts:usage", "accounts:api_keys", "accounts:settings"):
+    for name in ("conversations:chat", "billing:usage", "accounts:api_keys", "accounts:settings"):
         assert '<html lang="en" data-theme="dark">' in client.get(reverse(name)).content.decode()
     client.logout()
     assert 'data-theme="system"' in client.get(reverse("accounts:login")).content.decode()

@@ -83,7 +83,7 @@ async def test_every_page_works_under_the_policy_without_a_violation(page, viola
     for link in [
         *dict.fromkeys(links),
         f"/admin/accounts/user/{olivia.id}/change/",
-        "/admin/accounts/usagerecord/by-user/",
+        "/admin/billing/usagerecord/by-user/",
     ]:
         response = await page.goto(link)
         assert response.status == 200, link

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
-from documents.models import Citation, Document
+from conversations.models import Citation
+from documents.models import Document
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
 from inference.engine.tokenizers import tokenizer_for
 from inference.models import Generation

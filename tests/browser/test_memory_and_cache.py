@@ -8,10 +8,9 @@ import pytest
 from channels.db import database_sync_to_async
 
 from accounts.models import User
-from conversations.models import Message
+from conversations.models import ConversationSummary, Message
 from conversations.services import conversation_create
 from inference.models import Generation
-from orchestration.models import ConversationSummary
 from tests.browser.conftest import BROWSER_MARKS, sign_in
 
 pytestmark = [mark for mark in BROWSER_MARKS if mark.name != "engine"]
@@ -91,7 +90,7 @@ def _summary_written_now(conversation_id: int, through_id: int, text: str) -> No
     owner's pages are told once that commits."""
     from django.db import transaction
 
-    from orchestration.services import summary_on_finish
+    from conversations.summaries import summary_on_finish
 
     conversation = Message.objects.get(id=through_id).conversation
     generation = Generation.objects.create(

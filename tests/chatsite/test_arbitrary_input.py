@@ -24,8 +24,9 @@ from django.conf import settings as django_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accounts.models import ApiKey, UsageRecord
+from accounts.models import ApiKey
 from accounts.services import api_key_create
+from billing.models import UsageRecord
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create
 from inference.defaults import DEFAULT_DEPLOYMENT_NAME

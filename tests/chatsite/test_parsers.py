@@ -10,8 +10,9 @@ import openai
 import pytest
 from channels.db import database_sync_to_async
 
-from accounts.models import ApiKey, UsageRecord
+from accounts.models import ApiKey
 from accounts.services import api_key_create
+from billing.models import UsageRecord
 from chatsite.errors import ClientError
 from chatsite.parsers import JSON_MAX_DEPTH, json_parse
 from conversations.models import Conversation, Message

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from accounts.models import UsageRecord
+from billing.models import UsageRecord
 from chatsite.queries import insert_unless_conflicting, update_returning
 from inference.models import Generation
 

@@ -8,7 +8,7 @@ from django.apps import apps
 from django.test import Client
 from django.urls import reverse
 
-from accounts.models import UsageRecord
+from billing.models import UsageRecord
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message, MessageFeedback
 from conversations.requests import AnswerRequest, SendRequest

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from accounts.models import UsageRecord
 from accounts.services import request_admit, request_limits
+from billing.models import UsageRecord
 from conversations.models import Conversation
 from conversations.requests import SendRequest
 from conversations.services import conversation_rename, message_send

@@ -7,10 +7,11 @@ import pytest
 from django.conf import settings
 
 from accounts.models import Tier
+from conversations.models import Citation
 from conversations.prompts import context_budget
 from conversations.requests import AnswerRequest, SendRequest
 from conversations.services import conversation_start, message_continue, message_regenerate, message_send
-from documents.models import Citation, Document
+from documents.models import Document
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
 from inference.engine.tokenizers import tokenizer_for
 from inference.services import generation_finish
@@ -54,6 +55,19 @@ def test_a_conversations_file_serves_that_conversation_only(alice, upload_ready)
     assert FACT not in prompt_text(
         message_send(user=alice, request=SendRequest(content=question, conversation_id=elsewhere.id)).generation
     )
+
+
+def test_a_conversations_files_and_their_passages_go_with_it_and_the_library_stays(alice, upload_ready):
+    from conversations.models import Conversation, ConversationFile
+    from documents.models import Chunk
+
+    here = conversation_start(user=alice)
+    attached = upload_ready(alice, "harbour.md", f"# Harbour history\n\n{FACT}", conversation_id=here.id)
+    kept = upload_ready(alice, "library.md", f"# Library\n\n{FACT}")
+    assert attached.conversation_id == here.id and kept.conversation_id is None
+    Conversation.objects.filter(id=here.id).delete()
+    assert list(Document.objects.all()) == [kept] and not ConversationFile.objects.exists()
+    assert set(Chunk.objects.values_list("document_id", flat=True)) == {kept.id}
 
 
 def test_a_poisoned_files_instruction_never_reaches_the_prompt_and_the_answer_says_so(alice, upload_ready):

@@ -10,9 +10,10 @@ from rest_framework.test import APIClient
 
 from accounts.models import ApiKey
 from accounts.services import api_key_create
+from conversations.models import Citation
 from conversations.requests import SendRequest
 from conversations.services import conversation_start, message_send
-from documents.models import Chunk, Citation, Document
+from documents.models import Chunk, Document
 from tests.documents.test_answering import FACT, POISONED
 from tests.helpers.factories import PASSWORD
 

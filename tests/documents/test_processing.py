@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from accounts.models import Tier, UsageRecord
+from accounts.models import Tier
+from billing.models import UsageRecord
 from documents import background, services
 from documents.background import EmbeddedPool
 from documents.models import Chunk, Document, TierDocumentLimits

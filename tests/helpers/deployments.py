@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from accounts.defaults import create_default_tiers
-from accounts.models import Tier, TierModelPrice
+from accounts.models import Tier
+from billing.models import TierModelPrice
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME, DEFAULT_DEPLOYMENT_TOOL_FIELDS
 from inference.models import ModelDeployment
 from inference.selectors import deployment_cache_clear

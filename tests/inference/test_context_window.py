@@ -15,8 +15,9 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from accounts.defaults import DEFAULT_TIERS
-from accounts.models import Tier, UsageRecord
+from accounts.models import Tier
 from accounts.services import request_limits
+from billing.models import UsageRecord
 from chatsite.parsers import validated_json_body
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME
 from inference.engine.host import engine_environment_set

@@ -13,10 +13,12 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from accounts.models import Tier, UsageRecord
+from accounts.models import Tier
 from accounts.ratelimit import bucket_consume
-from accounts.selectors import day_start, usage_tokens_since
+from accounts.selectors import day_start
 from accounts.services import api_key_create, request_admit
+from billing.models import UsageRecord
+from billing.selectors import usage_tokens_since
 from chatsite.errors import ClientError
 from inference.models import Generation
 from tests.helpers.sockets import ended_in_the_database_once_queued, generation_once_finished, stopped_while_streaming

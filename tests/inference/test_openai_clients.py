@@ -11,8 +11,8 @@ import pytest
 from channels.db import database_sync_to_async
 from pydantic import BaseModel, Field
 
-from accounts.models import UsageRecord
 from accounts.services import api_key_create
+from billing.models import UsageRecord
 
 pytestmark = [pytest.mark.topology, pytest.mark.django_db(transaction=True)]
 MODEL = "smollm2-135m"

@@ -9,7 +9,8 @@ import jsonschema
 import openai
 import pytest
 
-from accounts.models import Tier, UsageRecord
+from accounts.models import Tier
+from billing.models import UsageRecord
 from chatsite.errors import ClientError
 from chatsite.parsers import validated_json_body
 from inference.engine.tokenizers import render_chat, tokenizer_for

@@ -13,8 +13,9 @@ import pytest
 from channels.db import database_sync_to_async
 
 from accounts.defaults import create_embedding_prices
-from accounts.models import Tier, TierModelPrice, UsageRecord
+from accounts.models import Tier
 from accounts.services import api_key_create, user_set_tier
+from billing.models import TierModelPrice, UsageRecord
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, EMBEDDING_DEPLOYMENT_FIELDS, EMBEDDING_DEPLOYMENT_NAME
 from inference.models import Generation, ModelDeployment
 

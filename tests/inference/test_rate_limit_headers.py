@@ -11,9 +11,10 @@ from channels.db import database_sync_to_async
 from rest_framework.test import APIClient
 
 from accounts.defaults import create_embedding_prices
-from accounts.models import Tier, TierModelPrice
+from accounts.models import Tier
 from accounts.ratelimit import bucket_consume
 from accounts.services import api_key_create, user_set_tier
+from billing.models import TierModelPrice
 from inference.defaults import EMBEDDING_DEPLOYMENT_FIELDS, EMBEDDING_DEPLOYMENT_NAME
 from inference.models import Generation, ModelDeployment
 from inference.openai.ratelimits import duration

@@ -33,7 +33,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.test import override_settings
 
-from accounts.models import Tier, UsageRecord, User
+from accounts.models import Tier, User
+from billing.models import UsageRecord
 from chatsite.database import reconnecting
 from chatsite.redis_clients import redis_async_client, redis_client
 from conversations.models import Message

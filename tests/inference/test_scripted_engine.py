@@ -15,7 +15,8 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.test import AsyncClient
 
-from accounts.models import Tier, UsageRecord
+from accounts.models import Tier
+from billing.models import UsageRecord
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME, DEFAULT_DEPLOYMENT_TOOL_FIELDS
 from inference.engine import host as engine_host
 from inference.engine.host import EngineState, ScriptedEngineHost, engine_host_for, engine_hosts

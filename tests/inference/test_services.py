@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from django.db import InterfaceError, OperationalError
 
-from accounts.models import UsageRecord
+from billing.models import UsageRecord
 from chatsite.database import db_async, reconnecting
 from inference.models import Generation
 from inference.services import generation_claim, generation_finish

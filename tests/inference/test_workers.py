@@ -214,7 +214,7 @@ async def _until_finished(generation: Generation, *, timeout: float = 30) -> Gen
 
 
 async def test_an_answer_whose_worker_died_is_charged_the_tokens_it_had_generated(alice, default_deployment):
-    from accounts.models import UsageRecord
+    from billing.models import UsageRecord
     from inference.engine.tokenizers import count_tokens, tokenizer_for
     from inference.execution.workers import reap_once
     from inference.streaming.streams import replay_buffer

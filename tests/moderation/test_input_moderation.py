@@ -41,7 +41,7 @@ def test_a_harmful_message_is_saved_as_flagged_and_never_reaches_the_engine(alic
     assert message.status == Message.Status.FLAGGED
     assert message.content == BOMB
     flag = Flag.objects.get()
-    assert flag.message == message and flag.user == alice and flag.source == Flag.Source.INPUT
+    assert flag.messages.get() == message and flag.user == alice and flag.source == Flag.Source.INPUT
     assert "illicit/violent" in flag.categories
     assert flag.category_scores["illicit/violent"] >= 0.6
     assert flag.action == "block_and_review"

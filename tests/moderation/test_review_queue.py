@@ -145,3 +145,32 @@ def test_a_moderator_cannot_suspend_their_own_account(moderator):
 def test_a_moderator_cannot_edit_policies_unless_given_that_permission(client, moderator):
     client.force_login(moderator)
     assert client.get(reverse("admin:moderation_moderationpolicy_changelist")).status_code == 403
+
+
+def test_the_review_marks_the_flagged_message_among_its_turns(client, moderator, flag):
+    client.force_login(moderator)
+    page = client.get(change_url(flag)).text
+    marked = page.index("background:#fff3cd;")
+    assert page.index("pipe bomb", marked) < page.index("</p>", marked)
+    assert "What is the capital of France?" in page[:marked]
+
+
+def test_a_flag_goes_with_its_message_and_its_conversation(flag, mallory):
+    from conversations.models import Conversation, FlaggedMessage
+
+    message = flag.messages.get()
+    message.delete()
+    assert not Flag.objects.exists() and not FlaggedMessage.objects.exists()
+
+    message_send(user=mallory, content=BOMB)
+    assert Flag.objects.count() == 1
+    Conversation.objects.filter(user=mallory).delete()
+    assert not Flag.objects.exists() and not FlaggedMessage.objects.exists()
+
+
+def test_a_flag_without_a_message_has_no_context(client, moderator, mallory):
+    # An answer's flag whose message was never saved.
+    flag = Flag.objects.create(user=mallory, source=Flag.Source.OUTPUT, text="cut", action="block")
+    client.force_login(moderator)
+    page = client.get(change_url(flag))
+    assert page.status_code == 200 and "background:#fff3cd;" not in page.text

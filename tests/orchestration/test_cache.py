@@ -17,8 +17,9 @@ import pytest
 from channels.db import database_sync_to_async
 from django.db import transaction
 
-from accounts.models import UsageRecord, UserSettings
+from accounts.models import UserSettings
 from accounts.services import api_key_create
+from billing.models import UsageRecord
 from conversations.requests import SendRequest
 from conversations.services import message_send
 from inference.models import Generation, ModelDeployment

@@ -9,9 +9,9 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from accounts.models import UsageRecord
-from accounts.selectors import usage_tokens_since
-from conversations.models import Message
+from billing.models import UsageRecord
+from billing.selectors import usage_tokens_since
+from conversations.models import ConversationSummary, Message
 from conversations.prompts import Turn
 from conversations.requests import SendRequest
 from conversations.services import message_send
@@ -21,7 +21,6 @@ from inference.models import Generation
 from inference.selectors import generation_tokens_reserved_for_user
 from inference.services import SERVICE_PRIORITY, generation_finish
 from orchestration.memory import SUMMARY_HEADING, Memory, prompt_assemble, summary_max_tokens
-from orchestration.models import ConversationSummary
 
 WINDOW = 512
 

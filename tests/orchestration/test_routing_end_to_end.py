@@ -13,8 +13,9 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.test import Client
 
-from accounts.models import Tier, TierModelPrice, UsageRecord
+from accounts.models import Tier
 from accounts.services import api_key_create, user_set_tier
+from billing.models import TierModelPrice, UsageRecord
 from inference.defaults import DEFAULT_DEPLOYMENT_NAME
 from inference.models import Generation, ModelDeployment
 from tests.helpers.engines import SCRIPTED_DEFAULT

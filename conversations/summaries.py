@@ -1,4 +1,5 @@
-"""The orchestration layer's writes: conversation summaries (the memory of orchestration.memory)."""
+"""A conversation's summaries: the memory of its oldest turns (the policy is orchestration.memory's),
+asked of a utility model in the background and read into the prompts of the branch it runs through."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from django.db import IntegrityError, transaction
 
 from accounts.services import user_sockets_tell
 from chatsite.errors import ClientError
+from conversations.models import ConversationSummary
+from conversations.selectors import summary_for_branch
 from inference.engine.tokenizers import render_chat, tokenizer_for
 from inference.models import Generation, ModelDeployment
 from inference.services import generation_admit, service_generation_create
@@ -21,8 +24,6 @@ from orchestration.memory import (
     summary_max_tokens,
     summary_request_ids,
 )
-from orchestration.models import ConversationSummary
-from orchestration.selectors import summary_for_branch
 
 logger = logging.getLogger(__name__)
 

@@ -13,8 +13,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from accounts.models import Tier, TierModelPrice, UsageRecord
-from accounts.services import moderation_admit, usage_record, user_set_tier
+from accounts.models import Tier
+from accounts.services import moderation_admit, user_set_tier
+from billing.models import TierModelPrice, UsageRecord
+from billing.services import usage_record
 from conversations.requests import SendRequest
 from conversations.services import message_send
 from inference.models import Generation
@@ -151,7 +153,7 @@ def test_the_usage_page_shows_this_months_tokens_and_cost(client, alice, put_on_
     _finished(alice)
     _finished(alice)
     client.force_login(alice)
-    response = client.get(reverse("accounts:usage"))
+    response = client.get(reverse("billing:usage"))
     assert response.status_code == 200
     summary = response.context["summary"]
     assert summary.total_tokens == 6000
@@ -168,7 +170,7 @@ def test_the_usage_page_shows_this_months_tokens_and_cost(client, alice, put_on_
 def test_the_usage_page_shows_only_your_own_usage(client, alice, mallory):
     _finished(alice)
     client.force_login(mallory)
-    response = client.get(reverse("accounts:usage"))
+    response = client.get(reverse("billing:usage"))
     assert response.context["summary"].total_tokens == 0
 
 
@@ -178,7 +180,7 @@ def test_the_statement_is_a_csv_of_the_months_ledger(client, alice, bob, put_on_
     _finished(bob)
     client.force_login(alice)
     month = f"{timezone.now():%Y-%m}"
-    response = client.get(reverse("accounts:usage_statement"), {"month": month})
+    response = client.get(reverse("billing:usage_statement"), {"month": month})
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/csv")
     assert f"statement-{month}.csv" in response["Content-Disposition"]
@@ -194,7 +196,7 @@ def test_a_statement_for_a_month_without_usage_has_only_the_total(client, alice)
     _finished(alice)
     client.force_login(alice)
     rows = list(
-        csv.reader(io.StringIO(client.get(reverse("accounts:usage_statement"), {"month": "2001-01"}).content.decode()))
+        csv.reader(io.StringIO(client.get(reverse("billing:usage_statement"), {"month": "2001-01"}).content.decode()))
     )
     assert [r[0] for r in rows] == ["time (UTC)", "total"]
 
@@ -204,19 +206,19 @@ def test_a_statement_for_a_month_without_usage_has_only_the_total(client, alice)
 )
 def test_a_bad_month_is_a_400_not_a_500(client, alice, month):
     client.force_login(alice)
-    assert client.get(reverse("accounts:usage_statement"), {"month": month}).status_code == 400
-    assert client.get(reverse("accounts:usage"), {"month": month}).status_code == 400
+    assert client.get(reverse("billing:usage_statement"), {"month": month}).status_code == 400
+    assert client.get(reverse("billing:usage"), {"month": month}).status_code == 400
 
 
 def test_usage_pages_need_a_login(client, db):
-    assert client.get(reverse("accounts:usage")).status_code == 302
-    assert client.get(reverse("accounts:usage_statement")).status_code == 302
+    assert client.get(reverse("billing:usage")).status_code == 302
+    assert client.get(reverse("billing:usage_statement")).status_code == 302
 
 
 def test_the_chat_page_links_to_usage_and_keys(client, alice):
     client.force_login(alice)
     html = client.get(reverse("conversations:chat")).content.decode()
-    assert reverse("accounts:usage") in html
+    assert reverse("billing:usage") in html
     assert reverse("accounts:api_keys") in html
 
 
@@ -224,13 +226,13 @@ def test_admins_see_usage_across_users_without_a_query_per_row(admin_client, ali
     for user in (alice, bob, alice):
         _finished(user)
     with django_assert_max_num_queries(12):
-        response = admin_client.get(reverse("admin:accounts_usagerecord_changelist"))
+        response = admin_client.get(reverse("admin:billing_usagerecord_changelist"))
     assert response.status_code == 200
-    response = admin_client.get(reverse("admin:accounts_usagerecord_by_user"))
+    response = admin_client.get(reverse("admin:billing_usagerecord_by_user"))
     assert response.status_code == 200
     rows = {row["user__username"]: row for row in response.context["rows"]}
     assert rows["alice"]["requests"] == 2 and rows["bob"]["requests"] == 1
-    assert admin_client.get(reverse("admin:accounts_usagerecord_by_user"), {"month": "bad"}).status_code == 400
+    assert admin_client.get(reverse("admin:billing_usagerecord_by_user"), {"month": "bad"}).status_code == 400
 
 
 def test_the_admin_edits_tiers_and_never_shows_a_keys_hash(admin_client, alice):
@@ -291,12 +293,12 @@ async def test_a_real_answer_is_charged_once_with_the_engines_counts(engine, ali
 def test_a_moderation_request_shows_on_the_usage_page_and_the_statement(client, alice):
     moderation_admit(user=alice, texts=["x" * 400])  # 100 tokens
     client.force_login(alice)
-    page = client.get(reverse("accounts:usage"))
+    page = client.get(reverse("billing:usage"))
     assert page.status_code == 200
     assert [(row["deployment__name"], row["prompt_tokens"]) for row in page.context["summary"].per_model] == [
         ("moderation", 100)
     ]
-    response = client.get(reverse("accounts:usage_statement"), {"month": f"{timezone.now():%Y-%m}"})
+    response = client.get(reverse("billing:usage_statement"), {"month": f"{timezone.now():%Y-%m}"})
     rows = list(csv.reader(io.StringIO(response.content.decode())))
     assert rows[1][1:6] == ["", "moderation", "free", "complete", "100"]
     assert rows[2][0] == "total" and rows[2][5] == "100"
