@@ -81,7 +81,7 @@ async def test_a_file_dropped_on_a_conversation_is_attached_to_it(page):
         }"""
     )
     await page.wait_for_selector('#attachments .chip[data-status="ready"]', timeout=120_000)
-    document = await Document.objects.aget(name="otters.md")
+    document = await Document.objects.select_related("conversation_link").aget(name="otters.md")
     assert document.conversation_id is not None and not document.library
 
 

@@ -162,7 +162,7 @@ def test_a_flag_goes_with_its_message_and_its_conversation(flag, mallory):
     message.delete()
     assert not Flag.objects.exists() and not FlaggedMessage.objects.exists()
 
-    message_send(user=mallory, content=BOMB)
+    message_send(user=mallory, request=SendRequest(content=BOMB))
     assert Flag.objects.count() == 1
     Conversation.objects.filter(user=mallory).delete()
     assert not Flag.objects.exists() and not FlaggedMessage.objects.exists()
