@@ -4,9 +4,11 @@ a signal, is for a value returned; signals are kept for side effects."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from accounts.models import User
+from accounts.protocols import ListedDeployment
 
 
 class TokensReserved(Protocol):
@@ -28,3 +30,21 @@ def quota_reservation_register(count: TokensReserved) -> None:
 def quota_tokens_reserved(*, user: User) -> int:
     """The tokens the user's unfinished work may still use, in every app that registered a count."""
     return sum(count(user=user) for count in _tokens_reserved)
+
+
+class EnabledDeployments(Protocol):
+    """The enabled chat deployments (inference's), for the pages of accounts that list models."""
+
+    def __call__(self) -> Sequence[ListedDeployment]: ...
+
+
+_enabled_deployments: list[EnabledDeployments] = []
+
+
+def deployments_enabled_register(list_enabled: EnabledDeployments) -> None:
+    """Have `deployments_enabled` answer with `list_enabled()`; inference's, at start-up."""
+    _enabled_deployments[:] = [list_enabled]
+
+
+def deployments_enabled() -> list[ListedDeployment]:
+    return [deployment for list_enabled in _enabled_deployments for deployment in list_enabled()]

@@ -4,17 +4,19 @@ import datetime as dt
 import enum
 import hashlib
 from functools import cache
-from typing import Any, TypeVar, cast
+from typing import TypeVar
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from django.contrib.sessions.models import Session
-from django.db.models import Exists, ManyToManyField, QuerySet, Value
+from django.db.models import Exists, QuerySet, Value
+from django.db.models.fields.reverse_related import ManyToManyRel
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
+from accounts.hooks import deployments_enabled
 from accounts.models import ApiKey, Tier, User, UserSettings
-from accounts.protocols import Deployment
+from accounts.protocols import Deployment, ListedDeployment
 from chatsite.errors import ClientError
 
 D = TypeVar("D", bound=Deployment)
@@ -63,7 +65,9 @@ def _tier_on_deployment_sql() -> str:
     tier, user = Tier._meta.db_table, User._meta.db_table
     # The list is inference's field (ModelDeployment.tiers), read here from the tier's side: its
     # table and columns, not its model.
-    models = cast(ManyToManyField, Tier._meta.get_field("deployments").field)
+    relation = Tier._meta.get_field("deployments")
+    assert isinstance(relation, ManyToManyRel)  # ModelDeployment.tiers, seen from the tier's side
+    models = relation.field
     listed = models.m2m_db_table()
     own = User._meta.get_field("tier").column
     return (
@@ -88,12 +92,10 @@ def deployments_allowed_for_user(*, user: User, deployments: list[D]) -> list[D]
     return [d for d in deployments if d.id in allowed]
 
 
-def deployments_enabled_for_user(*, user: User) -> list[Any]:
-    """The enabled chat deployments the user's tier may use (the settings page's models). Read through
-    the tier's own relation, so accounts imports nothing of inference, the layer above it."""
-    deployment_model = Tier._meta.get_field("deployments").related_model
-    enabled = list(deployment_model._default_manager.filter(is_enabled=True, task="generate"))
-    return deployments_allowed_for_user(user=user, deployments=enabled)
+def deployments_enabled_for_user(*, user: User) -> list[ListedDeployment]:
+    """The enabled chat deployments the user's tier may use (the settings page's models), as
+    inference lists them through the hook it registers (accounts imports nothing of the layer above)."""
+    return deployments_allowed_for_user(user=user, deployments=deployments_enabled())
 
 
 def month_bounds(month: dt.date) -> tuple[dt.datetime, dt.datetime]:

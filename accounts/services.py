@@ -7,7 +7,6 @@ import ipaddress
 import secrets
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -31,6 +30,7 @@ from accounts.selectors import (
 )
 from accounts.signals import user_deactivated
 from chatsite.errors import ClientError
+from chatsite.parsers import JsonObject
 
 KEY_PREFIX_BYTES = 4  # 8 hex characters: enough to tell a user's keys apart, never enough to guess one
 KEY_SECRET_BYTES = 32
@@ -90,13 +90,13 @@ def user_access_changed(*, user_id: int, deactivated: bool = False, session_key:
     every one, after a new password those whose session still carries the old one's hash.
     `deactivated`: `user_deactivated` is sent too, so what the account has running stops. A lost
     event leaves each socket's own check on its next frame (conversations/consumers.py)."""
-    event: dict[str, Any] = {"type": "user.access", "session": session_key_digest(session_key) if session_key else None}
+    event: JsonObject = {"type": "user.access", "session": session_key_digest(session_key) if session_key else None}
     transaction.on_commit(lambda: user_sockets_tell(user_id=user_id, event=event), robust=True)
     if deactivated:
         transaction.on_commit(lambda: user_deactivated.send(sender=User, user_id=user_id), robust=True)
 
 
-def user_sockets_tell(*, user_id: int, event: dict[str, Any]) -> None:
+def user_sockets_tell(*, user_id: int, event: JsonObject) -> None:
     """Send `event` to every open chat socket of the user's, in whichever process."""
     layer = get_channel_layer()
     if layer is not None:

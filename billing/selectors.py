@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, cast
+from typing import TypedDict, cast
 
 from django.db.models import Count, FilteredRelation, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import TruncDate
@@ -14,6 +14,7 @@ from django.db.models.functions import TruncDate
 from accounts.models import Tier, User
 from accounts.selectors import month_bounds
 from billing.models import UsageRecord
+from chatsite.parsers import JsonObject
 
 ZERO = Decimal("0")
 MONEY_PLACES = Decimal("0.000001")
@@ -89,8 +90,8 @@ class UsageSummary:
     completion_tokens: int
     cost: Decimal
     requests: int
-    per_model: list[dict[str, Any]]
-    per_day: list[dict[str, Any]]
+    per_model: list[JsonObject]
+    per_day: list[JsonObject]
     # Of the prompt tokens, those the engine's prefix cache served (charged at the cached price).
     cached_tokens: int = 0
 
@@ -118,10 +119,10 @@ def usage_summary(*, user: User, month: dt.date) -> UsageSummary:
     per_model = [
         # A row with no model is a moderation request's (the only kind without one).
         {**row, "deployment__name": row["deployment__name"] or UsageRecord.Kind.MODERATION, "cost": _money(row["cost"])}
-        for row in cast(Iterable[dict[str, Any]], model_rows)
+        for row in cast(Iterable[JsonObject], model_rows)
     ]
     day_rows = rows.annotate(day=TruncDate("created_at", tzinfo=dt.UTC)).values("day").annotate(**_TOTALS)
-    by_day: dict[dt.date, dict[str, Any]] = {row["day"]: row for row in cast(Iterable[dict[str, Any]], day_rows)}
+    by_day: dict[dt.date, JsonObject] = {row["day"]: row for row in cast(Iterable[JsonObject], day_rows)}
     per_day = []
     day = start.date()
     while day < end.date():
@@ -153,7 +154,15 @@ def usage_statement_rows(*, user: User, month: dt.date) -> QuerySet[UsageRecord]
     )
 
 
-def usage_by_user(*, start: dt.datetime, end: dt.datetime) -> QuerySet[UsageRecord, Any]:
+class UserUsageRow(TypedDict):
+    """A row of `usage_by_user`: who, and (annotations the type checker cannot see) the totals of `_TOTALS`."""
+
+    user_id: int
+    user__username: str
+    user__tier__name: str
+
+
+def usage_by_user(*, start: dt.datetime, end: dt.datetime) -> QuerySet[UsageRecord, UserUsageRow]:
     """One row per user with usage in [start, end): tokens, requests and cost (the admin's overview)."""
     return (
         UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
@@ -166,8 +175,8 @@ def usage_by_user(*, start: dt.datetime, end: dt.datetime) -> QuerySet[UsageReco
 # Lines other apps add to the usage page (documents: the storage its files take), each a callable
 # taking the user and returning (label, value) pairs; registered in the app's `ready()`, since
 # billing sits below them and imports none of them.
-USAGE_FIGURES: list[Any] = []
+USAGE_FIGURES: list[Callable[[User], list[tuple[str, str]]]] = []
 
 
-def usage_figures(*, user: Any) -> list[tuple[str, str]]:
+def usage_figures(*, user: User) -> list[tuple[str, str]]:
     return [figure for provider in USAGE_FIGURES for figure in provider(user)]

@@ -18,6 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.apis import ScopedApi
+from accounts.authentication import signed_in
 from accounts.metering import metered
 from accounts.models import ApiKey
 from chatsite.errors import ClientError
@@ -93,7 +94,7 @@ class DocumentListCreateApi(ScopedApi):
         responses=DocumentOutputSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
-        documents = document_list_for_user(user=request.user)
+        documents = document_list_for_user(user=signed_in(request))
         if request.query_params.get("library") in ("true", "1"):
             documents = documents.filter(library=True)
         return Response(DocumentOutputSerializer(documents[:500], many=True).data)
@@ -109,13 +110,13 @@ class DocumentListCreateApi(ScopedApi):
         },
     )
     def post(self, request: Request) -> Response:
-        name, data = uploaded_file(request, user=request.user)
-        document = document_upload(user=request.user, name=name, data=data, library=True)
+        name, data = uploaded_file(request, user=signed_in(request))
+        document = document_upload(user=signed_in(request), name=name, data=data, library=True)
         return Response(DocumentOutputSerializer(document).data, status=status.HTTP_201_CREATED)
 
 
 def _get_or_404(request: Request, document_id: int) -> Document:
-    document = document_get_for_user(user=request.user, document_id=document_id)
+    document = document_get_for_user(user=signed_in(request), document_id=document_id)
     if document is None:
         raise ClientError("That file does not exist.", code="not_found", status=404)
     return document
@@ -158,7 +159,9 @@ class DocumentSearchApi(ScopedApi):
         if not query.strip() or len(query) > QUERY_CHARS or "\x00" in query:
             raise ClientError(f"'q' must be 1 to {QUERY_CHARS} characters of text.", code="invalid_request", param="q")
         names = dict(
-            document_list_for_user(user=request.user).filter(status=Document.Status.READY).values_list("id", "name")
+            document_list_for_user(user=signed_in(request))
+            .filter(status=Document.Status.READY)
+            .values_list("id", "name")
         )
         if not names:
             return Response({"results": []})

@@ -3,29 +3,29 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from django.db.models import Count, Q, QuerySet, Sum
 
+from accounts.models import User
 from documents.models import Document
 
 # Every column but the file's bytes: lists and pages never need them.
 LISTED = ("data",)
 
 
-def document_list_for_user(*, user: Any) -> QuerySet[Document]:
+def document_list_for_user(*, user: User) -> QuerySet[Document]:
     # With the conversation each is attached to (`Document.conversation_id`), in the same query.
     return Document.objects.filter(owner=user).select_related("conversation_link").defer(*LISTED)
 
 
-def document_get_for_user(*, user: Any, document_id: Any) -> Document | None:
+def document_get_for_user(*, user: User, document_id: int) -> Document | None:
     """The user's own file, or None: another user's file looks exactly like a missing one."""
     if not isinstance(document_id, int) or isinstance(document_id, bool) or not 0 < document_id < 2**63:
         return None
     return document_list_for_user(user=user).filter(id=document_id).first()
 
 
-def documents_of_conversation(*, user: Any, conversation_id: int) -> QuerySet[Document]:
+def documents_of_conversation(*, user: User, conversation_id: int) -> QuerySet[Document]:
     return document_list_for_user(user=user).filter(conversation=conversation_id)
 
 
@@ -46,12 +46,12 @@ class Storage:
     bytes: int
 
 
-def storage_for_user(*, user: Any) -> Storage:
+def storage_for_user(*, user: User) -> Storage:
     held = Document.objects.filter(owner=user).aggregate(files=Count("id"), bytes=Sum("size"))
     return Storage(files=held["files"], bytes=held["bytes"] or 0)
 
 
-def usage_storage_figures(user: Any) -> list[tuple[str, str]]:
+def usage_storage_figures(user: User) -> list[tuple[str, str]]:
     """The usage page's line for files: how many, and the storage they take."""
     from django.template.defaultfilters import filesizeformat
 

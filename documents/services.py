@@ -8,17 +8,19 @@ import datetime as dt
 import hashlib
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
+import numpy as np
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
+from numpy.typing import NDArray
 
 from accounts.defaults import DEFAULT_DOCUMENT_PROCESSING_LIMITS, DEFAULT_TIER_NAME
+from accounts.models import User
 from accounts.selectors import tier_for_user
 from accounts.services import moderation_tokens, quota_check
 from billing.services import processing_usage_record
@@ -28,6 +30,7 @@ from documents.models import Chunk, Document, TierDocumentLimits
 from documents.parsing import ParseLimits, bad_file, check_readable, kind_of
 from documents.sandbox import ProcessingStopped, parse_bounded
 from inference.defaults import EMBEDDING_DEPLOYMENT_NAME
+from inference.models import ModelDeployment
 from inference.selectors import deployment_get
 from moderation.services import passages_moderate, sentence_embeddings, sentence_token_counts
 
@@ -56,7 +59,7 @@ class DocumentLimits:
     processing_memory_mb: int
 
 
-def document_limits_for(*, user: Any) -> DocumentLimits:
+def document_limits_for(*, user: User) -> DocumentLimits:
     tier = tier_for_user(user=user)
     row = TierDocumentLimits.objects.filter(tier=tier).first()
     if row is not None:
@@ -88,7 +91,7 @@ def _megabytes(size: int) -> str:
 
 
 def document_upload(
-    *, user: Any, name: Any, data: bytes, conversation_id: int | None = None, library: bool = False
+    *, user: User, name: str | None, data: bytes, conversation_id: int | None = None, library: bool = False
 ) -> Document:
     """Store an uploaded file and queue its processing, or refuse it with a 400 and store nothing.
 
@@ -155,10 +158,14 @@ def document_delete(*, document: Document) -> None:
 # Where a committed upload goes to be processed: the Celery task or this process's pool
 # (`documents.background.document_process_dispatch`). Both run `document_process` below, so the one
 # this process uses is installed at start-up (DocumentsConfig.ready) rather than imported.
-_processing_dispatch: Callable[..., None] | None = None
+class ProcessingDispatch(Protocol):
+    def __call__(self, *, document_id: int, owner_id: int) -> None: ...
 
 
-def document_processing_install(dispatch: Callable[..., None]) -> None:
+_processing_dispatch: ProcessingDispatch | None = None
+
+
+def document_processing_install(dispatch: ProcessingDispatch) -> None:
     global _processing_dispatch
     _processing_dispatch = dispatch
 
@@ -290,7 +297,7 @@ def _process(document: Document) -> str:
             return _fail(document.id, over_time)
         if not _progress(document.id, 10 + int(20 * len(injection) / len(texts))):
             return "deleted"
-    vectors: list[Any] = []
+    vectors: list[NDArray[np.float32]] = []
     for start in range(0, len(texts), EMBED_BATCH):
         vectors.extend(sentence_embeddings(model=EMBEDDING_MODEL, texts=texts[start : start + EMBED_BATCH]))
         if time.monotonic() > deadline:
@@ -342,7 +349,7 @@ def _charge(document: Document, *, embedding_tokens: int, moderation_tokens: int
         )
 
 
-def _embedding_deployment() -> Any:
+def _embedding_deployment() -> ModelDeployment | None:
     try:
         return deployment_get(name=EMBEDDING_DEPLOYMENT_NAME, task="embed")
     except ClientError:

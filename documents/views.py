@@ -10,6 +10,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
+from accounts.authentication import signed_in
 from accounts.metering import metered
 from chatsite.errors import ClientError
 from documents.selectors import document_get_for_user, document_list_for_user, storage_for_user
@@ -27,14 +28,14 @@ def library(request: HttpRequest) -> HttpResponse:
         try:
             if upload is None:
                 raise ClientError("Choose a file to upload.", code="invalid_request", param="file")
-            limit = document_limits_for(user=request.user).max_file_bytes
+            limit = document_limits_for(user=signed_in(request)).max_file_bytes
             if limit is not None and upload.size is not None and upload.size > limit:
                 raise ClientError(
                     f"The file is {upload.size / 1048576:.1f} MB; your plan takes files of up to {limit / 1048576:.1f} MB.",
                     code="file_too_large",
                     status=413,
                 )
-            document_upload(user=request.user, name=upload.name or "", data=upload.read(), library=True)
+            document_upload(user=signed_in(request), name=upload.name or "", data=upload.read(), library=True)
         except ClientError as exc:
             messages.error(request, exc.message)
             status = exc.status
@@ -44,11 +45,11 @@ def library(request: HttpRequest) -> HttpResponse:
         request,
         "documents/library.html",
         {
-            "documents": document_list_for_user(user=request.user).select_related("conversation_link__conversation")[
-                :500
-            ],
-            "storage": storage_for_user(user=request.user),
-            "limits": document_limits_for(user=request.user),
+            "documents": document_list_for_user(user=signed_in(request)).select_related(
+                "conversation_link__conversation"
+            )[:500],
+            "storage": storage_for_user(user=signed_in(request)),
+            "limits": document_limits_for(user=signed_in(request)),
         },
         status=status,
     )
@@ -58,7 +59,7 @@ def library(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def document_delete_view(request: HttpRequest, document_id: int) -> HttpResponse:
-    document = document_get_for_user(user=request.user, document_id=document_id)
+    document = document_get_for_user(user=signed_in(request), document_id=document_id)
     if document is None:
         raise Http404("No such file.")
     document_delete(document=document)

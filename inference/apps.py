@@ -8,12 +8,13 @@ class InferenceConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
-        from accounts.hooks import quota_reservation_register
+        from accounts.hooks import deployments_enabled_register, quota_reservation_register
         from inference import receivers  # noqa: F401
         from inference.engine.vllm_server_internals import release_supported
-        from inference.selectors import generation_tokens_reserved_for_user
+        from inference.selectors import deployment_list_enabled, generation_tokens_reserved_for_user
 
         quota_reservation_register(generation_tokens_reserved_for_user)
+        deployments_enabled_register(deployment_list_enabled)
         # A vLLM release its OpenAI server's reaches were not written for says so in the log at start-up
         # (read from the package's metadata: importing vLLM here would cost every process seconds).
         release_supported()

@@ -21,7 +21,7 @@ import uuid
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, cast
+from typing import Protocol, TypeVar, cast
 
 import numpy as np
 from django.conf import settings
@@ -47,7 +47,7 @@ from moderation.guard import combined_with_guard
 from moderation.models import ACTION_SEVERITY, Action, Flag
 from moderation.passage_injection import passage_is_injection
 from moderation.selectors import PolicySnapshot, policy_for_tier, policy_for_user, policy_for_user_id
-from moderation.subjects import flag_subjects
+from moderation.subjects import FlagSubject, flag_subjects
 
 logger = logging.getLogger(__name__)
 
@@ -281,7 +281,7 @@ def _input_scores_many(texts: list[str]) -> list[Scores]:
         return list(pool.map(combined_with_guard, scored, texts))
 
 
-def flag_create(*, user: User, message: Any, source: str, text: str, verdict: Verdict) -> Flag:
+def flag_create(*, user: User, message: FlagSubject | None, source: str, text: str, verdict: Verdict) -> Flag:
     """Flag `message` (a conversations.Message, which moderation cannot name): the flag, and the
     record of which message it is about, kept beside the messages (moderation.subjects)."""
     flag = Flag.objects.create(
@@ -674,7 +674,7 @@ class PassageVerdicts:
     content: Verdict
 
 
-def passages_moderate(*, user_id: Any, texts: list[str], file_name: str = "") -> PassageVerdicts:
+def passages_moderate(*, user_id: int, texts: list[str], file_name: str = "") -> PassageVerdicts:
     """Score a file's passages as input moderation scores a message (one embedding batch), under
     the owner's policy for everything but prompt injection. Injection is judged by the rules for
     files (`moderation.passage_injection`), whatever the tier's policy says about messages: text

@@ -21,8 +21,15 @@ class FlagContext:
     message_id: int | None
 
 
+class FlagSubject(Protocol):
+    """A message, as moderation sees one (conversations' Message is one): its id."""
+
+    @property
+    def id(self) -> int: ...
+
+
 class FlagSubjects(Protocol):
-    def message_flagged(self, *, flag_id: int, message: Any) -> None:
+    def message_flagged(self, *, flag_id: int, message: FlagSubject) -> None:
         """Record that the flag is about `message` (a flag made with the message at hand)."""
         ...
 

@@ -9,13 +9,12 @@ generations through `inference.services.generation_create`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 
 from accounts.models import ApiKey, User
-from accounts.services import RequestLimits, request_admit, request_limits, request_size_check
+from accounts.services import Admission, RequestLimits, request_admit, request_limits, request_size_check
 from chatsite.completion import run_to_end
 from chatsite.database import DatabaseCall
 from chatsite.errors import ClientError
@@ -219,7 +218,7 @@ def _completion_generations(
     tokenizer: Tokenizer,
     awaiting_verdict: bool,
     routing_reason: str = "",
-) -> tuple[list[Generation], list[Any]]:
+) -> tuple[list[Generation], list[Admission]]:
     """The checks a completion's prompt must pass, then its `n` generations queued and charged (held
     until the verdict is in, with `awaiting_verdict`).
 
