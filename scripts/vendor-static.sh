@@ -3,7 +3,8 @@
 #
 # The pinned versions below are the only place they are chosen. The files it writes are committed, so
 # a fresh machine or CI serves them without npm; run this again only to change a version (then update
-# the <script>/<link> tags in templates/conversations/chat.html and the README's libraries table).
+# the <script>/<link> tags in templates/conversations/_renderer*.html and admin/operations.html, and the
+# README's libraries table).
 # Each package is fetched with `npm pack` (the published tarball, no install scripts run) and only its
 # browser build and licence files are copied.
 set -eu
@@ -44,7 +45,9 @@ cp "$work/dompurify/dist/purify.min.js" "$work/dompurify/LICENSE" "$work/dompuri
 
 unpack "@highlightjs/cdn-assets@$HIGHLIGHT_JS" highlight.js
 out=$(fresh "highlight.js-$HIGHLIGHT_JS")
-cp "$work/highlight.js/highlight.min.js" "$work/highlight.js/LICENSE" "$work/highlight.js/styles/github.min.css" "$out/"
+# Its GitHub styles, light and dark: templates/conversations/_renderer_styles.html picks by the theme.
+cp "$work/highlight.js/highlight.min.js" "$work/highlight.js/LICENSE" "$work/highlight.js/styles/github.min.css" \
+    "$work/highlight.js/styles/github-dark.min.css" "$out/"
 
 unpack "katex@$KATEX" katex
 out=$(fresh "katex-$KATEX")

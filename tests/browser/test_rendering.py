@@ -13,7 +13,7 @@ import pytest
 from channels.db import database_sync_to_async
 from django.urls import reverse
 
-from accounts.models import User
+from accounts.models import User, UserSettings
 from conversations.models import Message
 from conversations.services import conversation_create, conversation_share
 from inference.models import Generation
@@ -80,6 +80,10 @@ $$
 $$
 
 It costs $5 and $10 (plain dollars)."""
+
+
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 800}
 
 
 @database_sync_to_async
@@ -175,6 +179,31 @@ async def test_math_is_rendered_by_katex_under_the_pages_policy(page):
     families = await page.evaluate("() => document.fonts.check('1em KaTeX_Main')")
     assert families
     assert violations == []
+
+
+CODE_COLOURS = "c => [getComputedStyle(c).backgroundColor, getComputedStyle(c).color]"
+LIGHT_CODE = ["rgb(255, 255, 255)", "rgb(36, 41, 46)"]  # highlight.js's GitHub style
+DARK_CODE = ["rgb(13, 17, 23)", "rgb(201, 209, 217)"]  # and its GitHub Dark
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+async def test_code_blocks_follow_the_theme(page, viewport):
+    await page.set_viewport_size(viewport)
+    content = await _shown(page, "fiona", MARKDOWN)
+    code = content.locator(".code-block pre > code")
+    # The theme the system asks for (the default), as it changes.
+    assert await code.evaluate(CODE_COLOURS) == LIGHT_CODE
+    await page.emulate_media(color_scheme="dark")
+    assert await code.evaluate(CODE_COLOURS) == DARK_CODE
+    assert await code.locator(".hljs-keyword").first.evaluate("k => getComputedStyle(k).color") == "rgb(255, 123, 114)"
+    # A theme chosen in the settings, whatever the system's.
+    user = await User.objects.aget(username="fiona")
+    for theme, system, colours in (("light", "dark", LIGHT_CODE), ("dark", "light", DARK_CODE)):
+        await UserSettings.objects.aupdate_or_create(user=user, defaults={"theme": theme})
+        await page.emulate_media(color_scheme=system)
+        await page.reload()
+        await content.locator(".code-block").wait_for()
+        assert await code.evaluate(CODE_COLOURS) == colours, theme
 
 
 async def test_an_answer_renders_the_same_streamed_and_after_a_reload(page):
