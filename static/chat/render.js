@@ -12,9 +12,82 @@
 
   const md = window.markdownit({html: false, linkify: true, breaks: true});
   md.validateLink = function (url) { return SAFE_URL.test(url.trim()); };
-  md.use(window.markdownItKatex, {
-    katex: window.katex, throwOnError: false, trust: false, strict: "ignore", maxSize: 20, maxExpand: 500,
+  const KATEX_OPTIONS = {throwOnError: false, trust: false, strict: "ignore", maxSize: 20, maxExpand: 500};
+  md.use(window.markdownItKatex, Object.assign({katex: window.katex}, KATEX_OPTIONS));
+
+  // Math between TeX's own delimiters, as many models write it: \(…\) inline, \[…\] displayed. Read
+  // before markdown's backslash escapes, which would take `\(` for an escaped bracket and drop the
+  // backslash; code spans and blocks are read before either, so theirs stay. A delimiter right after
+  // a letter or digit (`items\[0\]`) is the escape it looks like, as `$` after one is not math.
+  const AFTER_WORD = /[\p{L}\p{N}_]/u;
+
+  // Where `close` (`\)` or `\]`) ends math opened before `from`: its backslash not itself escaped.
+  function closingAt(src, close, from, limit) {
+    for (let at = src.indexOf(close, from); at >= 0 && at < limit; at = src.indexOf(close, at + 1)) {
+      let backslashes = 0;
+      while (src[at - 1 - backslashes] === "\\") backslashes++;
+      if (backslashes % 2 === 0) return at;
+    }
+    return -1;
+  }
+
+  md.inline.ruler.before("escape", "math_backslash", function (state, silent) {
+    const src = state.src;
+    const start = state.pos;
+    const open = src[start + 1];
+    if (src[start] !== "\\" || (open !== "(" && open !== "[")) return false;
+    if (start > 0 && AFTER_WORD.test(src[start - 1])) return false;
+    const end = closingAt(src, open === "(" ? "\\)" : "\\]", start + 2, state.posMax - 1);
+    if (end < 0 || !src.slice(start + 2, end).trim()) return false;
+    if (!silent) {
+      const token = state.push(open === "(" ? "math_inline" : "math_display", "math", 0);
+      token.markup = "\\" + open;
+      token.content = src.slice(start + 2, end);
+    }
+    state.pos = end + 2;
+    return true;
   });
+
+  // A paragraph of its own that opens with \[ and whose last line ends with \]: a math block, as
+  // `$$` lines are. Display math holds no blank line.
+  md.block.ruler.after("blockquote", "math_block_backslash", function (state, startLine, endLine, silent) {
+    if (state.sCount[startLine] - state.blkIndent >= 4) return false;  // indented code
+    const begin = state.bMarks[startLine] + state.tShift[startLine];
+    if (state.src.slice(begin, begin + 2) !== "\\[") return false;
+    const lines = [];
+    for (let line = startLine; line < endLine; line++) {
+      const from = line === startLine ? begin + 2 : state.bMarks[line] + state.tShift[line];
+      const text = state.src.slice(from, state.eMarks[line]);
+      if (line > startLine && (!text.trim() || state.sCount[line] < state.blkIndent)) return false;
+      const trimmed = text.trimEnd();
+      const end = trimmed.endsWith("\\]") ? closingAt(trimmed, "\\]", trimmed.length - 2, trimmed.length) : -1;
+      if (end < 0) {
+        lines.push(text);
+        continue;
+      }
+      lines.push(trimmed.slice(0, end));
+      const content = lines.join("\n").trim();
+      if (!content || closingAt(content, "\\]", 0, content.length) >= 0) return false;  // \[a\] b \[c\]: inline
+      if (silent) return true;
+      const token = state.push("math_block", "math", 0);
+      token.block = true;
+      token.content = content;
+      token.markup = "\\[";
+      token.map = [startLine, line + 1];
+      state.line = line + 1;
+      return true;
+    }
+    return false;
+  }, {alt: ["paragraph", "reference", "blockquote", "list"]});
+
+  // Displayed math within a line of text: KaTeX's display box (a block) in the paragraph.
+  md.renderer.rules.math_display = function (tokens, idx) {
+    try {
+      return window.katex.renderToString(tokens[idx].content, Object.assign({}, KATEX_OPTIONS, {displayMode: true}));
+    } catch (error) {
+      return '<span class="katex-error">' + md.utils.escapeHtml(tokens[idx].content) + "</span>";
+    }
+  };
 
   // A link whose target was refused (markdown-it then gives it an empty href) is shown as its text.
   const renderLinkOpen = md.renderer.rules.link_open || function (tokens, idx, options, env, self) {

@@ -18,7 +18,7 @@ from conversations.models import Message
 from conversations.services import conversation_create, conversation_share
 from inference.models import Generation
 from inference.streaming.streams import StreamPublisher
-from tests.browser.conftest import BROWSER_MARKS, sign_in
+from tests.browser.conftest import BROWSER_MARKS, SOURCE, sign_in
 
 pytestmark = [mark for mark in BROWSER_MARKS if mark.name != "engine"]
 
@@ -81,6 +81,22 @@ $$
 
 It costs $5 and $10 (plain dollars)."""
 
+
+# The same math in TeX's own delimiters, as many models write it; code keeps its backslashes.
+BACKSLASH_MATH = r"""Inline \(a^2 + b^2 = c^2\), and on its own:
+
+\[
+\int_0^1 x\,dx = \frac{1}{2}
+\]
+
+Also \[ \sqrt{4} = 2 \] within a line, while items\[0\] is an escaped bracket.
+
+Written as code: `\(x\)` and `\[y\]`.
+
+```latex
+\[ \frac{a}{b} \] and \(c\)
+```
+"""
 
 PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1280, "height": 800}
@@ -181,6 +197,25 @@ async def test_math_is_rendered_by_katex_under_the_pages_policy(page):
     assert violations == []
 
 
+async def test_math_between_backslash_delimiters_is_rendered_and_code_keeps_its_backslashes(page):
+    content = await _shown(page, "erin", BACKSLASH_MATH)
+    assert await content.locator(".katex").count() == 3
+    assert await content.locator(".katex-display").count() == 2
+    assert await content.locator(".katex-display .mfrac").count() == 1
+    assert await content.locator(".katex-display .sqrt").count() == 1
+    assert await content.locator(".katex-error").count() == 0
+    # Around the math, the text is as written: no delimiter or backslash left behind.
+    outside = await content.evaluate(
+        "el => { const c = el.cloneNode(true); c.querySelectorAll('.katex, pre').forEach(k => k.remove());"
+        " return c.textContent; }"
+    )
+    assert "Inline , and on its own:" in outside
+    assert "Also  within a line, while items[0] is an escaped bracket." in outside
+    assert await content.locator(":not(pre) > code").all_text_contents() == [r"\(x\)", r"\[y\]"]
+    assert await content.locator("pre > code").text_content() == "\\[ \\frac{a}{b} \\] and \\(c\\)\n"
+    assert await content.evaluate(SOURCE) == BACKSLASH_MATH
+
+
 CODE_COLOURS = "c => [getComputedStyle(c).backgroundColor, getComputedStyle(c).color]"
 LIGHT_CODE = ["rgb(255, 255, 255)", "rgb(36, 41, 46)"]  # highlight.js's GitHub style
 DARK_CODE = ["rgb(13, 17, 23)", "rgb(201, 209, 217)"]  # and its GitHub Dark
@@ -251,6 +286,7 @@ PAYLOADS = {
     ),
     "in a link title": '[click me](https://example.org/ "x\\" onmouseover=\\"window.pwned=1")',
     "in math": r"$\href{javascript:window.pwned=1}{click me}$ and $\htmlId{x}{y}$",
+    "in backslash math": r"\(\href{javascript:window.pwned=1}{click me}\) and \[\htmlId{x}{y}\]",
 }
 
 
