@@ -55,6 +55,7 @@ from conversations.services import (
     conversation_delete,
     conversation_rename,
     conversation_start,
+    message_feedback_clear,
     message_feedback_set,
     message_send_checked,
 )
@@ -329,9 +330,9 @@ class ConversationBranchApi(ScopedApi):
 @metered("request")
 class MessageFeedbackApi(ScopedApi):
     """PUT rates an answer of one of your conversations, up or down, with an optional comment; one
-    rating per answer, replaced when sent again."""
+    rating per answer, replaced when sent again. DELETE takes the rating back."""
 
-    method_scopes = {"PUT": WRITE}
+    method_scopes = {"PUT": WRITE, "DELETE": WRITE}
 
     class InputSerializer(serializers.Serializer):
         rating = serializers.ChoiceField(choices=["up", "down"])
@@ -366,6 +367,18 @@ class MessageFeedbackApi(ScopedApi):
             user=signed_in(request), conversation_id=conversation_id, message_id=message_id, **serializer.validated_data
         )
         return Response(self.OutputSerializer(feedback).data)
+
+    @extend_schema(
+        operation_id="conversations_message_feedback_clear",
+        summary="Take back the rating of an answer",
+        responses={
+            204: OpenApiResponse(description="No rating of yours on this answer now (also when there was none)."),
+            404: OpenApiResponse(description="No such answer in a conversation of yours."),
+        },
+    )
+    def delete(self, request: Request, conversation_id: int, message_id: int) -> Response:
+        message_feedback_clear(user=signed_in(request), conversation_id=conversation_id, message_id=message_id)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 @metered("request", POST=("file_upload", "document"))

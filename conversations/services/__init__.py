@@ -7,7 +7,7 @@
 - `answering`: what every new answer needs (its prompt, its rows, its generation and its charge),
   shared by sends, regenerations and continuations, and an ended generation copied onto its answer.
 - `branches`: an answer regenerated beside the old one, or continued where its length limit cut it.
-- `feedback`: a thumbs up or down on an answer.
+- `feedback`: a thumbs up or down on an answer, and taking it back.
 - `titles`: a conversation's title, asked of its model once the first answer ends.
 - `sharing`: a read-only link to a snapshot of the branch on screen.
 
@@ -24,7 +24,7 @@ from conversations.services.conversations import (
     conversation_rename,
     conversation_start,
 )
-from conversations.services.feedback import message_feedback_set
+from conversations.services.feedback import message_feedback_clear, message_feedback_set
 from conversations.services.sending import (
     ACTIVE_BRANCH,
     HELD_BACK,
@@ -56,6 +56,7 @@ __all__ = [
     "held_back_reason",
     "held_message_recover",
     "message_continue",
+    "message_feedback_clear",
     "message_feedback_set",
     "message_finish_from_generation",
     "message_mark_streaming",

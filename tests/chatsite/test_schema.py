@@ -43,7 +43,7 @@ def test_the_schema_documents_the_conversations_api():
     assert "text/event-stream" in send["responses"]["200"]["content"]
     assert "post" in paths["/api/conversations/messages/"]
     assert set(paths["/api/conversations/{conversation_id}/branch/"]) == {"post"}
-    assert set(paths["/api/conversations/{conversation_id}/messages/{message_id}/feedback/"]) == {"put"}
+    assert set(paths["/api/conversations/{conversation_id}/messages/{message_id}/feedback/"]) == {"put", "delete"}
     for path in ("/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize"):
         assert set(paths[path]) == {"post"}
     assert set(paths["/v1/models/{model_id}"]) == {"get"}

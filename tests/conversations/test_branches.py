@@ -16,6 +16,7 @@ from conversations.selectors import message_branch
 from conversations.services import (
     conversation_branch_select,
     message_continue,
+    message_feedback_clear,
     message_feedback_set,
     message_regenerate,
     message_send,
@@ -293,6 +294,22 @@ def test_feedback_is_only_for_answers_of_ones_own_conversations(alice, mallory, 
     assert not MessageFeedback.objects.exists()
 
 
+def test_a_rating_is_cleared_by_its_owner_only(alice, mallory, two_turns):
+    first, second = two_turns
+    ids = {"conversation_id": first.conversation.id, "message_id": first.assistant_message.id}
+    message_feedback_set(user=alice, rating="up", **ids)
+    message_feedback_set(
+        user=alice, rating="down", message_id=second.assistant_message.id, conversation_id=ids["conversation_id"]
+    )
+    with pytest.raises(ClientError) as refused:
+        message_feedback_clear(user=mallory, **ids)
+    assert refused.value.code == "not_found"
+    assert MessageFeedback.objects.count() == 2
+    message_feedback_clear(user=alice, **ids)
+    message_feedback_clear(user=alice, **ids)  # cleared already: nothing to do, and no error
+    assert list(MessageFeedback.objects.values_list("message_id", "rating")) == [(second.assistant_message.id, "down")]
+
+
 def test_staff_read_feedback_in_the_admin_filtered_by_rating_and_model(alice, two_turns, make_user):
     first, second = two_turns
     ids = {"conversation_id": first.conversation.id}
@@ -404,3 +421,16 @@ def test_the_api_takes_feedback_on_ones_own_answers(alice, mallory, two_turns):
     assert client_for(alice).put(url, {"rating": "meh"}, format="json").status_code == 400
     assert client_for(mallory).put(url, {"rating": "up"}, format="json").status_code == 404
     assert MessageFeedback.objects.get().rating == "down"
+
+
+def test_the_api_clears_a_rating_on_ones_own_answers_only(alice, mallory, two_turns):
+    first, _ = two_turns
+    url = f"/api/conversations/{first.conversation.id}/messages/{first.assistant_message.id}/feedback/"
+    assert client_for(alice).put(url, {"rating": "up"}, format="json").status_code == 200
+    assert client_for(mallory).delete(url).status_code == 404
+    assert MessageFeedback.objects.exists()
+    question = f"/api/conversations/{first.conversation.id}/messages/{first.user_message.id}/feedback/"
+    assert client_for(alice).delete(question).status_code == 404
+    assert client_for(alice).delete(url).status_code == 204
+    assert not MessageFeedback.objects.exists()
+    assert client_for(alice).delete(url).status_code == 204
