@@ -135,7 +135,10 @@
 
   const purify = window.DOMPurify(window);  // an instance of its own: the hooks below stay here
   const PURIFY_CONFIG = {
-    ALLOWED_URI_REGEXP: /^(?:https?:|mailto:)/i,
+    // DOMPurify tests every attribute's value against this, not only URLs: values with no scheme
+    // (a width, an SVG path, a list's start) must pass, as in its default, whose other schemes
+    // (tel:, ftp:, …) are left out here.
+    ALLOWED_URI_REGEXP: /^(?:(?:https?|mailto):|[^a-z]|[a-z+.-]+(?:[^a-z+.\-:]|$))/i,
     FORBID_TAGS: ["img", "image", "picture", "source", "video", "audio", "track", "iframe", "object", "embed",
       "form", "input", "button", "textarea", "select", "style", "link", "meta", "base", "use"],
     FORBID_ATTR: ["style", "srcset", "action", "formaction", "background", "poster"],

@@ -203,6 +203,8 @@ async def test_math_between_backslash_delimiters_is_rendered_and_code_keeps_its_
     assert await content.locator(".katex-display").count() == 2
     assert await content.locator(".katex-display .mfrac").count() == 1
     assert await content.locator(".katex-display .sqrt").count() == 1
+    # The radical is an SVG path: the sanitizer keeps its drawing (and every plain attribute value).
+    assert (await content.locator(".katex-display .sqrt svg path").get_attribute("d")).startswith("M")
     assert await content.locator(".katex-error").count() == 0
     # Around the math, the text is as written: no delimiter or backslash left behind.
     outside = await content.evaluate(
