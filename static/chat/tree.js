@@ -79,7 +79,7 @@
     const b = button(className, "", title, onClick);
     const ns = "http://www.w3.org/2000/svg";
     const svg = document.createElementNS(ns, "svg");
-    const attributes = {viewBox: "0 0 24 24", width: "14", height: "14", fill: "none", stroke: "currentColor",
+    const attributes = {viewBox: "0 0 24 24", width: "16", height: "16", fill: "none", stroke: "currentColor",
       "stroke-width": "2", "stroke-linecap": "round", "stroke-linejoin": "round", "aria-hidden": "true"};
     Object.keys(attributes).forEach(function (name) { svg.setAttribute(name, attributes[name]); });
     const path = document.createElementNS(ns, "path");
@@ -186,12 +186,21 @@
   function feedback(el) {
     const box = document.createElement("span");
     box.className = "feedback";
+    // The thumb already chosen, clicked again, takes the rating (and its comment) back.
     const rate = function (rating) {
       return function () {
-        api("PUT", "messages/" + el.dataset.message + "/feedback/", {rating: rating}).then(function () {
-          el.dataset.rating = rating;
-          markRating(box, rating);
-          commentForm(el, rating);
+        const path = "messages/" + el.dataset.message + "/feedback/";
+        const clearing = el.dataset.rating === rating;
+        const request = clearing ? api("DELETE", path) : api("PUT", path, {rating: rating});
+        request.then(function () {
+          el.dataset.rating = clearing ? "" : rating;
+          markRating(box, el.dataset.rating);
+          if (clearing) {
+            const form = el.querySelector(".feedback-form");
+            if (form) form.remove();
+          } else {
+            commentForm(el, rating);
+          }
         }, function (error) { showError(error.message); });
       };
     };
@@ -228,7 +237,9 @@
           el.dataset.feedbackSent = "true";
         }, function (error) { showError(error.message); });
     });
-    el.appendChild(form);
+    const actions = el.querySelector(":scope > .actions");
+    if (actions) actions.after(form);  // under the thumbs, above Regenerate
+    else el.appendChild(form);
   }
 
   function isLast(el) {
@@ -262,8 +273,10 @@
         }
       }
     }
-    if (old) old.replaceWith(actions);
-    else el.appendChild(actions);
+    // The row goes last but for a comment form and Regenerate, so the order is the same live (where
+    // chat.js adds notes and Regenerate after this row) as after a reload (where they come first).
+    if (old) old.remove();
+    el.insertBefore(actions, el.querySelector(":scope > .feedback-form, :scope > button.regenerate"));
   }
 
   function decorateAll() {

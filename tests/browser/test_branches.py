@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from channels.db import database_sync_to_async
 
-from accounts.models import User
+from accounts.models import User, UserSettings
 from conversations.models import Conversation, Message, MessageFeedback
 from conversations.requests import SendRequest
 from conversations.services import message_send
@@ -18,6 +18,8 @@ from tests.browser.conftest import BROWSER_MARKS, SOURCE, sign_in
 pytestmark = [*BROWSER_MARKS, pytest.mark.usefixtures("short_answers")]
 
 ENDED = "complete", "failed", "flagged"
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 800}
 
 
 async def _answered(page, count: int) -> None:
@@ -114,6 +116,56 @@ async def test_regenerate_adds_an_answer_beside_the_old_and_answers_take_copy_an
     assert await shown.locator("button.rate-down").get_attribute("aria-pressed") == "true"
     await page.reload()
     assert await page.locator("article.message.assistant button.rate-down").get_attribute("aria-pressed") == "true"
+
+
+@pytest.mark.parametrize(
+    ("viewport", "theme"), [(DESKTOP, "light"), (PHONE, "dark")], ids=["desktop-light", "phone-dark"]
+)
+async def test_the_thumbs_are_easy_to_hit_and_the_chosen_one_clicked_again_takes_the_rating_back(page, viewport, theme):
+    await page.set_viewport_size(viewport)
+    await sign_in(page, "sara")
+    await UserSettings.objects.aupdate_or_create(
+        user=await User.objects.aget(username="sara"), defaults={"theme": theme}
+    )
+    await _ask(page, "Say hi.")
+    await page.reload()
+    answer = page.locator("article.message.assistant")
+    up, down = answer.locator("button.rate-up"), answer.locator("button.rate-down")
+    first, second = await up.bounding_box(), await down.bounding_box()
+    assert min(first["width"], first["height"], second["width"], second["height"]) >= 24
+    assert second["x"] - (first["x"] + first["width"]) >= 4, "the thumbs do not touch"
+    unpressed = await up.evaluate("b => getComputedStyle(b).backgroundColor")
+
+    await up.click()
+    await page.wait_for_selector("article.message.assistant button.rate-up[aria-pressed=true]")
+    assert (await MessageFeedback.objects.aget()).rating == "up"
+    await page.mouse.move(0, 0)  # not a hover: the pressed look itself
+    assert await up.evaluate("b => getComputedStyle(b).backgroundColor") != unpressed, "the choice shows"
+    assert await answer.locator(".feedback-form").count() == 1
+
+    await up.click()
+    await page.wait_for_selector("article.message.assistant button.rate-up[aria-pressed=false]")
+    assert not await MessageFeedback.objects.aexists()
+    assert await answer.locator(".feedback-form").count() == 0
+    await page.reload()
+    assert await page.locator("article.message.assistant button.rate-up").get_attribute("aria-pressed") == "false"
+
+
+async def _actions_in_order(page) -> list[str]:
+    """The answer's actions row and its Regenerate button, in the order the page shows them."""
+    return await page.locator("article.message.assistant").last.evaluate(
+        "a => Array.from(a.children).flatMap(c => c.matches('.actions') ? ['actions']"
+        " : c.matches('button.regenerate') ? ['regenerate'] : [])"
+    )
+
+
+async def test_regenerate_comes_after_copy_and_the_thumbs_live_and_after_a_reload(page):
+    await sign_in(page, "tess")
+    await _ask(page, "Say hi.")
+    live = await _actions_in_order(page)
+    await page.reload()
+    await page.wait_for_selector("article.message.assistant .actions button.rate-up")
+    assert live == await _actions_in_order(page) == ["actions", "regenerate"]
 
 
 async def _conversation_with_an_ended_answer(username: str, monkeypatch, **finish) -> Conversation:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
+from accounts.models import User, UserSettings
 from conversations.models import Citation
 from documents.models import Document
 from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
@@ -22,6 +23,28 @@ FACT = "The harbour master of Port Aldwin in 1903 was Eliza Quennell, who kept t
 def processed_in_this_process(settings):
     # Whatever the run's topology, the test's server processes uploads itself (no documents worker runs).
     settings.DOCUMENTS_PROCESSING = "thread"
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+async def test_the_attach_button_is_an_icon_that_needs_no_emoji_font(page, theme):
+    await sign_in(page, "nell")
+    await UserSettings.objects.aupdate_or_create(
+        user=await User.objects.aget(username="nell"), defaults={"theme": theme}
+    )
+    await page.reload()
+    attach = page.locator("#attach")
+    assert (await attach.text_content()).strip() == "", "no character a font may lack"
+    assert await attach.get_attribute("aria-label") == "Attach a file"
+    icon = attach.locator("svg")
+    box = await icon.bounding_box()
+    assert box["width"] >= 16 and box["height"] >= 16
+    # Drawn in the text's colour, so it shows in either theme.
+    text_colour = await page.evaluate("() => getComputedStyle(document.body).color")
+    assert await icon.evaluate("s => getComputedStyle(s).stroke") == text_colour
+    button = await attach.bounding_box()
+    assert button["width"] >= 24 and button["height"] >= 24
+    async with page.expect_file_chooser():
+        await attach.click()
 
 
 async def test_an_attached_file_answers_a_question_and_its_passage_is_cited(page):
