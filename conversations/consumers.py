@@ -4,7 +4,7 @@ Client → server: `message.send` {content, conversation?, model?, client_id?, r
 {generation}, `generation.resume` {generation, after_seq}, `message.regenerate` {message, replaces?},
 `message.continue` {message, replaces?}.
 Server → client: `conversation.created`, `message.accepted` (its `user_message` with its `parent` and `siblings`),
-`message.regenerating` {regenerated, assistant_message {id, parent, siblings}, generation, replayed?},
+`message.regenerating` {regenerated, assistant_message {id, parent, siblings, text_before?}, generation, replayed?},
 `message.continuing` {assistant_message, generation, replayed?}, `generation.delta` {seq, text},
 `generation.done` {seq, status, finish_reason, usage}, `generation.error` {seq, code, message},
 `engine.status` {deployment, state}, `conversation.title` {conversation, title} when a title is
@@ -327,12 +327,16 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         request = AnswerRequest.parse(content)
         regenerated = await db_async(message_regenerate)(user=self.user, request=request)
         answer = regenerated.answer
+        assistant_message: dict[str, Any] = {
+            "id": answer.id,
+            "parent": answer.parent_id,
+            "siblings": regenerated.siblings,
+        }
+        if answer.text_before:
+            # A replayed answer continued since: its generation's stream holds only the text after this.
+            assistant_message["text_before"] = answer.text_before
         await self._answer_requeued(
-            {
-                "type": "message.regenerating",
-                "regenerated": request.message_id,
-                "assistant_message": {"id": answer.id, "parent": answer.parent_id, "siblings": regenerated.siblings},
-            },
+            {"type": "message.regenerating", "regenerated": request.message_id, "assistant_message": assistant_message},
             regenerated,
         )
 

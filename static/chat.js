@@ -25,6 +25,7 @@
   let retryDelay = 500;
   let sending = null;             // {payload, userEl, assistantEl} while a send waits for its answer
   let regenerating = null;        // the message.regenerate (or .continue) frame while it waits for its answer
+  let stopOnArrival = false;      // Stop was asked for while `regenerating` waited: its answer is stopped when it begins
   const streams = new Map();      // generation id -> {el, seq}
 
   function wsUrl() {
@@ -79,9 +80,13 @@
     through.after(marker);
   }
 
-  function addMessage(role, text, status) {
+  // "Ask anything." while no message is on the page (a message taken back leaves none).
+  function showEmpty() {
     const empty = document.getElementById("empty");
-    if (empty) empty.remove();
+    if (empty) empty.hidden = messages.querySelector("article.message") !== null;
+  }
+
+  function addMessage(role, text, status) {
     const el = document.createElement("article");
     el.className = "message " + role + " status-" + status;
     el.dataset.status = status;
@@ -90,6 +95,7 @@
     content.textContent = text;
     el.appendChild(content);
     messages.appendChild(el);
+    showEmpty();
     return el;
   }
 
@@ -132,10 +138,14 @@
   }
 
   // A regenerate or continue: kept until the server answers it, and sent again on the next socket.
+  // The page is busy from the click (Stop shown), not from the server's answer, which may be slow.
   function requestAnswer(frame) {
     if (sending || regenerating || streams.size > 0) return false;
     regenerating = frame;
+    stopOnArrival = false;
     showError("");
+    setBusy(true);
+    refreshRegenerate();
     if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify(regenerating));
     return true;
   }
@@ -164,9 +174,28 @@
     sending.assistantEl.remove();
     // An edit puts back the branch it was to replace on the page.
     (sending.removed || []).forEach(function (el) { messages.appendChild(el); });
+    showEmpty();
     input.value = sending.payload.content;
+    // As if typed: the composer grows to the text (static/chat/layout.js listens).
+    input.dispatchEvent(new Event("input", {bubbles: true}));
     sending = null;
     setBusy(streams.size > 0);
+  }
+
+  // The server answered the pending regenerate or continue of answer `messageId`: true if it was ours.
+  function answerArrived(messageId) {
+    if (!regenerating || regenerating.message !== messageId) return false;
+    regenerating = null;
+    return true;
+  }
+
+  // Stop was pressed before the server answered: the answer it began is stopped now.
+  function stopIfAsked(generationId) {
+    if (!stopOnArrival) return;
+    stopOnArrival = false;
+    if (socket && socket.readyState === WebSocket.OPEN) {
+      socket.send(JSON.stringify({type: "generation.stop", generation: generationId}));
+    }
   }
 
   function isOurs(msg) {
@@ -274,12 +303,19 @@
       }
       case "message.regenerating": {
         // The new answer goes beside the one asked about, and takes its place on the page.
-        if (regenerating && regenerating.message === msg.regenerated) regenerating = null;
+        const ours = answerArrived(msg.regenerated);
         const el = messages.querySelector('article[data-message="' + msg.regenerated + '"]') ||
           messages.querySelector('article[data-message="' + msg.assistant_message.id + '"]');
-        if (!el) break;
+        if (!el) {
+          setBusy(streams.size > 0 || sending !== null);
+          break;
+        }
         el.querySelectorAll(".note, button.regenerate").forEach(function (n) { n.remove(); });
-        ChatRender.render(el.querySelector(".content"), "");
+        // A replayed answer continued since has text before its generation's (the server's `text_before`).
+        const before = msg.assistant_message.text_before || "";
+        if (before) el.dataset.textBefore = before;
+        else delete el.dataset.textBefore;
+        ChatRender.render(el.querySelector(".content"), before);
         el.dataset.siblings = (msg.assistant_message.siblings || [msg.assistant_message.id]).join(",");
         el.dataset.newestGeneration = msg.generation;
         el.dataset.finishReason = "";
@@ -288,20 +324,28 @@
         el.dataset.message = msg.assistant_message.id;
         setStatus(el, "pending");
         follow(msg.generation, el, 0);
+        if (ours) stopIfAsked(msg.generation);
         break;
       }
       case "message.continuing": {
         // The answer writes on after what it has: its new text is appended.
-        if (regenerating && regenerating.message === msg.assistant_message.id) regenerating = null;
+        const ours = answerArrived(msg.assistant_message.id);
         const el = messages.querySelector('article[data-message="' + msg.assistant_message.id + '"]');
-        if (!el || streams.has(msg.generation)) break;
+        if (!el || streams.has(msg.generation)) {
+          setBusy(streams.size > 0 || sending !== null);
+          break;
+        }
         el.querySelectorAll(".note, button.regenerate").forEach(function (n) { n.remove(); });
         const content = el.querySelector(".content");
         if (el.dataset.textBefore === undefined) el.dataset.textBefore = ChatRender.source(content);
         ChatRender.render(content, el.dataset.textBefore);
         el.dataset.finishReason = "";
+        // The newest answer is now written by this generation: a later Regenerate names it
+        // (naming the one before would ask for this continuation again).
+        if (el.dataset.newestGeneration === el.dataset.generation) el.dataset.newestGeneration = msg.generation;
         setStatus(el, "pending");
         follow(msg.generation, el, 0);
+        if (ours) stopIfAsked(msg.generation);
         break;
       }
       case "message.blocked":
@@ -360,8 +404,14 @@
         break;
       }
       case "error":
-        if (isOurs(msg)) takeBack();  // the pending message was refused
-        else regenerating = null;  // a refused regenerate (its button comes back)
+        if (isOurs(msg)) {
+          takeBack();  // the pending message was refused
+        } else if (regenerating) {
+          // A refused regenerate or continue: idle again, and its button comes back.
+          regenerating = null;
+          stopOnArrival = false;
+          setBusy(streams.size > 0 || sending !== null);
+        }
         showError(msg.message);
         refreshRegenerate();
         break;
@@ -420,6 +470,8 @@
       takeBack();
       return;
     }
+    // A regenerate or continue the server has not answered yet: its answer is stopped as it begins.
+    if (regenerating && streams.size === 0) stopOnArrival = true;
     if (!socket || socket.readyState !== WebSocket.OPEN) return;
     streams.forEach(function (stream, generationId) {
       socket.send(JSON.stringify({type: "generation.stop", generation: generationId}));

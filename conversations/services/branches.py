@@ -68,7 +68,8 @@ def message_regenerate(*, user: User, request: AnswerRequest) -> Regenerated:
     `request.replaces`: the generation of the newest answer to that question the client knows of. When a
     newer one exists, this request was carried out already (sent again after its socket dropped, or
     by another tab at the same moment): that answer is returned, and nothing is queued, so a repeated
-    request never generates twice.
+    request never generates twice. While the answer asked about is itself the newest, it is answered
+    again whatever generation the client names (one continued since writes it now).
     """
     replaces = request.replaces
     answer = _answer_get(user=user, message_id=request.message_id)
@@ -79,7 +80,9 @@ def message_regenerate(*, user: User, request: AnswerRequest) -> Regenerated:
     ).order_by("id")
     siblings = list(answers.values_list("id", "generation_id"))
     newest_id, newest_generation = siblings[-1]
-    if replaces is not None and newest_generation is not None and newest_generation != replaces:
+    # Carried out already only when a newer answer than this one exists: this answer's own
+    # generation changes when it is continued, and a continuation is not a regeneration.
+    if replaces is not None and newest_id != answer.id and newest_generation not in (None, replaces):
         newest = Message.objects.select_related("generation").get(id=newest_id)
         assert newest.generation is not None  # it has one: `newest_generation`
         return Regenerated(newest, newest.generation, replayed=True, siblings=[i for i, _ in siblings])

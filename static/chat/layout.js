@@ -75,6 +75,22 @@
     pinned = true;
     requestAnimationFrame(grow);
   });
+  messages.addEventListener("submit", function (event) {
+    // So is sending an edit (static/chat/tree.js's form in a message).
+    if (event.target.matches(".edit-form")) pinned = true;
+  });
+
+  // Whether the page changed at its end: a message added, or the last one written on. A change
+  // higher up (a message's actions drawn again, an edit form opened) is not news below the reader.
+  function changedAtEnd(records) {
+    const last = messages.querySelector("article.message:last-of-type");
+    return records.some(function (record) {
+      const added = Array.prototype.some.call(record.addedNodes, function (node) {
+        return node.matches && node.matches("article.message");
+      });
+      return added || (last !== null && last.contains(record.target));
+    });
+  }
 
   // --- an answer being written: aria-busy, then one announcement when it ends ------------------------
   const BUSY = ["pending", "streaming"];
@@ -109,7 +125,8 @@
       }
     });
     if (pinned) toBottom();
-    else if (!atBottom()) jump.hidden = false;
+    else if (atBottom()) jump.hidden = true;  // everything below is on screen (the chat may have shrunk)
+    else if (changedAtEnd(records)) jump.hidden = false;
   }).observe(messages, {childList: true, subtree: true, characterData: true, attributes: true, attributeFilter: ["data-status"]});
 
   // --- the keyboard ---------------------------------------------------------------------------------

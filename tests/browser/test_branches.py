@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from channels.db import database_sync_to_async
 
-from accounts.models import User, UserSettings
+from accounts.models import Tier, User, UserSettings
 from conversations.models import Conversation, Message, MessageFeedback
 from conversations.requests import SendRequest
 from conversations.services import message_send
@@ -198,6 +198,47 @@ async def test_an_answer_cut_at_its_length_limit_says_so_after_a_reload_and_cont
     assert await Generation.objects.acount() == 2
     await page.reload()
     assert await page.locator("article.message.assistant .content").evaluate(SOURCE) == saved.content
+
+
+async def test_regenerate_after_a_stopped_continue_answers_anew_beside_the_whole_answer(page):
+    await sign_in(page, "rosa")
+    await _ask(page, "Tell a long story. [write on]")  # cut at its length limit (short_answers)
+    answer = page.locator("article.message.assistant")
+    cut_text = await answer.locator(".content").evaluate(SOURCE)
+    # The continuation runs on until it is stopped.
+    await Tier.objects.filter(name="free").aupdate(max_output_tokens=4000)
+    await answer.locator("button.continue").click()
+    await page.wait_for_function(
+        "(n) => ChatRender.source(document.querySelector('article.message.assistant .content')).length > n + 20",
+        arg=len(cut_text),
+    )
+    await page.keyboard.press("Escape")
+    await page.wait_for_selector("article.message.assistant.status-stopped")
+    continued = await Message.objects.aget(role="assistant")
+    assert continued.status == "stopped" and continued.content.startswith(cut_text)
+    assert await answer.locator(".content").evaluate(SOURCE) == continued.content
+
+    await Tier.objects.filter(name="free").aupdate(max_output_tokens=48)
+    await page.click("button.regenerate")
+    await page.wait_for_function(
+        "(old) => { const a = document.querySelector('article.message.assistant');"
+        " return a.dataset.message !== old && ['complete', 'failed', 'flagged'].includes(a.dataset.status)"
+        " && document.getElementById('stop').hidden; }",
+        arg=str(continued.id),
+    )
+    # A new answer beside the whole one, which is kept as it was; the page shows what the server has.
+    assert await Message.objects.filter(role="assistant").acount() == 2
+    assert await Generation.objects.acount() == 3
+    new = await Message.objects.filter(role="assistant").alatest("id")
+    assert await answer.get_attribute("data-message") == str(new.id)
+    assert await answer.locator(".content").evaluate(SOURCE) == new.content
+    assert await answer.locator(".branch-position").text_content() == "2 / 2"
+    assert (await Message.objects.aget(id=continued.id)).content == continued.content
+    await answer.locator("button.branch-prev").click()
+    await page.wait_for_selector("article.message.assistant .branch-position >> text='1 / 2'")
+    assert await page.locator("article.message.assistant .content").evaluate(SOURCE) == continued.content
+    await page.reload()
+    assert await page.locator("article.message.assistant .content").evaluate(SOURCE) == continued.content
 
 
 async def test_a_failed_answer_says_why_and_retry_answers_again_beside_it(page, monkeypatch):

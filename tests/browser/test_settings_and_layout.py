@@ -81,11 +81,11 @@ async def sent(page, text: str) -> tuple[str, StreamPublisher]:
     return generation_id, StreamPublisher(generation_id, coalesce_ms=0)
 
 
-async def finished(generation_id: str, publisher: StreamPublisher, text: str) -> None:
+async def finished(generation_id: str, publisher: StreamPublisher, text: str, finish_reason: str = "stop") -> None:
     await database_sync_to_async(generation_finish)(
-        generation_id=generation_id, status=Generation.Status.COMPLETE, text=text, finish_reason="stop"
+        generation_id=generation_id, status=Generation.Status.COMPLETE, text=text, finish_reason=finish_reason
     )
-    await publisher.finish(status="complete", finish_reason="stop", usage=usage(1, 2))
+    await publisher.finish(status="complete", finish_reason=finish_reason, usage=usage(1, 2))
 
 
 @database_sync_to_async
@@ -342,3 +342,128 @@ async def test_a_new_key_is_shown_once_with_a_copy_button_and_a_reload_makes_no_
     await page.reload()
     assert await page.locator("#new-key").count() == 0
     assert await ApiKey.objects.acount() == 1
+
+
+# --- Regenerate and Continue while the server takes its time, a refused message, an edit ---------
+
+
+class Gate:
+    """Holds the socket's regenerates and continues until `release` is set; then carries them out,
+    or refuses them with `refusal` when it is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.refusal: str | None = None
+
+
+@pytest.fixture
+async def held_answers(monkeypatch):
+    from chatsite.errors import ClientError
+    from conversations.consumers import ChatConsumer
+
+    gate = Gate()
+    for name in ("_message_regenerate", "_message_continue"):
+        carry_out = getattr(ChatConsumer, name)
+
+        async def held(self, content, carry_out=carry_out):
+            await gate.release.wait()
+            if gate.refusal is not None:
+                raise ClientError(gate.refusal, code="rate_limited", status=429)
+            await carry_out(self, content)
+
+        monkeypatch.setattr(ChatConsumer, name, held)
+    yield gate
+    gate.release.set()  # nothing is left waiting on a failed test's gate
+
+
+async def idle(page) -> bool:
+    return await page.is_visible("#send") and await page.is_hidden("#stop")
+
+
+@pytest.mark.parametrize("action", ["regenerate", "continue"])
+async def test_regenerate_and_continue_are_busy_from_the_click_and_idle_again_when_refused(page, held_answers, action):
+    await sign_in(page, "yusuf")
+    generation_id, publisher = await sent(page, "Tell a story.")
+    await finished(generation_id, publisher, "Once upon a time", finish_reason="length")
+    button = page.locator(f"article.message.assistant button.{action}")
+    await button.wait_for()
+    assert await idle(page)
+
+    # Refused, after a while: busy at once (Stop shown, Enter keeps the text), idle again after.
+    held_answers.refusal = "Too many requests. Try again in a minute."
+    await button.click()
+    await page.wait_for_selector("#stop", state="visible", timeout=2_000)
+    assert await page.is_hidden("#send")
+    assert await page.locator("article.message.assistant button.continue, button.regenerate").count() == 0
+    await page.fill("#input", "And then?")
+    await page.keyboard.press("Enter")
+    assert await page.input_value("#input") == "And then?"  # as while an answer is written
+    assert await page.locator("article.message.user").count() == 1
+    held_answers.release.set()
+    await page.wait_for_selector("#request-error:not([hidden])")
+    assert "Too many requests" in await page.text_content("#request-error")
+    await page.wait_for_selector("#send", state="visible")
+    assert await idle(page)
+    await button.wait_for()
+
+    # Carried out, after a while, with Esc pressed meanwhile: the answer is stopped as it begins.
+    held_answers.release.clear()
+    held_answers.refusal = None
+    await button.click()
+    await page.wait_for_selector("#stop", state="visible", timeout=2_000)
+    await page.keyboard.press("Escape")
+    held_answers.release.set()
+    await page.wait_for_selector("article.message.assistant.status-stopped")
+    await page.wait_for_selector("#send", state="visible")
+    newest = await Generation.objects.alatest("created_at")
+    assert str(newest.id) != generation_id and newest.status == Generation.Status.STOPPED
+    assert await Generation.objects.acount() == 2
+    await page.focus("#input")
+    await page.keyboard.press("Enter")  # the text kept in the composer goes now
+    await page.wait_for_function("() => document.querySelectorAll('article.message.user').length === 2")
+    assert await page.input_value("#input") == ""
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+async def test_a_refused_message_comes_back_to_a_composer_that_fits_it_and_the_empty_chat_says_so(
+    chromium, server_without_engine, no_engine, settings, viewport
+):
+    settings.CHAT_MAX_MESSAGE_CHARS = 200
+    async with browser_page(chromium, server_without_engine, viewport) as page:
+        await sign_in(page, "zelda")
+        one_line = (await page.locator("#input").bounding_box())["height"]
+        text = "\n".join(f"Line {i} of a message that is too long." for i in range(12))
+        await page.fill("#input", text)
+        await page.keyboard.press("Enter")
+        await page.wait_for_selector("#request-error:not([hidden])")
+        assert await page.input_value("#input") == text
+        assert (await page.locator("#input").bounding_box())["height"] > one_line * 3
+        assert await page.locator("article.message").count() == 0
+        assert await page.is_visible("#empty")
+        assert await page.text_content("#empty") == "Ask anything."
+        assert await idle(page)
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+async def test_no_jump_to_latest_after_an_edit_that_leaves_the_whole_chat_on_screen(
+    chromium, server_without_engine, no_engine, viewport
+):
+    async with browser_page(chromium, server_without_engine, viewport) as page:
+        await sign_in(page, "abel")
+        conversation = await long_conversation("abel", pairs=6)
+        await page.goto(f"/c/{conversation.id}/")
+        await page.evaluate("() => { document.getElementById('messages').scrollTop = 0; }")
+        await page.wait_for_function("() => document.getElementById('messages').scrollTop === 0")
+        question = page.locator("article.message.user").first
+        await question.locator("button.edit").click()
+        await question.locator(".edit-form textarea").fill("Question 0, asked again?")
+        assert await page.is_hidden("#jump-latest")  # an edit form opened is nothing new below
+        await question.locator(".edit-form button.edit-send").click()
+        await page.wait_for_function(
+            "() => document.querySelectorAll('article.message').length === 2"
+            " && document.querySelector('article.message.assistant').dataset.generation"
+        )
+        assert await page.evaluate(
+            "() => { const m = document.getElementById('messages'); return m.scrollHeight <= m.clientHeight; }"
+        )
+        assert await page.is_hidden("#jump-latest")

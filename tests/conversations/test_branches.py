@@ -253,6 +253,27 @@ def test_an_answer_cut_at_its_length_limit_is_continued_in_the_same_message_and_
     assert UsageRecord.objects.filter(generation_id=continued.generation.id).count() == 1
 
 
+def test_an_answer_continued_since_the_client_learnt_of_it_is_regenerated_not_replayed(alice):
+    """The page names the answer's first generation, though a continuation writes it now (stopped
+    here): that is no newer answer, so a new one is written beside it, whole."""
+    sent = message_send(user=alice, request=SendRequest(content="Tell a story."))
+    _finish(sent, "Once upon", finish_reason="length", completion_tokens=2)
+    continued = message_continue(
+        user=alice,
+        request=AnswerRequest.parse({"message": sent.assistant_message.id, "replaces": str(sent.generation.id)}),
+    )
+    generation_finish(generation_id=continued.generation.id, status="stopped", text=" a", completion_tokens=1)
+    for replaces in (sent.generation.id, continued.generation.id):
+        regenerated = message_regenerate(
+            user=alice,
+            request=AnswerRequest.parse({"message": sent.assistant_message.id, "replaces": str(replaces)}),
+        )
+        assert not regenerated.replayed and regenerated.answer.id != sent.assistant_message.id
+        generation_finish(generation_id=regenerated.generation.id, status="complete", text="Hi.")
+        Message.objects.filter(id=regenerated.answer.id).delete()
+    assert Message.objects.get(id=sent.assistant_message.id).content == "Once upon a"
+
+
 def test_only_an_answer_cut_at_its_length_limit_can_be_continued(alice):
     sent = message_send(user=alice, request=SendRequest(content="Hi"))
     _finish(sent, "Hello.")

@@ -657,6 +657,38 @@ async def test_a_regenerate_sent_again_is_answered_with_the_answer_it_began(alic
 
 
 @pytest.mark.topology
+async def test_a_regenerate_replayed_as_an_answer_continued_since_says_what_it_had_before(alice, monkeypatch):
+    """Another tab regenerated the answer and continued the new one: a stale regenerate is answered
+    with it, and with its text before the continuation, which its stream does not hold."""
+    from conversations.services import message_continue, message_regenerate
+
+    monkeypatch.setattr("inference.services.generation_dispatch", lambda **dispatch: None)
+    sent = await database_sync_to_async(message_send)(user=alice, request=SendRequest(content="Tell a story."))
+    await database_sync_to_async(generation_finish)(generation_id=sent.generation.id, status="complete", text="No.")
+    request = {"type": "message.regenerate", "message": sent.assistant_message.id, "replaces": str(sent.generation.id)}
+    other = await database_sync_to_async(message_regenerate)(user=alice, request=AnswerRequest.parse(request))
+    await database_sync_to_async(generation_finish)(
+        generation_id=other.generation.id, status="complete", text="Once upon", finish_reason="length"
+    )
+    continued = await database_sync_to_async(message_continue)(
+        user=alice,
+        request=AnswerRequest.parse({"message": other.answer.id, "replaces": str(other.generation.id)}),
+    )
+    await database_sync_to_async(generation_finish)(
+        generation_id=continued.generation.id, status="complete", text=" a time."
+    )
+
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to(request)
+    events = await drain_until_finished(socket)
+    assert events[0]["replayed"] and events[0]["generation"] == str(continued.generation.id)
+    assert events[0]["assistant_message"]["text_before"] == "Once upon"
+    assert events[-1]["text"] == " a time."
+    assert await Generation.objects.acount() == 3
+    await socket.disconnect()
+
+
+@pytest.mark.topology
 async def test_a_stream_just_queued_is_followed_without_waiting_for_the_database(alice, default_deployment):
     """Eight messages sent at once: while the others' transactions hold every database thread, a
     socket whose message was just queued joins its stream at once, so its first text is not held
