@@ -24,6 +24,9 @@ def test_a_page_nothing_serves_is_the_sites_404_page(client):
     response = client.get("/no-such-page/")
     assert response.status_code == 404
     assert response["Content-Type"].startswith("text/html")
+    page = response.content.decode()
+    assert 'rel="icon"' in page and "favicon.svg" in page  # the site's icon, as on every other page
+    assert 'href="/"' in page  # and a way back
 
 
 def _boom(request):
