@@ -10,7 +10,7 @@ the harmful rows caught in their own category and the harmless rows flagged in a
   harassment_threatening_recall=… hate_threatening_recall=…
 
 Run with `make benchmark-moderation-quality` (or `python -m benchmarks moderation_quality`); about
-ten seconds of one core after the classifiers load. docs/moderation.md has the figures.
+ten seconds of one core after the classifiers load. docs/moderation-quality.md has the figures.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ for; its harmful rows carry that category in `labels` (a sub-category implies it
 harmless rows carry none. One group is not an OpenAI category: `terrorism` (praising an attack and
 urging others to repeat it) is labelled `violence`, its closest category; requests for the means of
 an attack are `illicit/violent` besides. `sexual/minors` has harmless rows only: the project writes
-no examples of that harm (docs/moderation.md).
+no examples of that harm (docs/moderation-quality.md).
 
 Texts are scored as the service scores them (`score_many`: windows, rule floors, parents), flagged
 at `THRESHOLD`, the threshold of `/v1/moderations`.
