@@ -5,7 +5,6 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TypeGuard
 
 from django.conf import settings
 from django.db import connection
@@ -24,6 +23,7 @@ from conversations.models import (
     MessageFeedback,
     SharedConversation,
 )
+from conversations.requests import is_row_id
 from inference.models import ModelDeployment
 from inference.selectors import deployment_list_enabled, queue_length_annotation
 from moderation.models import Flag
@@ -99,7 +99,7 @@ def message_branch(*, conversation: Conversation, through: object = None) -> Bra
     tree = message_tree(conversation=conversation)
     if through is None:
         path = tree.active_path(conversation.active_leaf_id)
-    elif _is_row_id(through) and through in tree.by_id:
+    elif is_row_id(through) and through in tree.by_id:
         path = tree.path_to(tree.newest_leaf_under(through))
     else:
         return None
@@ -127,10 +127,6 @@ def summary_for_branch(*, conversation_id: int, message_ids: Collection[int]) ->
 def branch_summary(*, conversation: Conversation, messages: list[Message]) -> ConversationSummary | None:
     """The summary the model is shown of this branch's earliest messages (orchestration.memory), or None."""
     return summary_for_branch(conversation_id=conversation.id, message_ids=[m.id for m in messages])
-
-
-def _is_row_id(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**63
 
 
 def feedback_for_user(*, user: User, messages: list[Message]) -> dict[int, MessageFeedback]:

@@ -32,7 +32,7 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -41,7 +41,8 @@ from django.db import transaction
 
 from accounts.models import User
 from accounts.services import Admission, admission_refund
-from chatsite.database import db_async, reconnecting
+from chatsite.completion import run_to_end
+from chatsite.database import DatabaseCall, db_async, reconnecting
 from inference.backend import generation_abort, generation_gate_open
 from inference.models import Generation, GenerationId
 from inference.selectors import generation_awaiting_verdict
@@ -50,6 +51,7 @@ from moderation.services import InputCheck, Verdict, input_moderate
 logger = logging.getLogger(__name__)
 
 Result = TypeVar("Result")
+T = TypeVar("T")
 
 
 class HeldAnswerRecover(Protocol):
@@ -102,6 +104,13 @@ class HeldAnswer(ABC, Generic[Result]):
         """What the service returns, or raises, when the verdict blocks; `withdrawn` is False when
         another verdict decided first."""
 
+    async def settled(self, call: DatabaseCall, check: InputCheck) -> Result:
+        """`settle` from async code: the scores awaited on the event loop (no database thread waits
+        for them; on SQLite the process's only one, which the answer's own claim needs), then the
+        verdict taken and applied in a database call of its own, through `call`."""
+        await check.scored()
+        return await call(self.settle)(check)
+
     def settle(self, check: InputCheck) -> Result:
         """Take the verdict (waiting for its scores) and apply it. Scores that never come undo the
         work and refuse it, as they do when the verdict is taken inside the transaction."""
@@ -135,6 +144,22 @@ class HeldAnswer(ABC, Generic[Result]):
     def _refund(self) -> None:
         for admission in self.admissions:
             admission_refund(admission=admission)
+
+
+async def with_input_check(text: str, work: Callable[[InputCheck], Awaitable[T]]) -> T:
+    """`work(check)` from async code, `check` being input moderation's check of `text`, its scoring
+    begun only when first asked for (`InputCheck.deferred`). The check is discarded once the work
+    ends, and the work runs to its end even if the caller is cancelled (a socket closed, a client
+    gone), so what it committed is always released or withdrawn."""
+    check = InputCheck.deferred(text)
+
+    async def run() -> T:
+        try:
+            return await work(check)
+        finally:
+            check.discard()
+
+    return await run_to_end(run())
 
 
 def generation_release(*, generation_id: GenerationId) -> bool:

@@ -15,7 +15,6 @@ from accounts.services import (
     request_limits,
     request_size_check,
 )
-from chatsite.completion import run_to_end
 from chatsite.database import DatabaseCall
 from chatsite.errors import ClientError
 from conversations.branches import Tree
@@ -49,7 +48,7 @@ from inference.engine.tokenizers import (
     count_tokens,
     tokenizer_for,
 )
-from inference.held import HeldAnswer, held_verdict_wait_sync
+from inference.held import HeldAnswer, held_verdict_wait_sync, with_input_check
 from inference.models import Generation, GenerationId, ModelDeployment
 from moderation.models import Flag
 from moderation.services import (
@@ -172,19 +171,12 @@ async def message_send_checked(
     database thread meanwhile (on SQLite the process's only one, which the answer's own claim
     needs). Both database calls run to their end even if the caller is cancelled (its socket
     closed), so committed work is always released or withdrawn."""
-    check = InputCheck.deferred(request.content)
 
-    async def send() -> SentMessage:
-        try:
-            sent = await call(message_send)(user=user, request=request, api_key=api_key, check=check)
-            if sent.pending is not None:
-                await check.scored()
-                sent = await call(sent.pending.settle)(check)
-            return sent
-        finally:
-            check.discard()
+    async def send(check: InputCheck) -> SentMessage:
+        sent = await call(message_send)(user=user, request=request, api_key=api_key, check=check)
+        return sent if sent.pending is None else await sent.pending.settled(call, check)
 
-    return await run_to_end(send())
+    return await with_input_check(request.content, send)
 
 
 def _parent_resolve(*, tree: Tree, conversation: Conversation, parent: Parent) -> int | None:

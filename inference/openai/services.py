@@ -15,13 +15,12 @@ from django.db import transaction
 
 from accounts.models import ApiKey, User
 from accounts.services import Admission, RequestLimits, request_admit, request_limits, request_size_check
-from chatsite.completion import run_to_end
 from chatsite.database import DatabaseCall
 from chatsite.errors import ClientError
 from chatsite.parsers import JsonObject
 from inference.caching import CacheProbe, response_cache_probe
 from inference.engine.tokenizers import Tokenizer, render_chat, tokenizer_for
-from inference.held import HeldAnswer
+from inference.held import HeldAnswer, with_input_check
 from inference.models import Generation, ModelDeployment
 from inference.openai.fields import choice_seed, completion_sampling, token_ids_check
 from inference.openai.tools import tool_sampling, tools_check, tools_in_prompt
@@ -83,19 +82,12 @@ async def completion_create_checked(
     `text` scored after the commit on the event loop (no database thread waits for the scores) and
     the pending verdict settled in a call of its own. Both calls run to their end even if the
     client goes, so committed work is always released or withdrawn."""
-    check = InputCheck.deferred(text)
 
-    async def create() -> list[Generation]:
-        try:
-            queued = await call(completion_create)(user=user, api_key=api_key, request=request, check=check)
-            if queued.pending is None:
-                return queued.generations
-            await check.scored()
-            return await call(queued.pending.settle)(check)
-        finally:
-            check.discard()
+    async def create(check: InputCheck) -> list[Generation]:
+        queued = await call(completion_create)(user=user, api_key=api_key, request=request, check=check)
+        return queued.generations if queued.pending is None else await queued.pending.settled(call, check)
 
-    return await run_to_end(create())
+    return await with_input_check(text, create)
 
 
 @dataclass(frozen=True)
