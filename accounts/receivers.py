@@ -34,6 +34,11 @@ def on_user_deleted(sender, instance, **kwargs) -> None:
 
 @receiver(user_logged_out)
 def on_user_logged_out(sender, request, user, **kwargs) -> None:
-    session_key = getattr(getattr(request, "session", None), "session_key", None)
-    if user is not None and session_key:
+    session = getattr(request, "session", None)
+    session_key = getattr(session, "session_key", None)
+    if user is not None and session is not None and session_key:
+        # Django sends this signal before it ends the session. It ends here first, so that a page
+        # which reloads when its socket closes finds itself signed out, and a socket opened in the
+        # meantime is refused; Django's own flush after this is then a no-op.
+        session.flush()
         user_access_changed(user_id=user.pk, session_key=session_key)
