@@ -42,7 +42,7 @@ from accounts.metering import ADMITTED, metered
 from accounts.models import ApiKey
 from chatsite.errors import INVALID_API_KEY, ClientError, error_body
 from chatsite.parsers import request_body, validated_json_body
-from conversations.citations import citation_json, citations_for_messages
+from conversations.citations import citation_json, citations_for_messages, cited_numbers
 from conversations.models import Conversation, Message
 from conversations.requests import PROMPT_TEXT_CHARS, SavedPromptRequest, SendRequest
 from conversations.selectors import (
@@ -153,12 +153,14 @@ class MessageOutputSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
     citations = serializers.SerializerMethodField(
         help_text="An answer's sources: the passages of your files its prompt quoted ({number, file, page, "
-        "heading, passage}, cited as [number]), and any the prompt-injection check left out (`withheld`)."
+        "heading, passage}, `cited` where the answer's text cites it as [number]), and any the prompt-injection check "
+        "left out (`withheld`)."
     )
 
     def get_citations(self, message: Message) -> list[dict[str, Any]]:
         # The branch's citations, read in one query by `_with_branch`.
-        return [citation_json(c) for c in self.context.get("citations", {}).get(message.id, [])]
+        cited = cited_numbers(message.content)
+        return [citation_json(c, cited=cited) for c in self.context.get("citations", {}).get(message.id, [])]
 
     def get_model(self, message) -> str | None:
         generation = message.generation if message.role == "assistant" else None
@@ -425,7 +427,8 @@ class ConversationFileApi(ScopedApi):
 
 @metered("request")
 class MessageCitationsApi(ScopedApi):
-    """GET an answer's sources (what the chat page shows under it once it has ended)."""
+    """GET an answer's sources: every passage its prompt quoted, each `cited` or not (the chat page
+    shows the cited ones under it once it has ended), and those left out of its prompt."""
 
     method_scopes = {"GET": READ, "HEAD": READ, "OPTIONS": READ}
 
@@ -436,10 +439,12 @@ class MessageCitationsApi(ScopedApi):
     )
     def get(self, request: Request, conversation_id: int, message_id: int) -> Response:
         conversation = _get_or_404(request, conversation_id)
-        if not conversation.messages.filter(id=message_id).exists():
+        message = conversation.messages.filter(id=message_id).only("id", "content").first()
+        if message is None:
             raise ClientError("That message does not exist.", code="not_found", status=404)
         sources = citations_for_messages(owner_id=signed_in(request).id, message_ids=[message_id])
-        return Response({"citations": [citation_json(c) for c in sources.get(message_id, [])]})
+        cited = cited_numbers(message.content)
+        return Response({"citations": [citation_json(c, cited=cited) for c in sources.get(message_id, [])]})
 
 
 # --- The prompt library ----------------------------------------------------------------------------

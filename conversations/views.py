@@ -22,7 +22,7 @@ from accounts.models import User
 from accounts.selectors import deployments_allowed_for_user
 from chatsite.errors import ClientError, error_body
 from conversations.branches import Tree
-from conversations.citations import citations_for_messages
+from conversations.citations import citations_cited, citations_for_messages
 from conversations.models import Citation, Conversation, Message
 from conversations.requests import PROMPT_TEXT_CHARS, SavedPromptRequest
 from conversations.selectors import (
@@ -83,7 +83,7 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
         _writers_attach(messages, model=conversation.model)
         sources = citations_for_messages(owner_id=user.id, message_ids=[m.id for m in messages])
         for shown in messages:
-            shown.citation_list = sources.get(shown.id, [])
+            shown.citation_list = citations_cited(sources.get(shown.id, []), text=shown.content)
         attached = list(documents_of_conversation(user=user, conversation_id=conversation.id))
         # Where the model's memory of the branch begins: the messages up to `through` are summarized.
         summary = branch_summary(conversation=conversation, messages=branch.messages)
