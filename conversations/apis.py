@@ -474,7 +474,8 @@ def _prompt_body(request: Request, *, current: Mapping[str, object] | None = Non
     """The body as a prompt: both fields for a new one; for a change, those given over `current`."""
     if not isinstance(request.data, Mapping):
         raise ClientError("The request body must be a JSON object.", code="invalid_request")
-    fields = {**(current or {}), **{k: request.data[k] for k in ("command", "text") if k in request.data}}
+    body: Mapping[str, object] = request.data
+    fields: dict[str, object] = {**(current or {}), **{k: body[k] for k in ("command", "text") if k in body}}
     return SavedPromptRequest.parse(fields)
 
 
