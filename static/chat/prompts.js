@@ -134,6 +134,7 @@
 
   input.addEventListener("input", update);
   input.addEventListener("blur", close);
+  form.addEventListener("submit", close);  // a `/word` matching no prompt is sent as it is
 
   // Before the composer's own keys (chat.js sends on Enter; layout.js stops an answer on Esc).
   form.addEventListener("keydown", function (event) {

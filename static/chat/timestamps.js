@@ -17,8 +17,10 @@
     time.title = full.format(at);
   }
 
-  function stamp(article) {
-    if (article.querySelector(":scope > time.message-time")) return;
+  function stamp(article, again) {
+    const old = article.querySelector(":scope > time.message-time");
+    if (old && !again) return;
+    if (old) old.remove();
     const time = document.createElement("time");
     time.className = "message-time";
     time.dateTime = new Date().toISOString();
@@ -26,6 +28,16 @@
     label(time);
   }
 
+  // A regenerated answer takes the place of the one before it on the page: its time is its own.
+  const chat = document.getElementById("chat");
+  if (chat) {
+    chat.addEventListener("chat:frame", function (event) {
+      const msg = event.detail;
+      if (msg.type !== "message.regenerating" || msg.replayed) return;
+      const article = messages.querySelector('article[data-message="' + msg.assistant_message.id + '"]');
+      if (article) stamp(article, true);
+    });
+  }
   new MutationObserver(function (records) {
     records.forEach(function (record) {
       record.addedNodes.forEach(function (node) {

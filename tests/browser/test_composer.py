@@ -132,6 +132,18 @@ async def test_saved_prompts_the_keyboard_and_timestamps_in_the_composer(page, v
     await page.click("article.message.user .edit-form button.edit-send")
     await _answered(page, 1)
     assert await page.locator("article.message.user .branch-position").text_content() == "2 / 2"
+    # A regenerated answer, in the old one's place, shows its own time.
+    answer_time = page.locator("article.message.assistant time.message-time")
+    before = await answer_time.get_attribute("datetime")
+    old_generation = await page.locator("article.message.assistant").get_attribute("data-generation")
+    await page.click("article.message.assistant button.regenerate")
+    await page.wait_for_function(
+        "(old) => { const a = document.querySelector('article.message.assistant');"
+        " return a.dataset.generation !== old && a.dataset.status === 'complete'"
+        " && document.getElementById('stop').hidden; }",
+        arg=old_generation,
+    )
+    assert await answer_time.get_attribute("datetime") > before
     await page.fill("#input", "Not empty")
     await page.keyboard.press("ArrowUp")  # only from an empty composer
     assert await page.locator(".edit-form").count() == 0
