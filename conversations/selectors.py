@@ -21,6 +21,7 @@ from conversations.models import (
     FlaggedMessage,
     Message,
     MessageFeedback,
+    SavedPrompt,
     SharedConversation,
 )
 from conversations.requests import is_row_id
@@ -31,6 +32,18 @@ from moderation.models import Flag
 
 def conversation_list_for_user(*, user: User) -> QuerySet[Conversation]:
     return Conversation.objects.filter(user=user).select_related("deployment")
+
+
+def saved_prompts_for_user(*, user: User) -> QuerySet[SavedPrompt]:
+    """The user's prompt library, by command."""
+    return SavedPrompt.objects.filter(owner=user).order_by("command", "id")
+
+
+def saved_prompt_get_for_user(*, user: User, prompt_id: int) -> SavedPrompt | None:
+    """One of the user's prompts, or None: another user's looks exactly like a missing one."""
+    if not is_row_id(prompt_id):
+        return None
+    return saved_prompts_for_user(user=user).filter(id=prompt_id).first()
 
 
 def conversation_get_for_user(*, user: User, conversation_id: int) -> Conversation | None:

@@ -9,6 +9,7 @@
 - `branches`: an answer regenerated beside the old one, or continued where its length limit cut it.
 - `feedback`: a thumbs up or down on an answer, and taking it back.
 - `titles`: a conversation's title, asked of its model once the first answer ends.
+- `saved_prompts`: the prompt library, prompts a user keeps for the composer's `/`.
 - `sharing`: a read-only link to a snapshot of the branch on screen.
 
 The names below are the app's write API; callers import them from here.
@@ -25,6 +26,7 @@ from conversations.services.conversations import (
     conversation_start,
 )
 from conversations.services.feedback import message_feedback_clear, message_feedback_set
+from conversations.services.saved_prompts import saved_prompt_create, saved_prompt_delete, saved_prompt_update
 from conversations.services.sending import (
     ACTIVE_BRANCH,
     HELD_BACK,
@@ -63,4 +65,7 @@ __all__ = [
     "message_regenerate",
     "message_send",
     "message_send_checked",
+    "saved_prompt_create",
+    "saved_prompt_delete",
+    "saved_prompt_update",
 ]
