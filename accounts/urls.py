@@ -13,4 +13,7 @@ urlpatterns = [
     path("keys/", views.api_keys, name="api_keys"),
     path("keys/<int:api_key_id>/revoke/", views.api_key_revoke_view, name="api_key_revoke"),
     path("settings/", views.settings_view, name="settings"),
+    path("sessions/end-others/", views.sessions_end_others_view, name="sessions_end_others"),
+    path("export/", views.account_export_view, name="export"),
+    path("delete/", views.account_delete_view, name="delete"),
 ]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -313,6 +314,16 @@ def conversation_export(*, conversation: Conversation, scope: ExportScope = Expo
             if m.role in (Message.Role.USER, Message.Role.ASSISTANT)
         ],
     }
+
+
+def conversations_export_files(*, user: User) -> dict[str, bytes]:
+    """conversations' part of a person's data archive: each conversation whole, every branch
+    (`conversation_export` with the tree's scope), as conversations/<id>.json."""
+    files = {}
+    for conversation in Conversation.objects.filter(user=user).select_related("deployment").order_by("id"):
+        exported = conversation_export(conversation=conversation, scope=ExportScope.TREE)
+        files[f"conversations/{conversation.id}.json"] = json.dumps(exported, indent=2, ensure_ascii=False).encode()
+    return files
 
 
 def shared_conversation_get(*, token: object) -> SharedConversation | None:
