@@ -12,6 +12,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.sessions.models import Session
+from django.core.mail import send_mail
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
@@ -702,6 +703,52 @@ def signup_admit(*, address: str) -> None:
             status=429,
             retry_after=refusal.retry_after,
         )
+
+
+PASSWORD_RESET_PERIOD_S = 3600
+
+
+def password_reset_admit(*, address: str, email: str) -> None:
+    """Count a password-reset request against its client address's and its email address's resets
+    an hour, both or neither, or refuse it (429 reset_limited). Counted whether or not an account
+    has that email, so the limit says nothing about which do."""
+    charges = [
+        Charge(f"reset:address:{address}", settings.PASSWORD_RESETS_PER_ADDRESS_PER_HOUR, PASSWORD_RESET_PERIOD_S),
+        Charge(
+            f"reset:email:{hashlib.sha256(email.strip().lower().encode()).hexdigest()}",
+            settings.PASSWORD_RESETS_PER_EMAIL_PER_HOUR,
+            PASSWORD_RESET_PERIOD_S,
+        ),
+    ]
+    refusal = buckets_consume(charges)
+    if refusal is not None:
+        minutes = max(1, -(-refusal.retry_after // MINUTE_S))
+        raise ClientError(
+            f"Too many password resets were asked for lately. Try again in {minutes} minute{'s' if minutes > 1 else ''}.",
+            code="reset_limited",
+            status=429,
+            retry_after=refusal.retry_after,
+        )
+
+
+PASSWORD_CHANGED_TEXT = """Hello {username},
+
+The password of your account was changed ({how}) on {when} UTC. Every other place you were signed
+in has been signed out.
+
+If this was not you, reset your password now from the sign-in page, and tell the service's operator.
+"""
+
+
+def password_changed_notify(*, user: User, how: str) -> None:
+    """Tell the account's email address that its password changed, once the change commits (a
+    person who did not change it learns of it). No email address: nothing to tell."""
+    if not user.email:
+        return
+    text = PASSWORD_CHANGED_TEXT.format(username=user.username, how=how, when=timezone.now().strftime("%Y-%m-%d %H:%M"))
+    transaction.on_commit(
+        lambda: send_mail("Your password was changed", text, None, [user.email], fail_silently=True), robust=True
+    )
 
 
 def user_settings_update(

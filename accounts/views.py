@@ -11,6 +11,7 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import AuthenticationForm
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse_lazy
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
@@ -35,6 +36,8 @@ from accounts.services import (
     action_admit,
     api_key_create,
     api_key_revoke,
+    password_changed_notify,
+    password_reset_admit,
     signup_admit,
     user_create,
     user_delete,
@@ -82,6 +85,71 @@ class LoginView(auth_views.LoginView):
         if isinstance(form, ThrottledAuthenticationForm) and form.locked is not None:
             response.status_code = 429
             response["Retry-After"] = str(form.locked.retry_after)
+        return response
+
+
+# --- passwords: reset by email, and change -------------------------------------------------------
+
+
+@metered("request")
+class PasswordResetView(auth_views.PasswordResetView):
+    """Django's reset: one email with a one-time, expiring link (settings.PASSWORD_RESET_TIMEOUT), and
+    the same page after, whether or not an account has that address. Throttled per client address
+    and per email address (accounts.services.password_reset_admit)."""
+
+    template_name = "accounts/password_reset.html"
+    email_template_name = "accounts/password_reset_email.txt"
+    subject_template_name = "accounts/password_reset_subject.txt"
+    success_url = reverse_lazy("accounts:password_reset_done")
+
+    def form_valid(self, form):
+        try:
+            password_reset_admit(address=self.request.META.get("REMOTE_ADDR", ""), email=form.cleaned_data["email"])
+        except ClientError as exc:
+            form.add_error(None, exc.message)
+            response = self.render_to_response(self.get_context_data(form=form), status=exc.status)
+            response["Retry-After"] = str(exc.retry_after)
+            return response
+        return super().form_valid(form)
+
+
+@metered("request")
+class PasswordResetDoneView(auth_views.PasswordResetDoneView):
+    template_name = "accounts/password_reset_done.html"
+
+
+@metered("request")
+class PasswordResetConfirmView(auth_views.PasswordResetConfirmView):
+    """The link's page: a new password, once; the link then stops working (its token signs the old
+    hash). Every session signed in with the old password ends, its sockets close, and the account's
+    email is told."""
+
+    template_name = "accounts/password_reset_confirm.html"
+    success_url = reverse_lazy("accounts:password_reset_complete")
+
+    def form_valid(self, form):
+        response = super().form_valid(form)
+        password_changed_notify(user=form.user, how="with a reset link")
+        return response
+
+
+@metered("request")
+class PasswordResetCompleteView(auth_views.PasswordResetCompleteView):
+    template_name = "accounts/password_reset_complete.html"
+
+
+@metered("request")
+class PasswordChangeView(auth_views.PasswordChangeView):
+    """A signed-in person's new password, after the current one; this session stays signed in, the
+    others end (Django keeps this one's hash current)."""
+
+    template_name = "accounts/password_change.html"
+    success_url = reverse_lazy("accounts:settings")
+
+    def form_valid(self, form):
+        response = super().form_valid(form)
+        password_changed_notify(user=form.user, how="from the settings page")
+        messages.success(self.request, "Password changed. Other places you were signed in are signed out.")
         return response
 
 

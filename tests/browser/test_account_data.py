@@ -4,11 +4,15 @@ account after its password, landing signed out."""
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 
 import pytest
+from channels.db import database_sync_to_async
+from django.core import mail
 
 from accounts.models import User, UserSettings
+from accounts.services import user_create
 from conversations.models import Conversation
 from tests.browser.conftest import BROWSER_MARKS, sign_up
 from tests.browser.test_branches import DESKTOP, PHONE
@@ -17,6 +21,8 @@ from tests.helpers.factories import PASSWORD
 pytestmark = BROWSER_MARKS
 
 DANGER = {"light": "rgb(180, 35, 24)", "dark": "rgb(255, 138, 122)"}
+BACKGROUND = {"light": "rgb(246, 247, 249)", "dark": "rgb(30, 33, 39)"}  # the sign-in pages: --panel
+NEW_PASSWORD = "another long enough password 2"
 
 
 @pytest.mark.parametrize(
@@ -60,3 +66,34 @@ async def test_a_person_downloads_their_data_and_deletes_their_account(page, vie
     assert not await Conversation.objects.aexists()
     await page.goto("/")
     assert "/accounts/login/" in page.url
+
+
+@pytest.mark.parametrize(
+    ("viewport", "theme"), [(DESKTOP, "light"), (PHONE, "dark")], ids=["desktop-light", "phone-dark"]
+)
+async def test_a_forgotten_password_is_reset_through_the_emailed_link(page, viewport, theme):
+    await page.set_viewport_size(viewport)
+    await page.emulate_media(color_scheme=theme)
+    await database_sync_to_async(user_create)(username="omar", password=PASSWORD, email="omar@example.com")
+    await page.goto("/accounts/login/")
+    await page.click("#forgot-password")
+    await page.fill("input[name=email]", "omar@example.com")
+    await page.click("button[type=submit]")
+    await page.wait_for_selector("text=Check your email")
+    background = await page.evaluate("() => getComputedStyle(document.body).backgroundColor")
+    assert background == BACKGROUND[theme]
+
+    (sent,) = mail.outbox
+    link = re.search(r"https?://\S+", sent.body).group(0)
+    await page.goto(link)
+    await page.fill("input[name=new_password1]", NEW_PASSWORD)
+    await page.fill("input[name=new_password2]", NEW_PASSWORD)
+    await page.click("button[type=submit]")
+    await page.wait_for_selector("text=Your password is set")
+    await page.click("text=Log in")
+    await page.fill("input[name=username]", "omar")
+    await page.fill("input[name=password]", NEW_PASSWORD)
+    await page.click("button[type=submit]")
+    await page.wait_for_selector("#chat[data-socket=open]", state="attached")
+    await page.goto(link)
+    await page.wait_for_selector("text=This link no longer works")
