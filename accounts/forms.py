@@ -5,7 +5,6 @@ import re
 from typing import cast
 
 from django import forms
-from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
 
 from accounts.models import ApiKey, User, UserSettings
@@ -42,10 +41,6 @@ class ThrottledAuthenticationForm(AuthenticationForm):
         cleaned = super().clean()  # a wrong password raises here, and its attempt stays counted
         login_attempt_succeeded(charges=charges)
         return cleaned
-
-
-class ThrottledAdminAuthenticationForm(ThrottledAuthenticationForm, AdminAuthenticationForm):
-    """The admin's sign-in, throttled as the site's is: it is the one admin page open to anyone."""
 
 
 class ApiKeyCreateForm(forms.Form):
@@ -126,14 +121,11 @@ def parse_month(value: str | None, *, today: dt.date) -> dt.date:
     return dt.date(year, month, 1)
 
 
-class AccountDeleteForm(forms.Form):
-    """Deleting an account asks for its password, throttled as a sign-in is (a stolen session must not
-    be able to guess it), and for a tick that says the person knows it cannot be undone."""
+class PasswordConfirmForm(forms.Form):
+    """An action that asks for the account's password again, throttled as a sign-in is (a stolen
+    session must not be able to guess it)."""
 
     password = forms.CharField(widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}))
-    understood = forms.BooleanField(
-        label="I understand that my conversations, files, keys and settings are deleted for good."
-    )
 
     locked: ClientError | None = None
 
@@ -153,3 +145,12 @@ class AccountDeleteForm(forms.Form):
             raise forms.ValidationError("That is not your password.", code="invalid_password")
         login_attempt_succeeded(charges=charges)
         return password
+
+
+class AccountDeleteForm(PasswordConfirmForm):
+    """Deleting an account asks for its password and for a tick that says the person knows it cannot
+    be undone."""
+
+    understood = forms.BooleanField(
+        label="I understand that my conversations, files, keys and settings are deleted for good."
+    )

@@ -230,3 +230,27 @@ class SignedInSession(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user_id} {self.created_at:%Y-%m-%d %H:%M}"
+
+
+class TotpDevice(models.Model):
+    """A person's authenticator app: the secret it shares with the service (RFC 6238 TOTP). Its
+    codes are the second factor at sign-in (docs/accounts.md); each works once (`last_step`)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="totp_device")
+    secret = models.CharField(max_length=64, help_text="Base32, as the authenticator app was given it.")
+    last_step = models.BigIntegerField(default=0, help_text="The time step of the last code accepted.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"authenticator of {self.user_id}"
+
+
+class RecoveryCode(models.Model):
+    """A one-time code for signing in without the authenticator; only a hash of it is stored."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="recovery_codes")
+    code_hash = models.CharField(max_length=64)
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"recovery code of {self.user_id}"

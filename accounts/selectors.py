@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from accounts.hooks import deployments_enabled
-from accounts.models import ApiKey, SignedInSession, Tier, User, UserSettings
+from accounts.models import ApiKey, SignedInSession, Tier, TotpDevice, User, UserSettings
 from accounts.protocols import Deployment, ListedDeployment
 from chatsite.errors import ClientError
 
@@ -159,6 +159,20 @@ def user_sessions_list(*, user: User) -> QuerySet[SignedInSession]:
     """Where the user is signed in: their sessions still stored and unexpired, newest first."""
     live = Session.objects.filter(session_key=OuterRef("session_key"), expire_date__gt=timezone.now())
     return SignedInSession.objects.filter(user=user).filter(Exists(live))
+
+
+def second_factor_enabled(*, user: User) -> bool:
+    return TotpDevice.objects.filter(user=user).exists()
+
+
+def second_factor_required(*, user: User) -> bool:
+    """Whether the operator requires this user to sign in with a second factor (TWO_FACTOR_REQUIRED)."""
+    required = settings.TWO_FACTOR_REQUIRED
+    return required == "everyone" or (required == "staff" and (user.is_staff or user.is_superuser))
+
+
+def recovery_codes_left(*, user: User) -> int:
+    return user.recovery_codes.filter(used_at__isnull=True).count()
 
 
 def session_key_digest(session_key: str) -> str:

@@ -8,6 +8,7 @@ import secrets
 from collections.abc import Collection
 from dataclasses import dataclass
 
+import pyotp
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -19,7 +20,7 @@ from django.utils import timezone
 
 from accounts.hooks import quota_tokens_reserved
 from accounts.ledger import ledger
-from accounts.models import ApiKey, SignedInSession, Tier, User, UserSettings
+from accounts.models import ApiKey, RecoveryCode, SignedInSession, Tier, TotpDevice, User, UserSettings
 from accounts.protocols import Deployment
 from accounts.ratelimit import Charge, buckets_consume, buckets_peek, buckets_refund, buckets_reset
 from accounts.selectors import (
@@ -731,24 +732,94 @@ def password_reset_admit(*, address: str, email: str) -> None:
         )
 
 
-PASSWORD_CHANGED_TEXT = """Hello {username},
+SIGN_IN_CHANGED_TEXT = """Hello {username},
 
-The password of your account was changed ({how}) on {when} UTC. Every other place you were signed
-in has been signed out.
+How your account signs in changed: {what} ({how}), on {when} UTC.
 
 If this was not you, reset your password now from the sign-in page, and tell the service's operator.
 """
 
 
-def password_changed_notify(*, user: User, how: str) -> None:
-    """Tell the account's email address that its password changed, once the change commits (a
-    person who did not change it learns of it). No email address: nothing to tell."""
+def password_changed_notify(*, user: User, how: str, subject: str = "Your password was changed") -> None:
+    """Tell the account's email address that how it signs in changed (its password, its second
+    factor), once the change commits: a person who did not change it learns of it. No email
+    address: nothing to tell."""
     if not user.email:
         return
-    text = PASSWORD_CHANGED_TEXT.format(username=user.username, how=how, when=timezone.now().strftime("%Y-%m-%d %H:%M"))
-    transaction.on_commit(
-        lambda: send_mail("Your password was changed", text, None, [user.email], fail_silently=True), robust=True
+    text = SIGN_IN_CHANGED_TEXT.format(
+        username=user.username, what=subject.lower(), how=how, when=timezone.now().strftime("%Y-%m-%d %H:%M")
     )
+    transaction.on_commit(lambda: send_mail(subject, text, None, [user.email], fail_silently=True), robust=True)
+
+
+# --- the second factor: an authenticator app's codes, and recovery codes ---------------------------
+
+RECOVERY_CODES = 10
+# A code from the step before or after the present one is accepted too: a phone's clock a little
+# off, or a code typed as it turned.
+TOTP_VALID_WINDOW = 1
+
+
+def totp_secret_new() -> str:
+    return pyotp.random_base32()
+
+
+def _recovery_hash(code: str) -> str:
+    return hashlib.sha256(code.replace("-", "").strip().lower().encode()).hexdigest()
+
+
+def recovery_codes_new(*, user: User) -> list[str]:
+    """New recovery codes for the user, replacing any they had; shown once, stored as hashes."""
+    codes = [f"{secrets.token_hex(3)}-{secrets.token_hex(3)}" for _ in range(RECOVERY_CODES)]
+    with transaction.atomic():
+        RecoveryCode.objects.filter(user=user).delete()
+        RecoveryCode.objects.bulk_create(RecoveryCode(user=user, code_hash=_recovery_hash(code)) for code in codes)
+    return codes
+
+
+def totp_device_confirm(*, user: User, secret: str, code: str) -> list[str]:
+    """Turn on the second factor with the authenticator app given `secret`, once it shows a code that
+    fits; returns the recovery codes (shown once). A wrong code is a 400 and turns nothing on."""
+    totp = pyotp.TOTP(secret)
+    now = timezone.now()
+    if not code.strip().isdigit() or not totp.verify(code.strip(), for_time=now, valid_window=TOTP_VALID_WINDOW):
+        raise ClientError("That code does not match. Check the app's clock and try the newest code.", code="bad_code")
+    with transaction.atomic():
+        TotpDevice.objects.update_or_create(user=user, defaults={"secret": secret, "last_step": totp.timecode(now)})
+        codes = recovery_codes_new(user=user)
+    password_changed_notify(user=user, how="two-factor sign-in turned on", subject="Two-factor sign-in is on")
+    return codes
+
+
+def totp_device_remove(*, user: User) -> None:
+    """Turn the second factor off: the authenticator and the recovery codes go."""
+    with transaction.atomic():
+        TotpDevice.objects.filter(user=user).delete()
+        RecoveryCode.objects.filter(user=user).delete()
+    password_changed_notify(user=user, how="two-factor sign-in turned off", subject="Two-factor sign-in is off")
+
+
+def second_factor_verify(*, user: User, code: str) -> bool:
+    """Whether `code` is the user's second factor now: an authenticator code not used before (each
+    time step once, taken by a conditional update, so two requests cannot both use it), or an unused
+    recovery code (used up by this)."""
+    code = code.strip().replace(" ", "")
+    device = TotpDevice.objects.filter(user=user).first()
+    if device is not None and code.isdigit() and len(code) == 6:
+        totp = pyotp.TOTP(device.secret)
+        now = timezone.now()
+        for offset in range(-TOTP_VALID_WINDOW, TOTP_VALID_WINDOW + 1):
+            step = totp.timecode(now) + offset
+            if secrets.compare_digest(totp.generate_otp(step), code):
+                return bool(TotpDevice.objects.filter(id=device.id, last_step__lt=step).update(last_step=step))
+        return False
+    if len(code) >= 12:
+        return bool(
+            RecoveryCode.objects.filter(user=user, code_hash=_recovery_hash(code), used_at__isnull=True).update(
+                used_at=timezone.now()
+            )
+        )
+    return False
 
 
 def user_settings_update(

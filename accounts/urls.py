@@ -20,5 +20,8 @@ urlpatterns = [
     path("password/reset/<uidb64>/<token>/", views.PasswordResetConfirmView.as_view(), name="password_reset_confirm"),
     path("password/reset/done/", views.PasswordResetCompleteView.as_view(), name="password_reset_complete"),
     path("password/change/", views.PasswordChangeView.as_view(), name="password_change"),
+    path("two-factor/", views.two_factor_view, name="two_factor"),
+    path("two-factor/setup/", views.two_factor_setup_view, name="two_factor_setup"),
+    path("two-factor/disable/", views.two_factor_disable_view, name="two_factor_disable"),
     path("delete/", views.account_delete_view, name="delete"),
 ]

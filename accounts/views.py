@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import io
+import time
 import zipfile
 from pathlib import PurePosixPath
 
+import pyotp
+import segno
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
@@ -11,8 +14,9 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import AuthenticationForm
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.urls import reverse_lazy
+from django.urls import reverse, reverse_lazy
 from django.utils import timezone
+from django.utils.safestring import mark_safe
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -20,15 +24,20 @@ from accounts.authentication import AuthenticatedHttpRequest
 from accounts.forms import (
     AccountDeleteForm,
     ApiKeyCreateForm,
+    PasswordConfirmForm,
     SignupForm,
     ThrottledAuthenticationForm,
     UserSettingsForm,
 )
 from accounts.hooks import account_export_files
 from accounts.metering import ADMITTED, metered
+from accounts.models import User
 from accounts.selectors import (
     api_key_list_for_user,
     deployments_enabled_for_user,
+    recovery_codes_left,
+    second_factor_enabled,
+    second_factor_required,
     user_sessions_list,
     user_settings_get,
 )
@@ -36,9 +45,15 @@ from accounts.services import (
     action_admit,
     api_key_create,
     api_key_revoke,
+    login_attempt_admit,
+    login_attempt_succeeded,
     password_changed_notify,
     password_reset_admit,
+    second_factor_verify,
     signup_admit,
+    totp_device_confirm,
+    totp_device_remove,
+    totp_secret_new,
     user_create,
     user_delete,
     user_sessions_end_others,
@@ -80,12 +95,158 @@ class LoginView(auth_views.LoginView):
     redirect_authenticated_user = True
     authentication_form = ThrottledAuthenticationForm
 
+    def form_valid(self, form: AuthenticationForm) -> HttpResponse:
+        """The password is right. With a second factor on (or required of this user), the sign-in
+        waits for it (`two_factor_view`); the session is not signed in until then."""
+        user = form.get_user()
+        if second_factor_enabled(user=user) or second_factor_required(user=user):
+            self.request.session.cycle_key()
+            self.request.session[PENDING_SESSION] = {
+                "user": user.pk,
+                "at": time.time(),
+                "next": self.get_success_url(),
+            }
+            return redirect("accounts:two_factor")
+        return super().form_valid(form)
+
     def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
         response = super().form_invalid(form)
         if isinstance(form, ThrottledAuthenticationForm) and form.locked is not None:
             response.status_code = 429
             response["Retry-After"] = str(form.locked.retry_after)
         return response
+
+
+# --- the second factor ----------------------------------------------------------------------------
+
+# A sign-in whose password was right and whose second factor is awaited: in the (not signed-in)
+# session, for PENDING_S at most.
+PENDING_SESSION = "accounts.second_factor_pending"
+PENDING_S = 300
+SETUP_SESSION = "accounts.totp_setup_secret"
+
+
+def _pending_user(request: HttpRequest) -> tuple[User, dict] | None:
+    pending = request.session.get(PENDING_SESSION)
+    if (
+        not isinstance(pending, dict)
+        or not isinstance(pending.get("user"), int)
+        or time.time() - pending.get("at", 0) > PENDING_S
+    ):
+        request.session.pop(PENDING_SESSION, None)
+        return None
+    user = User.objects.filter(id=pending["user"], is_active=True).first()
+    return (user, pending) if user is not None else None
+
+
+def _qr_svg(user: User, secret: str) -> str:
+    """The authenticator app's QR code, as inline SVG markup made here from the secret (no image
+    request, no script; nothing in it comes from the user but their URL-encoded name)."""
+    uri = pyotp.TOTP(secret).provisioning_uri(name=user.get_username(), issuer_name=TOTP_ISSUER)
+    return segno.make(uri, error="m").svg_inline(scale=4, border=2, dark="#000", light="#fff")
+
+
+TOTP_ISSUER = "Chat"
+
+
+def _setup_context(request: HttpRequest, user: User) -> dict:
+    secret = request.session.get(SETUP_SESSION)
+    if not isinstance(secret, str):
+        secret = totp_secret_new()
+        request.session[SETUP_SESSION] = secret
+    return {"qr": mark_safe(_qr_svg(user, secret)), "secret": secret}  # noqa: S308 - segno's own markup
+
+
+def _finish_sign_in(request: HttpRequest, user: User, pending: dict) -> None:
+    request.session.pop(PENDING_SESSION, None)
+    request.session.pop(SETUP_SESSION, None)
+    login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+
+
+@metered("request")
+@never_cache
+@require_http_methods(["GET", "POST"])
+def two_factor_view(request: HttpRequest) -> HttpResponse:
+    """The second step of a sign-in: a code from the authenticator app, or a recovery code. A user
+    the operator requires a second factor of, and who has none yet, sets it up here first."""
+    found = _pending_user(request)
+    if found is None:
+        return redirect("accounts:login")
+    user, pending = found
+    address = request.META.get("REMOTE_ADDR", "")
+    enabled = second_factor_enabled(user=user)
+    code = request.POST.get("code", "") if request.method == "POST" else ""
+    error, status = "", 200
+    if request.method == "POST":
+        try:
+            charges = login_attempt_admit(username=user.get_username(), address=address)
+        except ClientError as exc:
+            response = render(
+                request, "accounts/two_factor.html", {"error": exc.message, "enabled": enabled}, status=429
+            )
+            response["Retry-After"] = str(exc.retry_after)
+            return response
+        if enabled:
+            if second_factor_verify(user=user, code=code):
+                login_attempt_succeeded(charges=charges)
+                _finish_sign_in(request, user, pending)
+                return redirect(pending.get("next") or "conversations:chat")
+            error, status = "That code does not work. Try the newest one, or a recovery code.", 400
+        else:
+            try:
+                codes = totp_device_confirm(user=user, secret=str(request.session.get(SETUP_SESSION, "")), code=code)
+            except ClientError as exc:
+                error, status = exc.message, exc.status
+            else:
+                login_attempt_succeeded(charges=charges)
+                _finish_sign_in(request, user, pending)
+                return render(request, "accounts/recovery_codes.html", {"codes": codes, "next": pending.get("next")})
+    context = {"enabled": enabled, "error": error}
+    if not enabled:
+        context |= _setup_context(request, user)
+    return render(request, "accounts/two_factor.html", context, status=status)
+
+
+@metered("request")
+@never_cache
+@login_required
+@require_http_methods(["GET", "POST"])
+def two_factor_setup_view(request: AuthenticatedHttpRequest) -> HttpResponse:
+    """Turn on the second factor from the settings page: scan the QR code, type the code the app
+    shows; the recovery codes are shown once."""
+    error, status = "", 200
+    if request.method == "POST":
+        try:
+            codes = totp_device_confirm(
+                user=request.user, secret=str(request.session.get(SETUP_SESSION, "")), code=request.POST.get("code", "")
+            )
+        except ClientError as exc:
+            error, status = exc.message, exc.status
+        else:
+            request.session.pop(SETUP_SESSION, None)
+            return render(
+                request, "accounts/recovery_codes.html", {"codes": codes, "next": reverse("accounts:settings")}
+            )
+    context = {"error": error, "setup": True} | _setup_context(request, request.user)
+    return render(request, "accounts/two_factor_setup.html", context, status=status)
+
+
+@metered("request")
+@never_cache
+@login_required
+@require_http_methods(["GET", "POST"])
+def two_factor_disable_view(request: AuthenticatedHttpRequest) -> HttpResponse:
+    """Turn the second factor off, after the password (throttled as a sign-in is). Refused where the
+    operator requires it of this user."""
+    if second_factor_required(user=request.user):
+        return render(request, "accounts/two_factor_disable.html", {"required": True}, status=403)
+    form = PasswordConfirmForm(request.POST or None, user=request.user, address=request.META.get("REMOTE_ADDR", ""))
+    if request.method == "POST" and form.is_valid():
+        totp_device_remove(user=request.user)
+        messages.success(request, "Two-factor sign-in is off.")
+        return redirect("accounts:settings")
+    status = 200 if request.method == "GET" else (form.locked.status if form.locked is not None else 400)
+    return render(request, "accounts/two_factor_disable.html", {"form": form}, status=status)
 
 
 # --- passwords: reset by email, and change -------------------------------------------------------
@@ -239,7 +400,13 @@ def settings_view(request: AuthenticatedHttpRequest) -> HttpResponse:
             messages.success(request, "Settings saved.")
             return redirect("accounts:settings")
     status = 400 if request.method == "POST" else 200
-    context = {"form": form, "sessions": user_sessions_list(user=request.user)}
+    context = {
+        "form": form,
+        "sessions": user_sessions_list(user=request.user),
+        "two_factor": second_factor_enabled(user=request.user),
+        "two_factor_required": second_factor_required(user=request.user),
+        "recovery_codes_left": recovery_codes_left(user=request.user),
+    }
     return render(request, "accounts/settings.html", context, status=status)
 
 

@@ -159,6 +159,10 @@ PASSWORD_RESET_TIMEOUT = env_int("PASSWORD_RESET_TIMEOUT_S", 3600, minimum=60)
 PASSWORD_RESETS_PER_ADDRESS_PER_HOUR = env_int("PASSWORD_RESETS_PER_ADDRESS_PER_HOUR", 5, minimum=1)
 PASSWORD_RESETS_PER_EMAIL_PER_HOUR = env_int("PASSWORD_RESETS_PER_EMAIL_PER_HOUR", 3, minimum=1)
 
+# Who must sign in with a second factor (an authenticator app's code): "none", "staff" (the admin
+# and the review queue hold other people's data) or "everyone". Applied at each sign-in.
+TWO_FACTOR_REQUIRED = env_choice("TWO_FACTOR_REQUIRED", "none", choices=("none", "staff", "everyone"))
+
 # Email: printed to the console in the embedded default; sent over SMTP once EMAIL_HOST is set.
 EMAIL_HOST = env_str("EMAIL_HOST", "")
 if EMAIL_HOST:

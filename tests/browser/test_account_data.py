@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import zipfile
 
+import pyotp
 import pytest
 from channels.db import database_sync_to_async
 from django.core import mail
@@ -97,3 +99,38 @@ async def test_a_forgotten_password_is_reset_through_the_emailed_link(page, view
     await page.wait_for_selector("#chat[data-socket=open]", state="attached")
     await page.goto(link)
     await page.wait_for_selector("text=This link no longer works")
+
+
+@pytest.mark.parametrize(
+    ("viewport", "theme"), [(DESKTOP, "light"), (PHONE, "dark")], ids=["desktop-light", "phone-dark"]
+)
+async def test_two_factor_sign_in_is_turned_on_and_then_asked_for(page, viewport, theme):
+    await page.set_viewport_size(viewport)
+    await page.emulate_media(color_scheme=theme)
+    await sign_up(page, "tess")
+    await page.goto("/accounts/settings/")
+    await page.click("#two-factor-setup")
+    qr = page.locator("#totp-qr svg")
+    box = await qr.bounding_box()
+    assert box["width"] >= 120 and box["x"] + box["width"] <= viewport["width"]
+    assert await qr.evaluate("q => getComputedStyle(q).backgroundColor") == "rgb(255, 255, 255)"
+    secret = (await page.inner_text("#totp-secret")).strip()
+    await page.fill("input[name=code]", pyotp.TOTP(secret).now())
+    await page.click("button[type=submit]")
+    assert await page.locator("#recovery-codes li").count() == 10
+    await page.click("#continue")
+    await page.wait_for_selector("#two-factor-state >> text=is on")
+
+    await page.context.clear_cookies()  # signed out
+    await page.goto("/accounts/login/")
+    await page.fill("input[name=username]", "tess")
+    await page.fill("input[name=password]", PASSWORD)
+    await page.click("button[type=submit]")
+    await page.wait_for_selector("text=Type the code your authenticator app shows")
+    await page.fill("input[name=code]", "000000")
+    await page.click("button[type=submit]")
+    await page.wait_for_selector("text=That code does not work")
+    # The next step's code: the one just used to turn it on is spent.
+    await page.fill("input[name=code]", pyotp.TOTP(secret).at(time.time() + 30))
+    await page.click("button[type=submit]")
+    await page.wait_for_selector("#chat[data-socket=open]", state="attached")

@@ -40,7 +40,7 @@ def key_client(user) -> Client:
 # --- Content-Security-Policy -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/accounts/login/", "/accounts/signup/", "/api/docs/", "/admin/login/"])
+@pytest.mark.parametrize("path", ["/accounts/login/", "/accounts/signup/", "/api/docs/"])
 def test_public_pages_allow_scripts_and_styles_from_the_site_only(client, db, path):
     response = client.get(path)
     assert response.status_code == 200
