@@ -24,7 +24,8 @@ from tests.helpers.databases import rate_limits_clear
 # Sending a message or a (chat or text) completion starts a real generation: far too slow to fuzz
 # on a CPU. Embeddings and tokenizing run in the web process, so they are fuzzed.
 FUZZED_PATHS = (
-    r"^/(api/conversations/(\{conversation_id\}/)?|v1/models(/\{model_id\})?|v1/embeddings|tokenize|detokenize)$"
+    r"^/(api/conversations/(\{conversation_id\}/(archive/)?|bulk-delete/|bulk-archive/)?"
+    r"|v1/models(/\{model_id\})?|v1/embeddings|tokenize|detokenize)$"
 )
 EXAMPLES_PER_OPERATION = 25
 
@@ -43,6 +44,9 @@ def test_the_schema_documents_the_conversations_api():
     assert "text/event-stream" in send["responses"]["200"]["content"]
     assert "post" in paths["/api/conversations/messages/"]
     assert set(paths["/api/conversations/{conversation_id}/branch/"]) == {"post"}
+    assert set(paths["/api/conversations/{conversation_id}/archive/"]) == {"post", "delete"}
+    assert set(paths["/api/conversations/bulk-delete/"]) == {"post"}
+    assert set(paths["/api/conversations/bulk-archive/"]) == {"post"}
     assert set(paths["/api/conversations/{conversation_id}/messages/{message_id}/feedback/"]) == {"put", "delete"}
     for path in ("/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize"):
         assert set(paths[path]) == {"post"}
@@ -79,7 +83,7 @@ def test_generated_requests_never_cause_a_server_error(alice, bob, wsgi_app):
     schema = schemathesis.openapi.from_dict(SchemaGenerator().get_schema(request=None, public=True))
     schema.app = wsgi_app
     operations = [result.ok() for result in schema.include(path_regex=FUZZED_PATHS).get_all_operations()]
-    assert len(operations) == 10
+    assert len(operations) == 14
     headers = {"Authorization": f"Bearer {key}"}
 
     runs = [(operation, mode, None) for operation in operations for mode in GenerationMode]
