@@ -297,7 +297,8 @@
         titleShow(msg.conversation, msg.title);
         break;
       case "conversation.message":
-        // Another tab sent it: the conversation has just been active.
+        // Another tab sent it: the conversation has just been active (an archived one stays out).
+        if (msg.conversation.archived) break;
         moveToTop({id: msg.conversation.id, title: linkFor(msg.conversation.id) ? "" : msg.conversation.title, pinned: false});
         break;
       case "message.accepted":
