@@ -89,24 +89,46 @@
     return window.chatSidebar ? window.chatSidebar.refresh() : Promise.resolve();
   }
 
-  // After the chats shown were deleted or archived: the open one gone means a new chat.
+  // After the chats shown were deleted or archived: the open one gone means a new chat. A focus on
+  // one of their buttons moves to the next chat's (or to the search box), not to the page's start.
   function gone(ids, said) {
     if (ids.indexOf(currentId()) >= 0) {
       window.location.assign(newChat.href);
       return;
     }
+    const focused = document.activeElement;
+    const wasOnOne = focused && focused.matches && focused.matches("button.chat-menu-button") &&
+      ids.indexOf(parseInt(focused.dataset.conversation, 10)) >= 0;
+    const links = Array.prototype.slice.call(list.querySelectorAll("a.conversation-link"));
+    const next = links.find(function (link, i) {
+      return i > 0 && ids.indexOf(parseInt(links[i - 1].dataset.conversation, 10)) >= 0 &&
+        ids.indexOf(parseInt(link.dataset.conversation, 10)) < 0;
+    });
+    const target = next ? next.dataset.conversation : null;
+    function refocus() {
+      const now = document.activeElement;
+      if (!wasOnOne || (now && now !== document.body && now.isConnected)) return;
+      const button = target && buttonFor(target);
+      (button || document.getElementById("conversation-search")).focus();
+    }
     ids.forEach(function (id) {
       const link = linkFor(id);
       if (link) link.remove();
     });
+    sync();  // their buttons go now, not when the observer runs
+    refocus();
     announce(said);
-    refresh();
+    refresh().then(refocus);  // the list drawn anew takes the focused button with it
   }
 
   // --- a menu button beside each chat of the list ----------------------------------------------------
 
   function linkFor(id) {
     return list.querySelector('a.conversation-link[data-conversation="' + id + '"]');
+  }
+
+  function buttonFor(id) {
+    return list.querySelector('button.chat-menu-button[data-conversation="' + id + '"]');
   }
 
   function titleOf(link) {
@@ -143,8 +165,7 @@
     list.querySelectorAll("a.conversation-link").forEach(function (link) {
       const id = link.dataset.conversation;
       ids.add(id);
-      let button = list.querySelector('button.chat-menu-button[data-conversation="' + id + '"]');
-      if (!button) button = makeButton(id);
+      const button = buttonFor(id) || makeButton(id);
       if (link.nextElementSibling !== button) link.after(button);
       const title = titleOf(link);
       if (title !== null && button.getAttribute("aria-label") !== "Options for " + title) {
@@ -324,7 +345,13 @@
       .then(function (answer) {
         showError("");
         announce(answer.pinned ? "Pinned." : "Unpinned.");
-        if (window.chatSidebar) window.chatSidebar.pinned(id, answer.pinned);
+        if (!window.chatSidebar) return;
+        const hadFocus = document.activeElement === buttonFor(id);
+        // The list is drawn anew: the focus goes on with the chat's new button.
+        window.chatSidebar.pinned(id, answer.pinned).then(function () {
+          const button = buttonFor(id);
+          if (hadFocus && button && document.activeElement !== button) button.focus();
+        });
       })
       .catch(function (error) { showError(error.message); });
   }

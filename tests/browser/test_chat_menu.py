@@ -122,11 +122,16 @@ async def test_the_chat_menu_archive_view_select_mode_and_copying_a_shared_link(
     assert (await Conversation.objects.aget(id=notes.id)).title == "Shopping"
     await expect(notes_button).to_have_attribute("aria-label", "Options for Shopping")
 
-    # Pin, then Unpin.
-    await open_menu(notes)
-    await page.click(f"{MENU} [data-action=pin]")
+    # Pin by the keyboard (the focus goes on with the chat's button in the list drawn anew), then Unpin.
+    await notes_button.focus()
+    await page.keyboard.press("Enter")
+    await page.keyboard.press("ArrowDown")
+    await page.keyboard.press("Enter")
     await page.wait_for_selector(f'section[data-group=Pinned] a[data-conversation="{notes.id}"]')
     assert (await Conversation.objects.aget(id=notes.id)).pinned
+    await page.wait_for_function(
+        f"() => document.activeElement.matches('button.chat-menu-button[data-conversation=\"{notes.id}\"]')"
+    )
     await open_menu(notes)
     await expect(page.locator(f"{MENU} [data-action=pin]")).to_have_text("Unpin")
     await page.click(f"{MENU} [data-action=pin]")
@@ -170,6 +175,10 @@ async def test_the_chat_menu_archive_view_select_mode_and_copying_a_shared_link(
         await open_menu(chat)
         await page.click(f"{MENU} [data-action=archive]")
         await expect(link_of(page, chat)).to_have_count(0)
+        # The focus moves on to another chat's button (or the search box), not to the page's start.
+        assert await page.evaluate(
+            "() => document.activeElement.matches('button.chat-menu-button, #conversation-search')"
+        )
     assert await Conversation.objects.filter(archived_at__isnull=False).acount() == 2
     await page.click("#archived-link")
     dialog = page.locator("#archived-dialog")
