@@ -13,6 +13,7 @@ from accounts.services import (
 )
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
+from conversations.requests import is_row_id
 from conversations.selectors import (
     conversation_get_for_user,
     conversation_list_for_user,
@@ -171,7 +172,7 @@ def _own_many(*, user: User, conversation_ids: Collection[int]) -> list[Conversa
     theirs, or does not exist, refuses the whole batch with a 404 that does not say which: a
     request must not learn whether someone else's id exists. At least one id, and only ids."""
     wanted = set(conversation_ids)
-    if not wanted or not all(0 < i < 2**63 and not isinstance(i, bool) for i in wanted):
+    if not wanted or not all(is_row_id(i) for i in wanted):
         raise ClientError("Name one or more conversations by id.", code="invalid_request", param="ids")
     conversations = list(
         conversation_list_for_user(user=user).select_for_update(of=("self",)).filter(id__in=wanted).order_by("id")
