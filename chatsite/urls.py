@@ -15,6 +15,7 @@ from conversations.apis import (
     conversation_start_stream,
     message_send_stream,
 )
+from conversations.archive_apis import ConversationArchiveApi, ConversationBulkArchiveApi, ConversationBulkDeleteApi
 from documents.apis import DocumentDetailApi, DocumentListCreateApi, DocumentSearchApi
 from inference.openai.apis import ModelListApi, chat_completions
 from inference.openai.completions import completions
@@ -45,8 +46,17 @@ urlpatterns = [
     path("v1/moderations", ModerationCreateApi.as_view(), name="moderations"),
     path("api/conversations/", ConversationListCreateApi.as_view(), name="api-conversations"),
     path("api/conversations/messages/", conversation_start_stream, name="api-conversations-send-new"),
+    path("api/conversations/bulk-delete/", ConversationBulkDeleteApi.as_view(), name="api-conversations-delete-many"),
+    path(
+        "api/conversations/bulk-archive/", ConversationBulkArchiveApi.as_view(), name="api-conversations-archive-many"
+    ),
     path("api/conversations/<int:conversation_id>/", ConversationDetailApi.as_view(), name="api-conversation"),
     path("api/conversations/<int:conversation_id>/messages/", message_send_stream, name="api-conversation-send"),
+    path(
+        "api/conversations/<int:conversation_id>/archive/",
+        ConversationArchiveApi.as_view(),
+        name="api-conversation-archive",
+    ),
     path(
         "api/conversations/<int:conversation_id>/branch/",
         ConversationBranchApi.as_view(),

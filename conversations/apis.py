@@ -134,6 +134,9 @@ class ConversationOutputSerializer(serializers.Serializer):
     model = serializers.CharField(help_text="The model its messages are routed by (a public name, or auto).")
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
+    archived_at = serializers.DateTimeField(
+        allow_null=True, help_text="When it was archived (out of the list, in the Archived view); null if it is not."
+    )
 
 
 class MessageOutputSerializer(serializers.Serializer):
@@ -201,7 +204,8 @@ def _with_branch(conversation: Conversation, through: Any = None) -> dict[str, A
 
 @metered("request", POST=ADMITTED)
 class ConversationListCreateApi(ScopedApi):
-    """GET lists the caller's conversations (cursor-paginated); POST creates an empty one."""
+    """GET lists the caller's conversations (cursor-paginated): those in their list, or with
+    `?archived=true` those archived; POST creates an empty one."""
 
     method_scopes = {"GET": READ, "HEAD": READ, "OPTIONS": READ, "POST": WRITE}
     pagination_class = ConversationPagination
@@ -218,6 +222,12 @@ class ConversationListCreateApi(ScopedApi):
         parameters=[
             OpenApiParameter("cursor", OpenApiTypes.STR, description="The `next` or `previous` cursor of a page."),
             OpenApiParameter("limit", OpenApiTypes.INT, description="Page size, 1 to 100 (default 20)."),
+            OpenApiParameter(
+                "archived",
+                OpenApiTypes.STR,
+                enum=["false", "true"],
+                description="`true`: the archived conversations only; `false` (the default): the others.",
+            ),
         ],
         responses=inline_serializer(
             "ConversationPage",
@@ -229,8 +239,12 @@ class ConversationListCreateApi(ScopedApi):
         ),
     )
     def get(self, request: Request) -> Response:
+        archived = request.query_params.get("archived", "false")
+        if archived not in ("true", "false"):
+            raise ClientError("'archived' must be true or false.", code="invalid_request", param="archived")
+        conversations = conversation_list_for_user(user=signed_in(request), archived=archived == "true")
         paginator = self.pagination_class()
-        page = paginator.paginate_queryset(conversation_list_for_user(user=signed_in(request)), request, view=self)
+        page = paginator.paginate_queryset(conversations, request, view=self)
         return paginator.get_paginated_response(self.OutputSerializer(page, many=True).data)
 
     @extend_schema(

@@ -309,7 +309,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         event: dict[str, Any] = {
             "type": "conversation.message",
             "origin": self.channel_name,
-            "conversation": {"id": sent.conversation.id, "title": sent.conversation.display_title},
+            # An archived conversation stays out of the other pages' lists (it stays archived).
+            "conversation": {
+                "id": sent.conversation.id,
+                "title": sent.conversation.display_title,
+                "archived": sent.conversation.is_archived,
+            },
             "created": sent.conversation_created,
             "user_message": user_message,
         }

@@ -10,6 +10,11 @@ class Conversation(models.Model):
     # page shows "New chat" meanwhile, and a message moderation held back never becomes a title.
     title = models.CharField(max_length=200, blank=True, default="")
     pinned = models.BooleanField(default=False, help_text="Shown above the others in its owner's list.")
+    # Out of the sidebar's list and its search while set, in the Archived view instead; it still opens,
+    # and a message sent in it leaves it archived.
+    archived_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its owner archived it; empty while it is in their list."
+    )
     title_generation = models.OneToOneField(
         "inference.Generation",
         null=True,
@@ -55,6 +60,10 @@ class Conversation(models.Model):
     @property
     def display_title(self) -> str:
         return self.title or "New chat"
+
+    @property
+    def is_archived(self) -> bool:
+        return self.archived_at is not None
 
 
 class Message(models.Model):

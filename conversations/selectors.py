@@ -31,8 +31,13 @@ from inference.selectors import deployment_list_enabled, queue_length_annotation
 from moderation.models import Flag
 
 
-def conversation_list_for_user(*, user: User) -> QuerySet[Conversation]:
-    return Conversation.objects.filter(user=user).select_related("deployment")
+def conversation_list_for_user(*, user: User, archived: bool | None = None) -> QuerySet[Conversation]:
+    """The user's conversations: all of them, or with `archived`, only those archived (True) or
+    only those in their list (False)."""
+    conversations = Conversation.objects.filter(user=user).select_related("deployment")
+    if archived is not None:
+        conversations = conversations.filter(archived_at__isnull=not archived)
+    return conversations
 
 
 def saved_prompts_for_user(*, user: User) -> QuerySet[SavedPrompt]:
@@ -200,11 +205,12 @@ def conversation_groups_for_user(
 ) -> list[ConversationGroup]:
     """The user's conversations as the sidebar lists them: pinned ones first, then the rest by when
     they were last active (Today, Yesterday, Previous 7 days, Older, by the site's time zone), each
-    group newest first. With `query`, only those it matches (`conversation_search`)."""
+    group newest first. With `query`, only those it matches (`conversation_search`). Archived ones
+    are in neither: the Archived view lists them."""
     conversations = (
         conversation_search(user=user, query=query) if query.strip() else conversation_list_for_user(user=user)
     )
-    rows = list(conversations.order_by("-pinned", "-updated_at", "-id")[:limit])
+    rows = list(conversations.filter(archived_at__isnull=True).order_by("-pinned", "-updated_at", "-id")[:limit])
     today = timezone.localdate(now or timezone.now())
     groups: dict[str, list[Conversation]] = {}
     for conversation in rows:

@@ -1,6 +1,6 @@
 """The conversations app's writes, one module by what it does:
 
-- `conversations`: a conversation started, renamed, pinned, deleted, its branch on screen chosen, and
+- `conversations`: a conversation started, renamed, pinned, archived, deleted (one or several at once), its branch on screen chosen, and
   the deployment its next answer goes to.
 - `sending`: a message sent (`message_send`, given a `SendRequest` parsed where it entered), with
   its answer queued, or held back by moderation; a send repeated with its `client_id`.
@@ -18,12 +18,16 @@ The names below are the app's write API; callers import them from here.
 from conversations.services.answering import ANSWER_CUT, message_finish_from_generation, message_mark_streaming
 from conversations.services.branches import Regenerated, message_continue, message_regenerate
 from conversations.services.conversations import (
+    conversation_archive,
+    conversation_archive_many,
     conversation_branch_select,
     conversation_create,
     conversation_delete,
+    conversation_delete_many,
     conversation_pin,
     conversation_rename,
     conversation_start,
+    conversation_unarchive,
 )
 from conversations.services.feedback import message_feedback_clear, message_feedback_set
 from conversations.services.saved_prompts import saved_prompt_create, saved_prompt_delete, saved_prompt_update
@@ -45,14 +49,18 @@ __all__ = [
     "HELD_BACK",
     "Regenerated",
     "SentMessage",
+    "conversation_archive",
+    "conversation_archive_many",
     "conversation_branch_select",
     "conversation_create",
     "conversation_delete",
+    "conversation_delete_many",
     "conversation_pin",
     "conversation_rename",
     "conversation_share",
     "conversation_share_revoke",
     "conversation_start",
+    "conversation_unarchive",
     "conversation_title_on_finish",
     "conversation_title_request",
     "held_back_reason",

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+
+from django.db import transaction
+from django.utils import timezone
 
 from accounts.models import User
 from accounts.services import (
@@ -10,7 +13,10 @@ from accounts.services import (
 )
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
+from conversations.requests import is_row_id
 from conversations.selectors import (
+    conversation_get_for_user,
+    conversation_list_for_user,
     default_model_for_user,
     message_tree_for_prompt,
 )
@@ -112,6 +118,68 @@ def conversation_delete(*, conversation: Conversation) -> None:
         if message.generation is not None:
             generation_request_stop(generation=message.generation)
     conversation.delete()
+
+
+def conversation_archive(*, user: User, conversation_id: int) -> Conversation:
+    """Archive one of the user's conversations: out of their list and its search, into the Archived
+    view. It still opens, and a message sent in it leaves it archived. Archiving it again keeps the
+    first time; its place in time (`updated_at`) does not change. Another user's is a 404."""
+    conversation = _own(user=user, conversation_id=conversation_id)
+    if conversation.archived_at is None:
+        conversation.archived_at = timezone.now()
+        Conversation.objects.filter(id=conversation.id).update(archived_at=conversation.archived_at)
+    return conversation
+
+
+def conversation_unarchive(*, user: User, conversation_id: int) -> Conversation:
+    """Put an archived conversation of the user's back in their list, where its time puts it."""
+    conversation = _own(user=user, conversation_id=conversation_id)
+    if conversation.archived_at is not None:
+        conversation.archived_at = None
+        Conversation.objects.filter(id=conversation.id).update(archived_at=None)
+    return conversation
+
+
+def conversation_archive_many(*, user: User, conversation_ids: Collection[int]) -> list[int]:
+    """Archive several of the user's conversations at once, all or none (`_own_many`). Returns their ids."""
+    with transaction.atomic():
+        conversations = _own_many(user=user, conversation_ids=conversation_ids)
+        ids = [c.id for c in conversations if c.archived_at is None]
+        Conversation.objects.filter(id__in=ids).update(archived_at=timezone.now())
+    return [c.id for c in conversations]
+
+
+def conversation_delete_many(*, user: User, conversation_ids: Collection[int]) -> list[int]:
+    """Delete several of the user's conversations at once, in one transaction, all or none
+    (`_own_many`), each as `conversation_delete` deletes one. Returns their ids."""
+    with transaction.atomic():
+        conversations = _own_many(user=user, conversation_ids=conversation_ids)
+        ids = [c.id for c in conversations]
+        for conversation in conversations:
+            conversation_delete(conversation=conversation)
+    return ids
+
+
+def _own(*, user: User, conversation_id: int) -> Conversation:
+    conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
+    if conversation is None:
+        raise ClientError("That conversation does not exist.", code="not_found", status=404)
+    return conversation
+
+
+def _own_many(*, user: User, conversation_ids: Collection[int]) -> list[Conversation]:
+    """The user's conversations of these ids, locked until the transaction ends. One that is not
+    theirs, or does not exist, refuses the whole batch with a 404 that does not say which: a
+    request must not learn whether someone else's id exists. At least one id, and only ids."""
+    wanted = set(conversation_ids)
+    if not wanted or not all(is_row_id(i) for i in wanted):
+        raise ClientError("Name one or more conversations by id.", code="invalid_request", param="ids")
+    conversations = list(
+        conversation_list_for_user(user=user).select_for_update(of=("self",)).filter(id__in=wanted).order_by("id")
+    )
+    if len(conversations) != len(wanted):
+        raise ClientError("Some of those conversations do not exist.", code="not_found", status=404, param="ids")
+    return conversations
 
 
 def conversation_branch_select(*, conversation: Conversation, message_id: int) -> int:

@@ -14,6 +14,7 @@
   const sharePanel = document.getElementById("share-panel");
   const shareUrl = document.getElementById("share-url");
   const errorBanner = document.getElementById("request-error");
+  const announcer = document.getElementById("announcer");
   const GROUPS = ["Pinned", "Today", "Yesterday", "Previous 7 days", "Older"];
 
   function currentId() {
@@ -27,6 +28,12 @@
   function csrfToken() {
     const field = document.querySelector("input[name=csrfmiddlewaretoken]");
     return field ? field.value : "";
+  }
+
+  function announce(text) {
+    // Emptied first, so the same words said twice in a row are announced twice.
+    announcer.textContent = "";
+    setTimeout(function () { announcer.textContent = text; }, 50);
   }
 
   function showError(text) {
@@ -110,16 +117,19 @@
 
   let searchTimer = null;
   let searchSeq = 0;
+  // The list as the server has it now, for the words in the search box (all of it when empty).
+  function refresh() {
+    const query = search.value.trim();
+    const seq = ++searchSeq;
+    return fetch(list.dataset.searchUrl + "?q=" + encodeURIComponent(query), {credentials: "same-origin"})
+      .then(function (response) { return response.json(); })
+      .then(function (body) { if (seq === searchSeq) render(body.groups || [], query); })
+      .catch(function () { showError("The search failed. Try again."); });
+  }
+
   search.addEventListener("input", function () {
     clearTimeout(searchTimer);
-    searchTimer = setTimeout(function () {
-      const query = search.value.trim();
-      const seq = ++searchSeq;
-      fetch(list.dataset.searchUrl + "?q=" + encodeURIComponent(query), {credentials: "same-origin"})
-        .then(function (response) { return response.json(); })
-        .then(function (body) { if (seq === searchSeq) render(body.groups || [], query); })
-        .catch(function () { showError("The search failed. Try again."); });
-    }, 200);
+    searchTimer = setTimeout(refresh, 200);
   });
 
   // --- titles -----------------------------------------------------------------------------------
@@ -220,10 +230,20 @@
       .then(function (body) { shareShow(body.url); shareUrl.select(); })
       .catch(function (error) { showError(error.message); });
   });
-  document.getElementById("share-copy").addEventListener("click", function () {
+  // Copying says so: "Copied" on the button for a moment, and once to a screen reader.
+  const shareCopy = document.getElementById("share-copy");
+  let copiedTimer = null;
+  shareCopy.addEventListener("click", function () {
     shareUrl.select();
-    if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(shareUrl.value);
-    else document.execCommand("copy");
+    const copied = navigator.clipboard && window.isSecureContext
+      ? navigator.clipboard.writeText(shareUrl.value)
+      : (document.execCommand("copy") ? Promise.resolve() : Promise.reject(new Error("not copied")));
+    copied.then(function () {
+      shareCopy.textContent = "Copied";
+      announce("Link copied.");
+      clearTimeout(copiedTimer);
+      copiedTimer = setTimeout(function () { shareCopy.textContent = "Copy"; }, 2000);
+    }, function () { announce("Press Ctrl+C (⌘C on a Mac) to copy the selected link."); });
   });
   document.getElementById("share-revoke").addEventListener("click", function () {
     const id = currentId();
@@ -245,6 +265,20 @@
     actions.hidden = false;
   }
 
+  // For the list's other scripts (static/chat/chatmenu.js): rename an entry in place (as F2 does),
+  // and show the list again as the server has it after they changed it.
+  window.chatSidebar = {
+    rename: function (id) {
+      const link = linkFor(id);
+      if (link) edit(link, id);
+    },
+    pinned: function (id, pinned) {
+      if (id === currentId()) pinShow(pinned);
+      return refresh();
+    },
+    refresh: refresh,
+  };
+
   document.addEventListener("chat:event", function (event) {
     const msg = event.detail;
     switch (msg.type) {
@@ -263,7 +297,8 @@
         titleShow(msg.conversation, msg.title);
         break;
       case "conversation.message":
-        // Another tab sent it: the conversation has just been active.
+        // Another tab sent it: the conversation has just been active (an archived one stays out).
+        if (msg.conversation.archived) break;
         moveToTop({id: msg.conversation.id, title: linkFor(msg.conversation.id) ? "" : msg.conversation.title, pinned: false});
         break;
       case "message.accepted":

@@ -59,7 +59,7 @@ async def test_every_page_works_under_the_policy_without_a_violation(page, viola
     conversation = await Conversation.objects.aget()
     await page.goto(f"/c/{conversation.id}/")
     page.once("dialog", lambda dialog: dialog.accept())
-    await page.click("button:text('Delete')")
+    await page.click("#delete-form button")
     await page.wait_for_selector("#empty")
     assert not await Conversation.objects.aexists()
 

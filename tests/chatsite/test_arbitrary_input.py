@@ -171,7 +171,18 @@ class Setting:
 
         prompt_ids = st.sampled_from([self.prompt.id, self.bobs_prompt.id, 0, 2**63, 10**30]) | st.integers(min_value=0)
         not_alices_prompts = st.sampled_from([self.bobs_prompt.id, 0, 2**63, 10**30])
-        list_query = st.fixed_dictionaries({"cursor": cursors()}, optional={"limit": st.text(max_size=6)})
+        list_query = st.fixed_dictionaries(
+            {"cursor": cursors()},
+            optional={
+                "limit": st.text(max_size=6),
+                "archived": st.sampled_from(["true", "false"]) | st.text(max_size=6),
+            },
+        )
+        some_ids = st.lists(valid_or(self.busy.id, self.bobs.id, 0, 2**63, "1"), max_size=4)
+        # A batch to delete always names one conversation that is not alice's: it must be refused whole.
+        ids_with_one_not_alices = st.tuples(some_ids, not_alices).map(lambda pair: [*pair[0], pair[1]])
+        delete_many = fields({"ids": ids_with_one_not_alices}, {})
+        archive_many = fields({}, {"ids": some_ids | json_values})
         return st.one_of(
             st.tuples(st.just("POST"), st.just("/v1/chat/completions"), encoded(COMPLETION), content_type),
             st.tuples(st.just("POST"), st.just("/v1/moderations"), encoded(MODERATION), content_type),
@@ -181,6 +192,16 @@ class Setting:
             st.tuples(st.just("GET"), any_id.map(conversation_path), st.just(b""), json_type),
             st.tuples(st.just("PATCH"), any_id.map(conversation_path), encoded(RENAME), content_type),
             st.tuples(st.just("DELETE"), not_alices.map(conversation_path), encoded(RENAME), content_type),
+            st.tuples(
+                st.sampled_from(["POST", "DELETE"]),
+                any_id.map(lambda i: f"{conversation_path(i)}archive/"),
+                encoded(RENAME),
+                content_type,
+            ),
+            st.tuples(st.just("POST"), st.just("/api/conversations/bulk-delete/"), encoded(delete_many), content_type),
+            st.tuples(
+                st.just("POST"), st.just("/api/conversations/bulk-archive/"), encoded(archive_many), content_type
+            ),
             st.tuples(st.just("POST"), st.just("/api/conversations/messages/"), encoded(SEND_NEW), content_type),
             st.tuples(
                 st.just("POST"),
@@ -213,6 +234,9 @@ MAY_SUCCEED = {
     ("GET", "/api/prompts/"),
     ("POST", "/api/prompts/"),
     ("PATCH", "/api/prompts/{id}/"),
+    ("POST", "/api/conversations/{id}/archive/"),
+    ("DELETE", "/api/conversations/{id}/archive/"),
+    ("POST", "/api/conversations/bulk-archive/"),
 }
 
 
@@ -224,6 +248,7 @@ def operation(method: str, path: str) -> tuple[str, str]:
 def rows() -> tuple[int, ...]:
     return (
         Conversation.objects.count(),
+        Conversation.objects.filter(archived_at__isnull=False).count(),
         Message.objects.count(),
         Generation.objects.count(),
         UsageRecord.objects.count(),

@@ -23,7 +23,10 @@ from tests.helpers.databases import rate_limits_clear
 
 # Sending a message or a (chat or text) completion starts a real generation: far too slow to fuzz
 # on a CPU. Embeddings and tokenizing run in the web process, so they are fuzzed.
-FUZZED_PATHS = r"^/(api/conversations/(\{conversation_id\}/)?|api/prompts/(\{prompt_id\}/)?|v1/models(/\{model_id\})?|v1/embeddings|tokenize|detokenize)$"
+FUZZED_PATHS = (
+    r"^/(api/conversations/(\{conversation_id\}/(archive/)?|bulk-delete/|bulk-archive/)?"
+    r"|api/prompts/(\{prompt_id\}/)?|v1/models(/\{model_id\})?|v1/embeddings|tokenize|detokenize)$"
+)
 EXAMPLES_PER_OPERATION = 25
 
 
@@ -41,6 +44,9 @@ def test_the_schema_documents_the_conversations_api():
     assert "text/event-stream" in send["responses"]["200"]["content"]
     assert "post" in paths["/api/conversations/messages/"]
     assert set(paths["/api/conversations/{conversation_id}/branch/"]) == {"post"}
+    assert set(paths["/api/conversations/{conversation_id}/archive/"]) == {"post", "delete"}
+    assert set(paths["/api/conversations/bulk-delete/"]) == {"post"}
+    assert set(paths["/api/conversations/bulk-archive/"]) == {"post"}
     assert set(paths["/api/conversations/{conversation_id}/messages/{message_id}/feedback/"]) == {"put", "delete"}
     assert set(paths["/api/prompts/"]) == {"get", "post"}
     assert set(paths["/api/prompts/{prompt_id}/"]) == {"patch", "delete"}
@@ -79,7 +85,7 @@ def test_generated_requests_never_cause_a_server_error(alice, bob, wsgi_app):
     schema = schemathesis.openapi.from_dict(SchemaGenerator().get_schema(request=None, public=True))
     schema.app = wsgi_app
     operations = [result.ok() for result in schema.include(path_regex=FUZZED_PATHS).get_all_operations()]
-    assert len(operations) == 14
+    assert len(operations) == 18
     headers = {"Authorization": f"Bearer {key}"}
 
     runs = [(operation, mode, None) for operation in operations for mode in GenerationMode]

@@ -7,7 +7,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from conversations.models import Conversation, Message
-from conversations.services import conversation_rename
+from conversations.services import conversation_archive, conversation_create, conversation_rename
 from tests.helpers.sockets import drain_until_finished, next_event, open_socket
 
 pytestmark = [pytest.mark.topology, pytest.mark.django_db(transaction=True)]
@@ -29,7 +29,7 @@ async def test_a_message_sent_in_one_tab_appears_in_the_other_which_follows_its_
     told = await next_event(other_tab, skipping=("engine.status", "conversation.title"))
     assert told == {
         "type": "conversation.message",
-        "conversation": {"id": accepted["conversation"], "title": "New chat"},
+        "conversation": {"id": accepted["conversation"], "title": "New chat", "archived": False},
         "created": True,
         "user_message": {
             "id": accepted["user_message"]["id"],
@@ -49,6 +49,22 @@ async def test_a_message_sent_in_one_tab_appears_in_the_other_which_follows_its_
 
     assert await _quiet(bobs)  # another user's socket hears nothing of it
     for socket in (sender, other_tab, bobs):
+        await socket.disconnect()
+
+
+async def test_a_message_sent_in_an_archived_chat_leaves_it_archived_and_other_tabs_know(engine, alice):
+    conversation = await database_sync_to_async(conversation_create)(user=alice, title="Kept aside")
+    await database_sync_to_async(conversation_archive)(user=alice, conversation_id=conversation.id)
+    sender, _ = await open_socket(alice)
+    other_tab, _ = await open_socket(alice)
+    await sender.send_json_to({"type": "message.send", "content": "Still there?", "conversation": conversation.id})
+    sent = await drain_until_finished(sender)
+    assert sent[-1]["type"] == "generation.done"
+    told = await next_event(other_tab, skipping=("engine.status", "conversation.title"))
+    assert told["type"] == "conversation.message"
+    assert told["conversation"] == {"id": conversation.id, "title": "Kept aside", "archived": True}
+    assert (await Conversation.objects.aget(id=conversation.id)).is_archived
+    for socket in (sender, other_tab):
         await socket.disconnect()
 
 
