@@ -59,16 +59,18 @@ def conversation_route(
     conversation: Conversation,
     model: str | None,
     prompt_tokens: Callable[[ModelDeployment], int] | None = None,
+    switch: bool = True,
 ) -> Routed:
     """The deployment a conversation's next answer goes to (orchestration.routing): the one it is on,
     unless that is drained or gone or cannot take it, or `model` names another model (a switch, from
-    this message on). A move is saved on the conversation, inside the caller's transaction."""
+    this message on). A move is saved on the conversation, inside the caller's transaction, unless
+    `switch` is False (one answer by another model: a regenerate's)."""
     current = conversation.model
     asked = model or current
     sticky = conversation.deployment if asked == current else None
     routed = route(user=user, model=asked, sticky=sticky, prompt_tokens=prompt_tokens)
     name = model_name_stored(asked, routed.deployment)
-    if routed.deployment.id != conversation.deployment_id or name != conversation.model_name:
+    if switch and (routed.deployment.id != conversation.deployment_id or name != conversation.model_name):
         conversation.deployment, conversation.model_name = routed.deployment, name
         Conversation.objects.filter(id=conversation.id).update(deployment=routed.deployment, model_name=name)
     return routed
