@@ -10,6 +10,7 @@ is not one with a `ClientError` that names the field; the constructor checks the
 from __future__ import annotations
 
 import enum
+import math
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -173,3 +174,36 @@ class AnswerRequest:
                 param="model",
             )
         return cls(message_id=message, replaces=replaces, model=model_name_parse(fields.get("model")))
+
+
+@dataclass(frozen=True)
+class ConversationSettingsRequest:
+    """A conversation's own settings (`conversation_settings_update`): its `system_prompt` ("" for
+    none) and the `temperature` of its answers (None: the model's own). Only their types are checked
+    here; their limits are the plan's, which the service checks."""
+
+    system_prompt: str = ""
+    temperature: float | None = None
+
+    def __post_init__(self) -> None:
+        if "\x00" in self.system_prompt:
+            raise ClientError(
+                "A system prompt cannot contain NUL characters.", code="invalid_request", param="system_prompt"
+            )
+        object.__setattr__(self, "system_prompt", self.system_prompt.strip())
+        if self.temperature is not None and not math.isfinite(self.temperature):
+            raise ClientError("'temperature' must be a number or null.", code="invalid_request", param="temperature")
+
+    @classmethod
+    def parse(cls, fields: object) -> ConversationSettingsRequest:
+        """From the settings API's body: `system_prompt` (text) and `temperature` (a number or null),
+        each left out for its default."""
+        if not isinstance(fields, Mapping):
+            raise ClientError("Send a JSON object.", code="invalid_request")
+        system_prompt = fields.get("system_prompt", "")
+        if not isinstance(system_prompt, str):
+            raise ClientError("'system_prompt' must be text.", code="invalid_request", param="system_prompt")
+        temperature = fields.get("temperature")
+        if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, int | float)):
+            raise ClientError("'temperature' must be a number or null.", code="invalid_request", param="temperature")
+        return cls(system_prompt=system_prompt, temperature=None if temperature is None else float(temperature))

@@ -22,6 +22,7 @@ from conversations.services.conversations import (
     conversation_delete,
     conversation_pin,
     conversation_rename,
+    conversation_settings_update,
     conversation_start,
 )
 from conversations.services.feedback import message_feedback_clear, message_feedback_set
@@ -48,6 +49,7 @@ __all__ = [
     "conversation_delete",
     "conversation_pin",
     "conversation_rename",
+    "conversation_settings_update",
     "conversation_share",
     "conversation_share_revoke",
     "conversation_start",

@@ -104,7 +104,12 @@ def message_regenerate(*, user: User, request: AnswerRequest) -> Regenerated:
         else NOTHING
     )
     prompt = prompt_for(
-        user_id=conversation.user_id, deployment=routed.deployment, limits=limits, path=path, retrieved=retrieved
+        user_id=conversation.user_id,
+        deployment=routed.deployment,
+        limits=limits,
+        path=path,
+        retrieved=retrieved,
+        conversation_prompt=conversation.system_prompt,
     )
     new = Message(conversation=conversation, role=Message.Role.ASSISTANT, parent_id=answer.parent_id)
     generation, _ = answer_queue(
@@ -162,6 +167,7 @@ def message_continue(*, user: User, request: AnswerRequest) -> Regenerated:
         path=path,
         continuing=answer.content,
         retrieved=retrieved_for_answer(owner_id=conversation.user_id, message_id=answer.id),
+        conversation_prompt=conversation.system_prompt,
     )
     generation, _ = answer_queue(
         user=user,

@@ -4,12 +4,14 @@ import logging
 from collections.abc import Callable
 
 from accounts.models import User
+from accounts.selectors import conversation_settings_limits
 from accounts.services import (
     action_admit,
     request_limits,
 )
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
+from conversations.requests import ConversationSettingsRequest
 from conversations.selectors import (
     default_model_for_user,
     message_tree_for_prompt,
@@ -98,6 +100,31 @@ def conversation_rename(*, conversation: Conversation, title: str) -> Conversati
     conversation.title = title
     conversation.save(update_fields=["title", "updated_at"])
     title_announce(user_id=conversation.user_id, conversation_id=conversation.id, title=title)
+    return conversation
+
+
+def conversation_settings_update(*, conversation: Conversation, request: ConversationSettingsRequest) -> Conversation:
+    """Give the conversation its own system prompt and temperature, within its owner's plan (the
+    prompt's length is the plan's, the temperature's range every plan's: `Tier`). Out of bounds:
+    a 400 that says the bound, and nothing is saved. Both apply from the next answer on."""
+    limits = conversation_settings_limits(user=conversation.user)
+    if len(request.system_prompt) > limits.system_prompt_chars:
+        raise ClientError(
+            f"A conversation's system prompt can be at most {limits.system_prompt_chars} characters long on "
+            f"your plan ({limits.plan}); this one has {len(request.system_prompt)}.",
+            code="system_prompt_too_long",
+            param="system_prompt",
+        )
+    temperature = request.temperature
+    if temperature is not None and not limits.temperature_min <= temperature <= limits.temperature_max:
+        raise ClientError(
+            f"The temperature must be between {limits.temperature_min:g} and {limits.temperature_max:g}.",
+            code="invalid_temperature",
+            param="temperature",
+        )
+    conversation.system_prompt, conversation.temperature = request.system_prompt, temperature
+    # update(): a change of settings is no activity, and the conversation keeps its place in the list.
+    Conversation.objects.filter(id=conversation.id).update(system_prompt=request.system_prompt, temperature=temperature)
     return conversation
 
 
