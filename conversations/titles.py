@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from typing import Any
 
 TITLE_MAX_CHARS = 60
@@ -58,11 +59,12 @@ def title_prompt_messages(*, user_text: str, answer_text: str) -> list[dict[str,
     ]
 
 
-def title_from_model(text: str, *, answer_text: str) -> str:
+def title_from_model(text: str, *, answers: Iterable[str] = ()) -> str:
     """The title in what the model wrote (TITLE_SCHEMA's object), cleaned; empty when there is no
     usable one: not that JSON (a reply cut at its length limit), too long to be a name (more than
     TITLE_MAX_WORDS words or TITLE_MAX_CHARS characters: cutting it would leave a fragment), without
-    a letter, or the answer's own opening words (the model answered instead of naming)."""
+    a letter, or the opening words of one of the conversation's `answers` (the model answered
+    instead of naming)."""
     try:
         value = json.loads(text)
     except ValueError:
@@ -77,7 +79,7 @@ def title_from_model(text: str, *, answer_text: str) -> str:
     if not any(ch.isalpha() for ch in title):
         return ""
     said = _plain_words(title)
-    if len(said) >= ECHO_MIN_WORDS and _plain_words(answer_text)[: len(said)] == said:
+    if len(said) >= ECHO_MIN_WORDS and any(_plain_words(answer)[: len(said)] == said for answer in answers):
         return ""
     return title
 

@@ -121,9 +121,7 @@ def _title_apply(*, generation: Generation) -> None:
         answers = Message.objects.filter(conversation_id=conversation_id, role=Message.Role.ASSISTANT).values_list(
             "content", flat=True
         )[:4]
-        title = title_from_model(generation.text, answer_text="")
-        if title and any(not title_from_model(generation.text, answer_text=text) for text in answers):
-            title = ""
+        title = title_from_model(generation.text, answers=answers)
     if not title:
         _title_fallback(conversation_id=conversation_id, user_id=user_id)
         return

@@ -120,7 +120,7 @@ def test_a_title_cut_at_its_length_limit_falls_back(alice, django_capture_on_com
     ],
 )
 def test_the_models_json_title_is_checked(written, answer, kept):
-    assert title_from_model(written, answer_text=answer) == kept
+    assert title_from_model(written, answers=[answer]) == kept
 
 
 def test_a_title_is_asked_for_once(alice, django_capture_on_commit_callbacks):
@@ -258,7 +258,7 @@ async def test_the_real_model_names_a_question_or_the_question_names_itself(engi
     titling = conversation.title_generation
     assert titling is not None and titling.is_finished, "the title was not written within a minute"
     assert titling.completion_tokens <= TITLE_MAX_TOKENS
-    from_json = title_from_model(titling.text, answer_text=answer_text)
+    from_json = title_from_model(titling.text, answers=[answer_text])
     assert conversation.title == (from_json or question), titling.text
     if from_json:
         assert json.loads(titling.text)["title"].strip()  # what the structured output held it to
