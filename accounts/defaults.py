@@ -42,6 +42,9 @@ DEFAULT_TIERS: dict[str, dict[str, Any]] = {
     "admin": {"display_name": "Admin", "all_deployments": True, "priority": 0},
 }
 
+# The longest system prompt a conversation's settings may give, per plan (added after the first tiers).
+DEFAULT_CONVERSATION_PROMPT_CHARS: dict[str, int] = {"free": 1000, "pro": 4000, "enterprise": 8000, "admin": 8000}
+
 # The per-user limits of the lighter endpoints (added after the first tiers, so apart from them:
 # the migration that made the tiers knows nothing of these fields).
 DEFAULT_ENDPOINT_LIMITS: dict[str, dict[str, int | None]] = {
@@ -134,7 +137,11 @@ def create_default_tiers(*, tier_model: Any, price_model: Any, deployment: Any |
     """Create the default tiers (and their prices on `deployment`) where missing; used by a migration."""
     known = {field.name for field in tier_model._meta.get_fields()}
     for name, fields in DEFAULT_TIERS.items():
-        every_limit = {**DEFAULT_ENDPOINT_LIMITS[name], **DEFAULT_FILE_AND_REQUEST_LIMITS[name]}
+        every_limit = {
+            **DEFAULT_ENDPOINT_LIMITS[name],
+            **DEFAULT_FILE_AND_REQUEST_LIMITS[name],
+            "conversation_prompt_chars": DEFAULT_CONVERSATION_PROMPT_CHARS[name],
+        }
         limits = {field: value for field, value in every_limit.items() if field in known}
         tier, _ = tier_model.objects.get_or_create(name=name, defaults={**fields, **limits})
         if deployment is not None:

@@ -77,12 +77,21 @@ class Tier(models.Model):
     file_searches_per_minute = models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1)], help_text="/api/files/search/ requests."
     )
+    conversation_prompt_chars = models.PositiveIntegerField(
+        default=2000,
+        help_text="The longest system prompt a conversation's settings may give (characters).",
+    )
     other_requests_per_minute = models.PositiveIntegerField(
         null=True,
         blank=True,
         validators=[MinValueValidator(1)],
         help_text="Every page and API request without a limit of its own: reads, renames, deletes, exports, feedback.",
     )
+
+    # The sampling temperature a conversation's settings may set, on every plan: vLLM's own range is
+    # wider, but past 2 a model's answers are noise.
+    TEMPERATURE_MIN = 0.0
+    TEMPERATURE_MAX = 2.0
 
     class Meta:
         ordering = ["priority", "name"]

@@ -4,6 +4,7 @@ import datetime as dt
 import enum
 import hashlib
 import json
+from dataclasses import dataclass
 from functools import cache
 from typing import TypeVar
 
@@ -37,6 +38,27 @@ def _no_default_tier() -> ClientError:
 def tier_for_user(*, user: User) -> Tier:
     """The user's current tier, read fresh (a long-lived socket must see an admin's change at once)."""
     return tier_for_user_or_none(user=user) or tier_default()
+
+
+@dataclass(frozen=True)
+class ConversationSettingsLimits:
+    """What a conversation's own settings may hold on the user's plan."""
+
+    plan: str
+    system_prompt_chars: int
+    temperature_min: float
+    temperature_max: float
+
+
+def conversation_settings_limits(*, user: User) -> ConversationSettingsLimits:
+    """The plan's limits on a conversation's system prompt and temperature (`Tier`)."""
+    tier = tier_for_user(user=user)
+    return ConversationSettingsLimits(
+        plan=str(tier),
+        system_prompt_chars=tier.conversation_prompt_chars,
+        temperature_min=Tier.TEMPERATURE_MIN,
+        temperature_max=Tier.TEMPERATURE_MAX,
+    )
 
 
 def tier_for_user_or_none(*, user: User) -> Tier | None:

@@ -8,6 +8,7 @@ from conversations.apis import (
     ConversationDetailApi,
     ConversationFileApi,
     ConversationListCreateApi,
+    ConversationSettingsApi,
     MessageCitationsApi,
     MessageFeedbackApi,
     SavedPromptDetailApi,
@@ -61,6 +62,11 @@ urlpatterns = [
         "api/conversations/<int:conversation_id>/branch/",
         ConversationBranchApi.as_view(),
         name="api-conversation-branch",
+    ),
+    path(
+        "api/conversations/<int:conversation_id>/settings/",
+        ConversationSettingsApi.as_view(),
+        name="api-conversation-settings",
     ),
     path(
         "api/conversations/<int:conversation_id>/messages/<int:message_id>/feedback/",

@@ -40,11 +40,12 @@ from accounts.apis import ScopedApi
 from accounts.authentication import ApiKeyAuthentication, HasScope, signed_in
 from accounts.metering import ADMITTED, metered
 from accounts.models import ApiKey
+from accounts.selectors import conversation_settings_limits
 from chatsite.errors import INVALID_API_KEY, ClientError, error_body
 from chatsite.parsers import request_body, validated_json_body
 from conversations.citations import citation_json, citations_for_messages, cited_numbers
 from conversations.models import Conversation, Message
-from conversations.requests import PROMPT_TEXT_CHARS, SavedPromptRequest, SendRequest
+from conversations.requests import PROMPT_TEXT_CHARS, ConversationSettingsRequest, SavedPromptRequest, SendRequest
 from conversations.selectors import (
     branch_summary,
     conversation_get_for_user,
@@ -57,6 +58,7 @@ from conversations.services import (
     conversation_branch_select,
     conversation_delete,
     conversation_rename,
+    conversation_settings_update,
     conversation_start,
     message_feedback_clear,
     message_feedback_set,
@@ -347,6 +349,70 @@ class ConversationBranchApi(ScopedApi):
         serializer.is_valid(raise_exception=True)
         conversation_branch_select(conversation=conversation, message_id=serializer.validated_data["message"])
         return Response(_with_branch(conversation))
+
+
+class ConversationSettingsOutputSerializer(serializers.Serializer):
+    system_prompt = serializers.CharField(help_text="Goes into every answer's system turn, after your instructions.")
+    temperature = serializers.FloatField(allow_null=True, help_text="Its answers' temperature; null: the model's.")
+    system_prompt_chars = serializers.IntegerField(help_text="The longest system prompt your plan allows.")
+    temperature_min = serializers.FloatField()
+    temperature_max = serializers.FloatField()
+
+
+def _settings_out(request: Request, conversation: Conversation) -> dict[str, Any]:
+    limits = conversation_settings_limits(user=signed_in(request))
+    return {
+        "system_prompt": conversation.system_prompt,
+        "temperature": conversation.temperature,
+        "system_prompt_chars": limits.system_prompt_chars,
+        "temperature_min": limits.temperature_min,
+        "temperature_max": limits.temperature_max,
+    }
+
+
+@metered("request")
+class ConversationSettingsApi(ScopedApi):
+    """GET a conversation's own settings (and the plan's limits on them); PUT replaces them: a system
+    prompt for its answers and their sampling temperature, from the next answer on."""
+
+    method_scopes = {"GET": READ, "HEAD": READ, "OPTIONS": READ, "PUT": WRITE}
+
+    class InputSerializer(serializers.Serializer):
+        # The schema's description: the body is parsed by ConversationSettingsRequest.
+        system_prompt = serializers.CharField(required=False, allow_blank=True, help_text='Left out: "" (none).')
+        temperature = serializers.FloatField(
+            required=False, allow_null=True, help_text="Left out or null: the model's."
+        )
+
+        class Meta:
+            ref_name = "ConversationSettings"
+
+    @extend_schema(
+        operation_id="conversations_settings_retrieve",
+        summary="A conversation's own system prompt and temperature",
+        responses={
+            200: ConversationSettingsOutputSerializer,
+            404: OpenApiResponse(description="No such conversation."),
+        },
+    )
+    def get(self, request: Request, conversation_id: int) -> Response:
+        return Response(_settings_out(request, _get_or_404(request, conversation_id)))
+
+    @extend_schema(
+        operation_id="conversations_settings_update",
+        summary="Set a conversation's own system prompt and temperature",
+        request=InputSerializer,
+        responses={
+            200: ConversationSettingsOutputSerializer,
+            400: OpenApiResponse(description="Beyond the plan's limits (nothing is saved)."),
+            404: OpenApiResponse(description="No such conversation."),
+        },
+    )
+    def put(self, request: Request, conversation_id: int) -> Response:
+        conversation = _get_or_404(request, conversation_id)
+        settings_request = ConversationSettingsRequest.parse(request.data)
+        conversation = conversation_settings_update(conversation=conversation, request=settings_request)
+        return Response(_settings_out(request, conversation))
 
 
 @metered("request")

@@ -1,11 +1,11 @@
 """The chat socket.
 
 Client → server: `message.send` {content, conversation?, model?, client_id?, retry?, parent?}, `generation.stop`
-{generation}, `generation.resume` {generation, after_seq}, `message.regenerate` {message, replaces?},
+{generation}, `generation.resume` {generation, after_seq}, `message.regenerate` {message, replaces?, model?},
 `message.continue` {message, replaces?}.
 Server → client: `conversation.created`, `message.accepted` (its `user_message` with its `parent` and `siblings`),
-`message.regenerating` {regenerated, assistant_message {id, parent, siblings, text_before?}, generation, replayed?},
-`message.continuing` {assistant_message, generation, replayed?}, `generation.delta` {seq, text},
+`message.regenerating` {regenerated, assistant_message {id, parent, siblings, text_before?}, generation, model, replayed?},
+`message.continuing` {assistant_message, generation, model, replayed?}, `generation.delta` {seq, text},
 `generation.done` {seq, status, finish_reason, usage}, `generation.error` {seq, code, message},
 `engine.status` {deployment, state}, `conversation.title` {conversation, title} when a title is
 written or changed, `conversation.summary` {conversation, through, text} when a summary of its earlier
@@ -31,7 +31,8 @@ no frame through; nothing is read from a socket once it is closed.
 
 Messages form a tree (conversations.branches): a send's `parent` is the message it follows (an
 answer; null starts a branch from the beginning; left out, the branch on screen), so an edited
-message is a send beside the one it edits. A regenerate adds an answer beside the one it names.
+message is a send beside the one it edits. A regenerate adds an answer beside the one it names,
+written by its `model` when it names one (checked against the plan as a send's is).
 
 A regenerate's `replaces` (the generation of the newest answer to that question the client knows
 of) makes it safe to repeat the same way: once a newer answer exists, the request is answered with
@@ -329,7 +330,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             logger.exception("telling the other sockets of user %s of a message failed", self.user.id)
 
     async def _message_regenerate(self, content: dict[str, Any]) -> None:
-        request = AnswerRequest.parse(content)
+        request = AnswerRequest.parse(content, with_model=True)
         regenerated = await db_async(message_regenerate)(user=self.user, request=request)
         answer = regenerated.answer
         assistant_message: dict[str, Any] = {
@@ -353,6 +354,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def _answer_requeued(self, frame: dict[str, Any], requeued: Regenerated) -> None:
         frame["generation"] = str(requeued.generation.id)
+        # The deployment writing it (orchestration.routing), as a send's `message.accepted` says.
+        frame["model"] = generation_writer(requeued.generation)
         if requeued.replayed:
             frame["replayed"] = True
         self._started.add(str(requeued.generation.id))

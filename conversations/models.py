@@ -37,6 +37,11 @@ class Conversation(models.Model):
     model_name = models.CharField(
         max_length=64, blank=True, default="", help_text="The model asked for. Empty: its deployment's public name."
     )
+    # Its owner's settings for it (conversation_settings_update, within the plan's limits): a system
+    # prompt that goes into every answer's system turn after the person's custom instructions, and the
+    # sampling temperature of its answers (None: the deployment's).
+    system_prompt = models.TextField(blank=True, default="")
+    temperature = models.FloatField(null=True, blank=True)
     # The leaf of the branch last shown or answered: what the page shows on a reload and what a send
     # without a `parent` continues. None (never set, or its message gone): the newest leaf.
     active_leaf = models.ForeignKey(

@@ -10,6 +10,7 @@ is not one with a `ClientError` that names the field; the constructor checks the
 from __future__ import annotations
 
 import enum
+import math
 import re
 import uuid
 from collections.abc import Mapping
@@ -68,6 +69,20 @@ def message_content_clean(content: object) -> str:
     return content
 
 
+def model_name_check(model: str | None) -> None:
+    """A request's model name, refused when it cannot be one (NUL, or longer than any name)."""
+    if model is not None and ("\x00" in model or len(model) > MODEL_NAME_CHARS):
+        raise ClientError("'model' must be a model name.", code="invalid_request", param="model")
+
+
+def model_name_parse(value: object) -> str | None:
+    """A request's optional `model` field: a model name, or None."""
+    if value is not None and not isinstance(value, str):
+        raise ClientError("'model' must be a model name.", code="invalid_request", param="model")
+    model_name_check(value)
+    return value
+
+
 def uuid_parse(value: object, *, param: str) -> uuid.UUID | None:
     """A request's optional UUID field (text), refused with a clear error when it is anything else."""
     if value is None or isinstance(value, uuid.UUID):
@@ -98,8 +113,7 @@ class SendRequest:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", message_content_clean(self.content))
-        if self.model is not None and ("\x00" in self.model or len(self.model) > MODEL_NAME_CHARS):
-            raise ClientError("'model' must be a model name.", code="invalid_request", param="model")
+        model_name_check(self.model)
         if self.parent is not ACTIVE_BRANCH and self.parent is not None and not is_row_id(self.parent):
             raise ClientError("'parent' must be a message id or null.", code="invalid_request", param="parent")
         if self.conversation_id is None and self.parent not in (ACTIVE_BRANCH, None):
@@ -112,9 +126,7 @@ class SendRequest:
         conversation = fields.get("conversation")
         if conversation is not None and not is_integer(conversation):
             raise ClientError("'conversation' must be a conversation id.", code="invalid_request", param="conversation")
-        model = fields.get("model")
-        if model is not None and not isinstance(model, str):
-            raise ClientError("'model' must be a model name.", code="invalid_request", param="model")
+        model = model_name_parse(fields.get("model"))
         retry = fields.get("retry", False)
         if not isinstance(retry, bool):
             raise ClientError("'retry' must be true or false.", code="invalid_request", param="retry")
@@ -136,21 +148,66 @@ class AnswerRequest:
     """An answer to regenerate or continue (`message_regenerate`, `message_continue`).
 
     `replaces`: the generation of the newest answer the client knows of (for a regenerate) or shows
-    (for a continue); a request repeated after it was carried out is answered with what it did."""
+    (for a continue); a request repeated after it was carried out is answered with what it did.
+    `model`: a regenerate's model, when another than the conversation's is to write the new answer
+    (None: the conversation's); a continue goes on with the model the answer is written by."""
 
     message_id: int
     replaces: uuid.UUID | None = None
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        model_name_check(self.model)
 
     @classmethod
-    def parse(cls, fields: Mapping[str, object]) -> AnswerRequest:
-        """From a `message.regenerate` or `message.continue` frame: `message` (an answer's id) and
-        optionally `replaces` (a generation's id). An id that names no answer is a 404, as an answer
-        of someone else's is."""
+    def parse(cls, fields: Mapping[str, object], *, with_model: bool = False) -> AnswerRequest:
+        """From a `message.regenerate` frame (`with_model`) or a `message.continue` one: `message` (an
+        answer's id) and optionally `replaces` (a generation's id) and, for a regenerate, `model`. An
+        id that names no answer is a 404, as an answer of someone else's is."""
         replaces = uuid_parse(fields.get("replaces"), param="replaces")
         message = fields.get("message")
         if not is_row_id(message):
             raise ClientError("That answer does not exist.", code="not_found", status=404, param="message")
-        return cls(message_id=message, replaces=replaces)
+        if not with_model and fields.get("model") is not None:
+            raise ClientError(
+                "A continued answer goes on with the model that wrote it: 'model' is for a regenerate.",
+                code="invalid_request",
+                param="model",
+            )
+        return cls(message_id=message, replaces=replaces, model=model_name_parse(fields.get("model")))
+
+
+@dataclass(frozen=True)
+class ConversationSettingsRequest:
+    """A conversation's own settings (`conversation_settings_update`): its `system_prompt` ("" for
+    none) and the `temperature` of its answers (None: the model's own). Only their types are checked
+    here; their limits are the plan's, which the service checks."""
+
+    system_prompt: str = ""
+    temperature: float | None = None
+
+    def __post_init__(self) -> None:
+        if "\x00" in self.system_prompt:
+            raise ClientError(
+                "A system prompt cannot contain NUL characters.", code="invalid_request", param="system_prompt"
+            )
+        object.__setattr__(self, "system_prompt", self.system_prompt.strip())
+        if self.temperature is not None and not math.isfinite(self.temperature):
+            raise ClientError("'temperature' must be a number or null.", code="invalid_request", param="temperature")
+
+    @classmethod
+    def parse(cls, fields: object) -> ConversationSettingsRequest:
+        """From the settings API's body: `system_prompt` (text) and `temperature` (a number or null),
+        each left out for its default."""
+        if not isinstance(fields, Mapping):
+            raise ClientError("Send a JSON object.", code="invalid_request")
+        system_prompt = fields.get("system_prompt", "")
+        if not isinstance(system_prompt, str):
+            raise ClientError("'system_prompt' must be text.", code="invalid_request", param="system_prompt")
+        temperature = fields.get("temperature")
+        if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, int | float)):
+            raise ClientError("'temperature' must be a number or null.", code="invalid_request", param="temperature")
+        return cls(system_prompt=system_prompt, temperature=None if temperature is None else float(temperature))
 
 
 # A saved prompt's command: what follows `/` in the composer, so nothing a person types there twice.

@@ -80,7 +80,7 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
         messages = [ShownMessage(m, siblings=branch.tree.siblings(m.id)) for m in branch.messages]
         _notes_attach(messages)
         _details_attach(messages, tree=branch.tree, user=user)
-        _writers_attach(messages, model=conversation.model)
+        _writers_attach(messages)
         sources = citations_for_messages(owner_id=user.id, message_ids=[m.id for m in messages])
         for shown in messages:
             shown.citation_list = citations_cited(sources.get(shown.id, []), text=shown.content)
@@ -129,8 +129,7 @@ class ShownMessage:
     newest_generation: str = ""  # the newest answer's generation beside an answer (a regenerate's `replaces`)
     rating: str = ""  # the user's thumbs up or down
     stats: str = ""  # its size and time, on hover
-    writer: str = ""  # the deployment that wrote an answer
-    answered_by: str = ""  # `writer`, where it is not the conversation's model by that name
+    writer: str = ""  # the deployment that wrote an answer, said under it
     citation_list: list[Citation] = field(default_factory=list)
 
     def __getattr__(self, name: str) -> Any:
@@ -164,15 +163,14 @@ def _details_attach(messages: list[ShownMessage], *, tree: Tree, user: User) -> 
         message.stats = _stats(message.message)
 
 
-def _writers_attach(messages: list[ShownMessage], *, model: str) -> None:
-    """The deployment that wrote each answer (orchestration.routing), and, where it is not the model
-    the conversation is on by that name (a fallback, a canary, `auto`'s choice), a line saying so."""
+def _writers_attach(messages: list[ShownMessage]) -> None:
+    """The deployment that wrote each answer (orchestration.routing, or a regenerate's model), said
+    under every answer: a conversation's answers may come from several models."""
     for message in messages:
         generation = message.generation if message.role == Message.Role.ASSISTANT else None
         if generation is not None:
             # As the live page has it (message.accepted's model): marked where the scripted engine wrote it.
             message.writer = generation.deployment.answer_model
-            message.answered_by = "" if message.writer == model else message.writer
 
 
 def _stats(message: Message) -> str:

@@ -107,21 +107,26 @@ def service_generation_create(
     purpose: str,
     temperature: float,
     max_tokens: int,
+    structured_outputs: JsonObject | None = None,
 ) -> Generation:
     """A generation the service asks for itself on `user`'s conversation (a title, a summary):
     `purpose` says which, so it is not charged as an answer; it comes after every answer in the
     queue (SERVICE_PRIORITY); it samples with the deployment's nucleus and repetition settings at the
-    caller's temperature and length."""
+    caller's temperature and length. `structured_outputs`: vLLM's StructuredOutputsParams fields (as
+    JSON), the shape its text must take, as the OpenAI API's `response_format` asks for one."""
+    sampling: JsonObject = {
+        "temperature": temperature,
+        "top_p": deployment.top_p,
+        "repetition_penalty": deployment.repetition_penalty,
+        "max_tokens": max_tokens,
+    }
+    if structured_outputs is not None:
+        sampling["structured_outputs"] = structured_outputs
     return generation_create(
         user=user,
         deployment=deployment,
         prompt_token_ids=prompt_token_ids,
-        sampling={
-            "temperature": temperature,
-            "top_p": deployment.top_p,
-            "repetition_penalty": deployment.repetition_penalty,
-            "max_tokens": max_tokens,
-        },
+        sampling=sampling,
         priority=SERVICE_PRIORITY,
         purpose=purpose,
     )

@@ -1,22 +1,24 @@
 """What a model sees of a conversation: the context-window policy and the memory of long conversations.
 
 The rule, in one place, for a model with a window of W tokens. The prompt is one `system` turn (the
-deployment's system prompt, then the person's custom instructions, then any extra `context` a
-caller brings, then the summary of the earlier conversation) followed by the newest turns verbatim:
+deployment's system prompt, then the person's custom instructions, then the conversation's own
+system prompt, then any extra `context` a caller brings, then the summary of the earlier
+conversation) followed by the newest turns verbatim:
 - the system prompt is always kept, and always in its own `system` turn, never mixed with user text;
 - the newest user message is always kept;
 - each optional block of the system turn is kept, whole, while it, the blocks before it and the
   newest message leave room for a full answer (`reserve` = the deployment's max output, capped at a
-  quarter of W): the custom instructions first (marked as the person's), then the summary; a cut
-  block could say the opposite of what was meant;
+  quarter of W): the custom instructions first (marked as the person's), then the conversation's
+  system prompt (marked as the person's for this conversation), then the summary; a cut block could
+  say the opposite of what was meant;
 - `context`, the passages retrieved from the person's files (best first, marked as quoted material
   by the caller, under `context_header`), goes between the instructions and the summary, as many
   whole passages as `context_budget` allows: they compete with the history for what the system
   turn, the newest message and the answer's room leave, taking at most CONTEXT_SHARE of it;
 - older turns are added newest first while the prompt leaves room for a full answer, never going
   back past the turns the kept summary stands for (it says what they said);
-- so what gives way first is the oldest history, then the summary, the context, the instructions
-  (in that order), then the answer's room: if even the system prompt and the newest message leave
+- so what gives way first is the oldest history, then the summary, the context, the conversation's
+  system prompt, the instructions (in that order), then the answer's room: if even the system prompt and the newest message leave
   less than a full answer, the answer gets what is left, down to `min_output` tokens; below that the
   message is refused as too long;
 - the answer's max_tokens is cut so that prompt + answer never exceed W.
@@ -44,6 +46,8 @@ SUMMARY_HEADING = "Summary of the earlier conversation (older messages are not s
 SUMMARY_MAX_TOKENS = 256
 SUMMARY_MIN_TOKENS = 32
 SUMMARY_TEMPERATURE = 0.3
+# How a conversation's own system prompt is marked inside the system turn: the person's words.
+CONVERSATION_PROMPT_HEADING = "For this conversation, the user asks you to follow these instructions:"
 
 Render = Callable[[list[dict[str, str]]], list[int]]
 
@@ -72,6 +76,7 @@ class AssembledPrompt:
     turns_kept: int
     turns_dropped: int
     instructions_kept: bool = False
+    conversation_prompt_kept: bool = False
     summary_kept: bool = False
     context_kept: bool = False
     # Turns [start, end) that are neither verbatim nor in the summary: what the summary should take in.
@@ -131,6 +136,7 @@ def prompt_assemble(
     max_output: int,
     min_output: int,
     instructions: str = "",
+    conversation_prompt: str = "",
     context: Sequence[str] = (),
     context_header: str = "",
     memory: Memory | None = None,
@@ -145,7 +151,7 @@ def prompt_assemble(
     if memory is not None and not (memory.text.strip() and 0 < memory.covers <= last):
         memory = None
 
-    kept: dict[str, bool] = {"instructions": False, "summary": False}
+    kept: dict[str, bool] = {"instructions": False, "conversation_prompt": False, "summary": False}
     parts = [system_prompt.strip()] if system_prompt.strip() else []
 
     def keep_if_it_fits(name: str, block: str) -> None:
@@ -157,6 +163,8 @@ def prompt_assemble(
             kept[name] = True
 
     keep_if_it_fits("instructions", instructions)
+    if conversation_prompt.strip():
+        keep_if_it_fits("conversation_prompt", f"{CONVERSATION_PROMPT_HEADING}\n{conversation_prompt.strip()}")
     passages_kept = 0
     if context:
         base = len(render([{"role": "system", "content": "\n\n".join(parts)}, *newest]))
@@ -207,6 +215,7 @@ def prompt_assemble(
         turns_kept=len(turns) - start,
         turns_dropped=start,
         instructions_kept=kept["instructions"],
+        conversation_prompt_kept=kept["conversation_prompt"],
         summary_kept=kept["summary"],
         context_kept=passages_kept > 0,
         unsummarized=(covered, start) if start > covered else (0, 0),

@@ -44,15 +44,15 @@
     errorBanner.hidden = !text;
   }
 
-  // The deployment that writes an answer (the router's choice): said under it when it is not the
-  // model picked by that name (a fallback, a canary, auto's choice).
+  // The deployment that writes an answer (the router's choice, or a regenerate's model): said under
+  // every answer, replacing what a regenerated answer said before.
   function answeredBy(el, model) {
     el.dataset.model = model;
-    if (modelSelect && model === modelSelect.value) return;
+    el.querySelectorAll(":scope > .answered-by").forEach(function (n) { n.remove(); });
     const line = document.createElement("div");
     line.className = "answered-by";
     line.textContent = "Answered by " + model;
-    el.appendChild(line);
+    el.querySelector(":scope > .content").after(line);
   }
 
   // Where a long conversation's summary begins (orchestration's memory): put after the last message it
@@ -327,6 +327,7 @@
         el.dataset.rating = "";
         el.removeAttribute("title");
         el.dataset.message = msg.assistant_message.id;
+        if (msg.model) answeredBy(el, msg.model);
         setStatus(el, "pending");
         follow(msg.generation, el, 0);
         if (ours) stopIfAsked(msg.generation);

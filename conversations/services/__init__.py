@@ -26,6 +26,7 @@ from conversations.services.conversations import (
     conversation_delete_many,
     conversation_pin,
     conversation_rename,
+    conversation_settings_update,
     conversation_start,
     conversation_unarchive,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "conversation_delete_many",
     "conversation_pin",
     "conversation_rename",
+    "conversation_settings_update",
     "conversation_share",
     "conversation_share_revoke",
     "conversation_start",

@@ -104,7 +104,8 @@ def answer_queue(
         limits=limits,
     )
     sampling = {
-        "temperature": deployment.temperature,
+        # The conversation's own temperature (its settings), else the deployment's.
+        "temperature": deployment.temperature if conversation.temperature is None else conversation.temperature,
         "top_p": deployment.top_p,
         "repetition_penalty": deployment.repetition_penalty,
         "max_tokens": admission.max_tokens,
@@ -155,13 +156,16 @@ def prompt_for(
     new_turn: Turn | None = None,
     continuing: str = "",
     retrieved: Retrieved = NOTHING,
+    conversation_prompt: str = "",
 ) -> AssembledPrompt:
     """The prompt for an answer on a branch: `path` (the branch's messages, root first, up to the
     question or to the answer the new message follows; never another branch's) and `new_turn`, not
     yet saved. `continuing`: an answer's text so far, after the assistant's cue, for the model to
     write on from. The window and the answer's budget are the plan's; flagged messages never go into
     a prompt. `retrieved`: passages of the person's files for the newest question, quoted in the
-    system turn as far as the window's policy lets them (`conversations.prompts.context_budget`)."""
+    system turn as far as the window's policy lets them (`conversations.prompts.context_budget`).
+    `conversation_prompt`: the conversation's own system prompt (its settings), after the person's
+    custom instructions."""
     tokenizer = tokenizer_for(deployment.model_path)
     turns = _turns_of(path)
     if new_turn is not None:
@@ -171,6 +175,7 @@ def prompt_for(
     return assemble_prompt(
         system_prompt=deployment.system_prompt,
         instructions=user_instructions(user_id=user_id),
+        conversation_prompt=conversation_prompt,
         turns=turns,
         render=lambda messages: render_chat(tokenizer, messages, chat_template=deployment.chat_template) + tail,
         max_context=limits.max_context,

@@ -83,14 +83,18 @@ def message_regenerate(*, user: User, request: AnswerRequest) -> Regenerated:
     # Carried out already only when a newer answer than this one exists: this answer's own
     # generation changes when it is continued, and a continuation is not a regeneration.
     if replaces is not None and newest_id != answer.id and newest_generation not in (None, replaces):
-        newest = Message.objects.select_related("generation").get(id=newest_id)
+        newest = Message.objects.select_related("generation__deployment").get(id=newest_id)
         assert newest.generation is not None  # it has one: `newest_generation`
         return Regenerated(newest, newest.generation, replayed=True, siblings=[i for i, _ in siblings])
     _no_answer_in_progress(conversation)
     tree = message_tree_for_prompt(conversation=conversation)
     path = tree.path_to(answer.parent_id)
     routed = conversation_route(
-        user=user, conversation=conversation, model=None, prompt_tokens=prompt_measure(path=path, content="")
+        user=user,
+        conversation=conversation,
+        model=request.model,
+        prompt_tokens=prompt_measure(path=path, content=""),
+        switch=False,
     )
     limits = request_limits(user=user, deployment=routed.deployment)
     question = tree.by_id.get(answer.parent_id) if answer.parent_id is not None else None
@@ -100,7 +104,12 @@ def message_regenerate(*, user: User, request: AnswerRequest) -> Regenerated:
         else NOTHING
     )
     prompt = prompt_for(
-        user_id=conversation.user_id, deployment=routed.deployment, limits=limits, path=path, retrieved=retrieved
+        user_id=conversation.user_id,
+        deployment=routed.deployment,
+        limits=limits,
+        path=path,
+        retrieved=retrieved,
+        conversation_prompt=conversation.system_prompt,
     )
     new = Message(conversation=conversation, role=Message.Role.ASSISTANT, parent_id=answer.parent_id)
     generation, _ = answer_queue(
@@ -131,7 +140,7 @@ def message_continue(*, user: User, request: AnswerRequest) -> Regenerated:
     conversation = answer.conversation
     current = Message.objects.filter(id=answer.id).values_list("generation_id", flat=True).first()
     if replaces is not None and current is not None and current != replaces:
-        answer.generation = Generation.objects.get(id=current)
+        answer.generation = Generation.objects.select_related("deployment").get(id=current)
         return Regenerated(answer, answer.generation, replayed=True)
     _no_answer_in_progress(conversation)
     answer.refresh_from_db()
@@ -158,6 +167,7 @@ def message_continue(*, user: User, request: AnswerRequest) -> Regenerated:
         path=path,
         continuing=answer.content,
         retrieved=retrieved_for_answer(owner_id=conversation.user_id, message_id=answer.id),
+        conversation_prompt=conversation.system_prompt,
     )
     generation, _ = answer_queue(
         user=user,

@@ -7,13 +7,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import User
+from accounts.selectors import conversation_settings_limits
 from accounts.services import (
     action_admit,
     request_limits,
 )
 from chatsite.errors import ClientError
 from conversations.models import Conversation, Message
-from conversations.requests import is_row_id
+from conversations.requests import ConversationSettingsRequest, is_row_id
 from conversations.selectors import (
     conversation_get_for_user,
     conversation_list_for_user,
@@ -65,16 +66,18 @@ def conversation_route(
     conversation: Conversation,
     model: str | None,
     prompt_tokens: Callable[[ModelDeployment], int] | None = None,
+    switch: bool = True,
 ) -> Routed:
     """The deployment a conversation's next answer goes to (orchestration.routing): the one it is on,
     unless that is drained or gone or cannot take it, or `model` names another model (a switch, from
-    this message on). A move is saved on the conversation, inside the caller's transaction."""
+    this message on). A move is saved on the conversation, inside the caller's transaction, unless
+    `switch` is False (one answer by another model: a regenerate's)."""
     current = conversation.model
     asked = model or current
     sticky = conversation.deployment if asked == current else None
     routed = route(user=user, model=asked, sticky=sticky, prompt_tokens=prompt_tokens)
     name = model_name_stored(asked, routed.deployment)
-    if routed.deployment.id != conversation.deployment_id or name != conversation.model_name:
+    if switch and (routed.deployment.id != conversation.deployment_id or name != conversation.model_name):
         conversation.deployment, conversation.model_name = routed.deployment, name
         Conversation.objects.filter(id=conversation.id).update(deployment=routed.deployment, model_name=name)
     return routed
@@ -102,6 +105,31 @@ def conversation_rename(*, conversation: Conversation, title: str) -> Conversati
     conversation.title = title
     conversation.save(update_fields=["title", "updated_at"])
     title_announce(user_id=conversation.user_id, conversation_id=conversation.id, title=title)
+    return conversation
+
+
+def conversation_settings_update(*, conversation: Conversation, request: ConversationSettingsRequest) -> Conversation:
+    """Give the conversation its own system prompt and temperature, within its owner's plan (the
+    prompt's length is the plan's, the temperature's range every plan's: `Tier`). Out of bounds:
+    a 400 that says the bound, and nothing is saved. Both apply from the next answer on."""
+    limits = conversation_settings_limits(user=conversation.user)
+    if len(request.system_prompt) > limits.system_prompt_chars:
+        raise ClientError(
+            f"A conversation's system prompt can be at most {limits.system_prompt_chars} characters long on "
+            f"your plan ({limits.plan}); this one has {len(request.system_prompt)}.",
+            code="system_prompt_too_long",
+            param="system_prompt",
+        )
+    temperature = request.temperature
+    if temperature is not None and not limits.temperature_min <= temperature <= limits.temperature_max:
+        raise ClientError(
+            f"The temperature must be between {limits.temperature_min:g} and {limits.temperature_max:g}.",
+            code="invalid_temperature",
+            param="temperature",
+        )
+    conversation.system_prompt, conversation.temperature = request.system_prompt, temperature
+    # update(): a change of settings is no activity, and the conversation keeps its place in the list.
+    Conversation.objects.filter(id=conversation.id).update(system_prompt=request.system_prompt, temperature=temperature)
     return conversation
 
 

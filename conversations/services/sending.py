@@ -467,6 +467,10 @@ def held_message_recover(*, generation_id: GenerationId) -> HeldMessage | None:
     )
 
 
+def _has_settings(conversation: Conversation) -> bool:
+    return bool(conversation.system_prompt) or conversation.temperature is not None
+
+
 def _message_queue(
     *,
     user: User,
@@ -495,6 +499,7 @@ def _message_queue(
         path=path,
         new_turn=new_turn,
         retrieved=retrieved,
+        conversation_prompt=conversation.system_prompt,
     )
     user_message = Message.objects.create(
         conversation=conversation,
@@ -517,8 +522,11 @@ def _message_queue(
         touch_conversation=history,
         held=held,
         routing_reason=routing_reason,
-        # A first message with nothing personal in its prompt (no history, instructions or files).
-        cacheable=content if not (path or prompt.instructions_kept or not retrieved.empty) else "",
+        # A first message with nothing personal in its prompt or sampling (no history, instructions,
+        # conversation settings or files).
+        cacheable=content
+        if not (path or prompt.instructions_kept or _has_settings(conversation) or not retrieved.empty)
+        else "",
     )
     citations_save(user_id=conversation.user_id, answer=answer, prompt=prompt, retrieved=retrieved)
     if prompt.needs_summary:

@@ -11,9 +11,10 @@ from accounts.services import (
 from conversations.models import Conversation, Message
 from conversations.titles import (
     TITLE_MAX_TOKENS,
+    TITLE_STRUCTURED_OUTPUTS,
     TITLE_TEMPERATURE,
-    title_clean,
     title_from_message,
+    title_from_model,
     title_prompt_messages,
 )
 from inference.engine.tokenizers import (
@@ -22,9 +23,6 @@ from inference.engine.tokenizers import (
 )
 from inference.models import Generation
 from inference.services import generation_admit, service_generation_create
-from moderation.services import (
-    CONTENT_FILTER,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +93,7 @@ def conversation_title_request(*, conversation_id: int, answer_id: int) -> None:
                 purpose=Generation.Purpose.TITLE,
                 temperature=TITLE_TEMPERATURE,
                 max_tokens=TITLE_MAX_TOKENS,
+                structured_outputs=TITLE_STRUCTURED_OUTPUTS,
             )
             claimed = Conversation.objects.filter(id=conversation.id, title="", title_generation__isnull=True).update(
                 title_generation=generation
@@ -109,13 +108,20 @@ def conversation_title_request(*, conversation_id: int, answer_id: int) -> None:
 def _title_apply(*, generation: Generation) -> None:
     """Make a finished title generation's text the title of the conversation that asked for it,
     unless its owner has named it meanwhile. Nothing usable (a failure, a stop, output moderation's
-    cut, only punctuation): the first message's first words instead."""
+    cut, a reply cut at its length, no plausible title: `title_from_model`): the first message's first
+    words instead."""
     row = Conversation.objects.filter(title_generation_id=generation.id).values_list("id", "user_id").first()
     if row is None:
         return
     conversation_id, user_id = row
-    usable = generation.status == Generation.Status.COMPLETE and generation.finish_reason != CONTENT_FILTER
-    title = title_clean(generation.text) if usable else ""
+    usable = generation.status == Generation.Status.COMPLETE and generation.finish_reason == "stop"
+    title = ""
+    if usable:
+        # The answers it might echo: a conversation being titled has one or a few.
+        answers = Message.objects.filter(conversation_id=conversation_id, role=Message.Role.ASSISTANT).values_list(
+            "content", flat=True
+        )[:4]
+        title = title_from_model(generation.text, answers=answers)
     if not title:
         _title_fallback(conversation_id=conversation_id, user_id=user_id)
         return

@@ -33,6 +33,7 @@ ENDPOINTS = {
     "api/conversations/<int:conversation_id>/": ("GET", None),
     "api/conversations/<int:conversation_id>/messages/": ("POST", {"content": "Hi"}),
     "api/conversations/<int:conversation_id>/branch/": ("POST", {"message": 1}),
+    "api/conversations/<int:conversation_id>/settings/": ("PUT", {"temperature": 1}),
     "api/conversations/<int:conversation_id>/messages/<int:message_id>/feedback/": ("PUT", {"rating": "up"}),
     "api/conversations/<int:conversation_id>/files/": ("GET", None),
     "api/conversations/<int:conversation_id>/messages/<int:message_id>/citations/": ("GET", None),

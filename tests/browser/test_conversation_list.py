@@ -4,12 +4,16 @@ a message sent in one tab appearing in another."""
 
 from __future__ import annotations
 
+import json
+
 from channels.db import database_sync_to_async
 from playwright.async_api import expect
 
 from accounts.models import User
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create
+from conversations.services import titles as conversation_titles
+from inference.models import Generation
 from tests.browser.conftest import BROWSER_MARKS, SOURCE, sign_in
 
 pytestmark = BROWSER_MARKS
@@ -29,7 +33,7 @@ async def _chat(username: str, title: str, *exchange: str) -> Conversation:
     return conversation
 
 
-async def test_a_new_chat_gets_the_models_title_and_its_actions_without_a_reload(page, settings):
+async def test_a_new_chat_gets_the_models_title_and_its_actions_without_a_reload(page, settings, monkeypatch):
     settings.CHAT_TITLES_FROM_MODEL = True
     await sign_in(page, "hazel")
     assert await page.locator("#conversation-actions").is_hidden()
@@ -41,6 +45,9 @@ async def test_a_new_chat_gets_the_models_title_and_its_actions_without_a_reload
     conversation = await Conversation.objects.aget()
     assert conversation.title and conversation.title_generation_id is not None
     assert "\n" not in conversation.title and '"' not in conversation.title and len(conversation.title) <= 60
+    # The title from the JSON the model was held to (the scripted engine writes a value of the schema).
+    titling = await Generation.objects.aget(id=conversation.title_generation_id)
+    assert conversation.title == json.loads(titling.text)["title"]
     assert await page.locator("#chat-title").text_content() == conversation.title
     assert await page.locator("#conversation-list a.conversation-link.active").text_content() == conversation.title
     assert await page.title() == conversation.title
@@ -52,6 +59,16 @@ async def test_a_new_chat_gets_the_models_title_and_its_actions_without_a_reload
     await page.click("#delete-form button")
     await page.wait_for_selector("#empty")
     assert not await Conversation.objects.aexists()
+
+    # A title the model could not finish (its JSON cut at the length limit): the question names the chat.
+    monkeypatch.setattr(conversation_titles, "TITLE_MAX_TOKENS", 3)
+    await page.fill("#input", "Plan a weekend in Lisbon")
+    await page.keyboard.press("Enter")
+    active = page.locator("#conversation-list a.conversation-link.active")
+    await expect(active).to_have_text("Plan a weekend in Lisbon")
+    await expect(page.locator("#chat-title")).to_have_text("Plan a weekend in Lisbon")
+    retitled = await Conversation.objects.select_related("title_generation").aget()
+    assert retitled.title_generation.finish_reason == "length"
 
 
 async def test_rename_in_place_pin_and_search(page):

@@ -24,6 +24,7 @@ from inference.models import Generation, ModelDeployment
 from inference.openai.wire import usage
 from inference.services import generation_finish
 from inference.streaming.streams import StreamPublisher, replay_buffer
+from tests.helpers.engines import SCRIPTED_DEFAULT
 from tests.helpers.sockets import (
     DropsLiveSends,
     drain_until_finished,
@@ -611,6 +612,30 @@ async def test_a_failed_answer_is_regenerated_over_the_socket(engine, alice):
     await socket.disconnect()
 
 
+async def test_an_answer_is_regenerated_over_the_socket_by_the_model_it_names(engine, alice):
+    # Embedded only: the production topology's test worker serves the default deployment alone.
+    second = await ModelDeployment.objects.acreate(name="smollm2-second", **DEFAULT_DEPLOYMENT_FIELDS)
+    await (await Tier.objects.aget(name="free")).deployments.aadd(second)
+    outside = await ModelDeployment.objects.acreate(name="smollm2-pro-only", **DEFAULT_DEPLOYMENT_FIELDS)
+    sent = await database_sync_to_async(message_send)(user=alice, request=SendRequest(content="Say hello to Alice."))
+    await database_sync_to_async(generation_finish)(generation_id=sent.generation.id, status="complete", text="Hi.")
+    socket, _ = await open_socket(alice)
+    frame = {"type": "message.regenerate", "message": sent.assistant_message.id}
+    await socket.send_json_to({**frame, "model": outside.name})
+    refused = await next_event(socket)
+    assert (refused["type"], refused["code"]) == ("error", "model_not_allowed")
+    assert await Generation.objects.acount() == 1
+
+    await socket.send_json_to({**frame, "model": second.name})
+    events = await drain_until_finished(socket)
+    assert events[0]["type"] == "message.regenerating"
+    assert events[0]["model"] == second.answer_model  # the label the page shows under the answer
+    assert events[-1]["type"] == "generation.done" and events[-1]["status"] == "complete"
+    generation = await Generation.objects.aget(id=events[0]["generation"])
+    assert generation.deployment_id == second.id
+    await socket.disconnect()
+
+
 @pytest.mark.topology
 async def test_a_regenerate_sent_again_is_answered_with_the_answer_it_began(alice, monkeypatch):
     """The socket dropped after the server began the new answer, before the page heard so: the page
@@ -641,6 +666,7 @@ async def test_a_regenerate_sent_again_is_answered_with_the_answer_it_began(alic
             "siblings": [sent.assistant_message.id, first.answer.id],
         },
         "generation": str(first.generation.id),
+        "model": SCRIPTED_DEFAULT,
         "replayed": True,
     }
     assert (events[-1]["type"], events[-1]["generation"], events[-1]["text"]) == (

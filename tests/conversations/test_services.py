@@ -530,3 +530,62 @@ def test_a_switch_to_a_model_outside_the_plan_is_refused_and_changes_nothing(ali
     assert refused.value.code == "model_not_allowed"
     assert Conversation.objects.get(id=first.conversation.id).deployment.name == settings.INFERENCE_DEFAULT_DEPLOYMENT
     assert first.conversation.messages.count() == 2
+
+
+# --- regenerating with another model --------------------------------------------------------------
+
+
+@pytest.mark.topology
+def test_an_answer_is_regenerated_by_another_model_and_the_conversation_stays_on_its_own(alice, second_model):
+    from conversations.services import message_regenerate
+
+    sent = message_send(user=alice, request=SendRequest(content="Hello there"))
+    _finish(sent.conversation)
+    again = message_regenerate(
+        user=alice, request=AnswerRequest(message_id=sent.assistant_message.id, model="smollm2-second")
+    )
+    assert again.generation.deployment == second_model
+    assert again.answer.parent_id == sent.user_message.id and again.answer.id != sent.assistant_message.id
+    conversation = Conversation.objects.get(id=sent.conversation.id)
+    assert conversation.deployment.name == settings.INFERENCE_DEFAULT_DEPLOYMENT and conversation.model_name == ""
+    # A plain regenerate asks the conversation's model again.
+    _finish(conversation)
+    plain = message_regenerate(user=alice, request=AnswerRequest(message_id=again.answer.id))
+    assert plain.generation.deployment.name == settings.INFERENCE_DEFAULT_DEPLOYMENT
+
+
+@pytest.mark.topology
+def test_a_regenerate_with_a_model_outside_the_plan_is_refused_as_a_send_is_and_queues_nothing(alice):
+    from conversations.services import message_regenerate
+
+    outside = ModelDeployment.objects.create(name="smollm2-pro-only", **DEFAULT_DEPLOYMENT_FIELDS)
+    sent = message_send(user=alice, request=SendRequest(content="Hello there"))
+    _finish(sent.conversation)
+    with pytest.raises(ClientError) as by_send:
+        message_send(
+            user=alice,
+            request=SendRequest(content="Again", conversation_id=sent.conversation.id, model=outside.name),
+        )
+    with pytest.raises(ClientError) as by_regenerate:
+        message_regenerate(user=alice, request=AnswerRequest(message_id=sent.assistant_message.id, model=outside.name))
+    assert (by_regenerate.value.code, by_regenerate.value.status, by_regenerate.value.message) == (
+        by_send.value.code,
+        by_send.value.status,
+        by_send.value.message,
+    )
+    assert by_regenerate.value.code == "model_not_allowed"
+    assert Generation.objects.count() == 1 and sent.conversation.messages.count() == 2
+
+
+@pytest.mark.parametrize(
+    ("frame", "with_model", "code"),
+    [
+        ({"message": 1, "model": 7}, True, "invalid_request"),
+        ({"message": 1, "model": "x" * 101}, True, "invalid_request"),
+        ({"message": 1, "model": "smollm2-second"}, False, "invalid_request"),  # a continue names no model
+    ],
+)
+def test_an_answer_requests_model_is_checked_where_it_enters(frame, with_model, code):
+    with pytest.raises(ClientError) as refused:
+        AnswerRequest.parse(frame, with_model=with_model)
+    assert refused.value.code == code and refused.value.param == "model"

@@ -3,14 +3,25 @@ service's own that nobody is charged for; never from a message moderation held b
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
+from channels.db import database_sync_to_async
 
 from accounts.services import request_admit, request_limits
 from billing.models import UsageRecord
-from conversations.models import Conversation
+from conversations.models import Conversation, Message
 from conversations.requests import SendRequest
-from conversations.services import conversation_rename, message_send
-from conversations.titles import TITLE_MAX_CHARS, title_clean, title_from_message
+from conversations.services import conversation_create, conversation_rename, conversation_title_request, message_send
+from conversations.titles import (
+    TITLE_MAX_CHARS,
+    TITLE_MAX_TOKENS,
+    TITLE_SCHEMA,
+    title_clean,
+    title_from_message,
+    title_from_model,
+)
 from inference.models import Generation
 from inference.selectors import generation_tokens_reserved_for_user
 from inference.services import SERVICE_PRIORITY, generation_finish
@@ -42,15 +53,74 @@ def test_the_first_answer_asks_the_model_for_a_title_which_is_cleaned_and_kept(
     titling = _title_generation(sent.conversation)
     assert titling.purpose == Generation.Purpose.TITLE and titling.user == alice
     assert titling.priority == SERVICE_PRIORITY  # after everyone's answers
-    assert titling.sampling["max_tokens"] <= 16
+    assert titling.sampling["max_tokens"] <= 32
+    # Asked for as JSON of one schema, through the engine's structured output (response_format's path).
+    assert titling.sampling["structured_outputs"]["json"] == TITLE_SCHEMA
     with django_capture_on_commit_callbacks(execute=True):
         generation_finish(
             generation_id=titling.id,
             status="complete",
-            text='Title: "The Capital of France."\nExtra line',
+            text='{"title": "France\'s capital city."}',
             finish_reason="stop",
         )
-    assert Conversation.objects.get(id=sent.conversation.id).title == "The Capital of France"
+    assert Conversation.objects.get(id=sent.conversation.id).title == "France's capital city"
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        '{"title": "Ladies and gentlemen from all corners of the globe will be"}',  # the answer's opening
+        '{"title": "Ladies and gentlemen from all',  # cut at its length limit: not JSON
+        "Paris is the capital of France",  # not the JSON asked for
+        '{"title": "1234"}',  # no letter
+        '{"name": "Capital of France"}',
+    ],
+)
+def test_a_title_that_is_no_plausible_title_falls_back_to_the_question(
+    written, alice, django_capture_on_commit_callbacks
+):
+    sent = message_send(user=alice, request=SendRequest(content="What is the capital of France?"))
+    _answer(
+        sent,
+        django_capture_on_commit_callbacks,
+        text="Ladies and gentlemen from all corners of the globe will be here.",
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        generation_finish(
+            generation_id=_title_generation(sent.conversation).id, status="complete", text=written, finish_reason="stop"
+        )
+    assert Conversation.objects.get(id=sent.conversation.id).title == "What is the capital of France?"
+
+
+def test_a_title_cut_at_its_length_limit_falls_back(alice, django_capture_on_commit_callbacks):
+    sent = message_send(user=alice, request=SendRequest(content="What is the capital of France?"))
+    _answer(sent, django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        generation_finish(
+            generation_id=_title_generation(sent.conversation).id,
+            status="complete",
+            text='{"title": "Capital"}',
+            finish_reason="length",
+        )
+    assert Conversation.objects.get(id=sent.conversation.id).title == "What is the capital of France?"
+
+
+@pytest.mark.parametrize(
+    ("written", "answer", "kept"),
+    [
+        ('{"title": "Capital of France"}', "Paris is the capital of France.", "Capital of France"),
+        ('{"title": " **Paris trip.** "}', "Sure!", "Paris trip"),
+        ('{"title": "Paris"}', "Paris is the capital.", "Paris"),  # one word of the opening names it
+        ('{"title": "Paris is the capital"}', "Paris is the capital of France.", ""),  # the opening
+        ('{"title": "' + "word " * 11 + '"}', "", ""),  # a sentence, not a name
+        ('{"title": "' + "x" * 61 + '"}', "", ""),  # too long to cut without leaving a fragment
+        ('{"title": "..."}', "", ""),
+        ('["Capital of France"]', "", ""),
+        ("", "", ""),
+    ],
+)
+def test_the_models_json_title_is_checked(written, answer, kept):
+    assert title_from_model(written, answers=[answer]) == kept
 
 
 def test_a_title_is_asked_for_once(alice, django_capture_on_commit_callbacks):
@@ -106,7 +176,7 @@ def test_a_failed_or_useless_title_falls_back_to_the_first_words(alice, django_c
     _answer(sent, django_capture_on_commit_callbacks)
     titling = _title_generation(sent.conversation)
     with django_capture_on_commit_callbacks(execute=True):
-        generation_finish(generation_id=titling.id, status="complete", text=' "..." ', finish_reason="stop")
+        generation_finish(generation_id=titling.id, status="complete", text='{"title": "..."}', finish_reason="stop")
     title = Conversation.objects.get(id=sent.conversation.id).title
     assert title.startswith("Plan a weekend in Lisbon") and title.endswith("…") and len(title) <= TITLE_MAX_CHARS
 
@@ -160,3 +230,36 @@ def test_the_fallback_is_the_first_words_on_one_line():
     assert title_from_message("short") == "short"
     long = title_from_message("lorem ipsum " * 20)
     assert len(long) <= TITLE_MAX_CHARS and long.endswith("…") and not long.endswith(" …")
+
+
+@pytest.mark.engine
+@pytest.mark.django_db(transaction=True)
+async def test_the_real_model_names_a_question_or_the_question_names_itself(engine, alice):
+    """The defect this guards against: asked for free text, the default model answered the question
+    instead of naming it, and the title was the answer's first words cut mid-sentence."""
+    question = "What is the capital of France?"
+    answer_text = "Ladies and gentlemen from all corners of the globe will be delighted to hear it is Paris."
+
+    def exchange() -> tuple[int, int]:
+        conversation = conversation_create(user=alice)
+        asked = Message.objects.create(conversation=conversation, role=Message.Role.USER, content=question)
+        answer = Message.objects.create(
+            conversation=conversation, role=Message.Role.ASSISTANT, content=answer_text, parent=asked
+        )
+        return conversation.id, answer.id
+
+    conversation_id, answer_id = await database_sync_to_async(exchange)()
+    await database_sync_to_async(conversation_title_request)(conversation_id=conversation_id, answer_id=answer_id)
+    for _ in range(600):
+        conversation = await Conversation.objects.select_related("title_generation").aget(id=conversation_id)
+        if conversation.title:
+            break
+        await asyncio.sleep(0.1)
+    titling = conversation.title_generation
+    assert titling is not None and titling.is_finished, "the title was not written within a minute"
+    assert titling.completion_tokens <= TITLE_MAX_TOKENS
+    from_json = title_from_model(titling.text, answers=[answer_text])
+    assert conversation.title == (from_json or question), titling.text
+    if from_json:
+        assert json.loads(titling.text)["title"].strip()  # what the structured output held it to
+    assert not answer_text.lower().startswith(conversation.title.lower()[:20])

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0010_conversation_files'),
+        ('conversations', '0011_saved_prompts'),
     ]
 
     operations = [
