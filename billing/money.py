@@ -38,7 +38,9 @@ def money_format(amount: Decimal | int | float | str, *, currency: str | None = 
     if below:
         shown = smallest
     # Trailing zeros past the cents say nothing ($0.0003, not $0.00030).
-    places = max(2, min(places, -shown.normalize().as_tuple().exponent))
+    exponent = shown.normalize().as_tuple().exponent
+    if isinstance(exponent, int):  # not NaN or infinity
+        places = max(2, min(places, -exponent))
     sign = "-" if shown < 0 and not below else ""
     number = f"{abs(shown):,.{places}f}"
     symbol = SYMBOLS.get(code)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable
+import uuid
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TypedDict, cast
@@ -222,8 +223,8 @@ class UsageTotal:
 _PRICED = Q(prompt_price_per_1k__gt=0) | Q(completion_price_per_1k__gt=0) | Q(cached_price_per_1k__gt=0)
 
 
-def usage_for_generations(*, user_id: int, generation_ids: Iterable[object]) -> dict[str, GenerationUsage]:
-    """The ledger rows of the user's own generations among `generation_ids` (a list or a subquery),
+def usage_for_generations(*, user_id: int, generation_ids: Collection[uuid.UUID | str]) -> dict[str, GenerationUsage]:
+    """The ledger rows of the user's own generations among `generation_ids`,
     by generation id as text. Another user's generation is simply absent."""
     rows = (
         UsageRecord.objects.filter(user_id=user_id, generation_id__in=generation_ids)
@@ -236,7 +237,7 @@ def usage_for_generations(*, user_id: int, generation_ids: Iterable[object]) -> 
     }
 
 
-def usage_total_for_generations(*, user_id: int, generation_ids: Iterable[object]) -> UsageTotal:
+def usage_total_for_generations(*, user_id: int, generation_ids: Collection[uuid.UUID | str]) -> UsageTotal:
     """What the user's own generations among `generation_ids` used and cost, in one statement."""
     totals = UsageRecord.objects.filter(user_id=user_id, generation_id__in=generation_ids).aggregate(
         prompt=Sum("prompt_tokens"),

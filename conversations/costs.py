@@ -24,10 +24,10 @@ def answer_usage_for_messages(*, user: User, messages: Iterable[Message]) -> dic
 def conversation_usage_total(*, user: User, conversation_id: int) -> UsageTotal:
     """Tokens and cost of every answer of the user's conversation, on every branch (all were charged).
     An answer continued after its length limit counts the generation that wrote its latest part."""
-    generations = Message.objects.filter(
-        conversation_id=conversation_id, conversation__user_id=user.id, generation__isnull=False
-    ).values("generation_id")
-    return usage_total_for_generations(user_id=user.id, generation_ids=generations)
+    generations = Message.objects.filter(conversation_id=conversation_id, conversation__user_id=user.id).values_list(
+        "generation_id", flat=True
+    )
+    return usage_total_for_generations(user_id=user.id, generation_ids=[g for g in generations if g is not None])
 
 
 def generation_done_costs(*, user: User, generation_id: str) -> JsonObject:

@@ -53,7 +53,7 @@
   function fill(panel, el) {
     const rows = [
       ["Prompt", number(el.dataset.usagePrompt) + " tokens"],
-      ["Cached", number(el.dataset.usageCached) + " of the prompt's"],
+      ["Cached", number(el.dataset.usageCached) + " tokens of the prompt, from the cache"],
       ["Completion", number(el.dataset.usageCompletion) + " tokens"],
       ["Total", number(Number(el.dataset.usagePrompt || 0) + Number(el.dataset.usageCompletion || 0)) + " tokens"],
     ];
