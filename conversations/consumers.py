@@ -399,7 +399,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         its `done`; nothing when they cannot be read: the answer's end matters more than its price."""
         try:
             return await db_async(generation_done_costs)(user=self.user, generation_id=generation_id)
-        except DatabaseError:
+        except Exception:  # a database away, or a bug: logged, and the answer still ends on screen
             logger.warning("generation %s: its cost could not be read for its done", generation_id, exc_info=True)
             return {}
 
