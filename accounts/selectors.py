@@ -4,6 +4,7 @@ import datetime as dt
 import enum
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from functools import cache
 from typing import TypeVar
@@ -16,7 +17,8 @@ from django.db.models.fields.reverse_related import ManyToManyRel
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from accounts.hooks import deployments_enabled
+from accounts.hooks import deployments_enabled, quota_tokens_reserved
+from accounts.ledger import ledger
 from accounts.models import ApiKey, SignedInSession, Tier, TotpDevice, User, UserSettings
 from accounts.protocols import Deployment, ListedDeployment
 from chatsite.errors import ClientError
@@ -130,6 +132,151 @@ def month_bounds(month: dt.date) -> tuple[dt.datetime, dt.datetime]:
 
 def day_start(now: dt.datetime) -> dt.datetime:
     return now.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+# --- quotas: what is left of the plan this period ------------------------------------------------
+
+# The share of a quota used from which the pages warn that it is running out.
+QUOTA_WARNING_AT = 0.8
+
+
+@dataclass(frozen=True)
+class QuotaPeriod:
+    """One of a tier's token quotas over its UTC calendar period: [since, resets_at)."""
+
+    name: str  # "day" or "month"
+    limit: int
+    since: dt.datetime
+    resets_at: dt.datetime
+
+    @property
+    def owned(self) -> str:
+        """How a sentence names the period's tokens: "today's", "this month's"."""
+        return "today's" if self.name == "day" else "this month's"
+
+
+def quota_periods(*, tier: Tier, now: dt.datetime) -> list[QuotaPeriod]:
+    """The tier's token quotas in force at `now`: a day's resets at the next midnight UTC, a month's
+    on the first of the next month (UTC). None when the tier has no quota."""
+    periods = []
+    if tier.tokens_per_day:
+        start = day_start(now)
+        periods.append(QuotaPeriod("day", tier.tokens_per_day, start, start + dt.timedelta(days=1)))
+    if tier.tokens_per_month:
+        start, end = month_bounds(now.astimezone(dt.UTC).date())
+        periods.append(QuotaPeriod("month", tier.tokens_per_month, start, end))
+    return periods
+
+
+def time_until_words(*, now: dt.datetime, then: dt.datetime) -> str:
+    """Words like "in 12 minutes", "in 5 hours", "in 3 days": rounded up below two days (a reset "in 0 hours"
+    would mislead), down from there."""
+    seconds = max(0.0, (then - now).total_seconds())
+    if seconds < 3600:
+        count, unit = max(1, math.ceil(seconds / 60)), "minute"
+    elif seconds < 48 * 3600:
+        count, unit = math.ceil(seconds / 3600), "hour"
+    else:
+        count, unit = int(seconds // 86400), "day"
+    return f"in {count} {unit}{'' if count == 1 else 's'}"
+
+
+@dataclass(frozen=True)
+class QuotaLevel:
+    """How much of one quota period is used, as the sidebar and the usage page show it. `used`
+    counts what the ledger holds and what unfinished answers may still use, as the quota check
+    does, so the page says "run out" exactly when a send would be refused."""
+
+    period: QuotaPeriod
+    used: int
+    now: dt.datetime
+
+    @property
+    def limit(self) -> int:
+        return self.period.limit
+
+    @property
+    def left(self) -> int:
+        return max(0, self.limit - self.used)
+
+    @property
+    def shown_used(self) -> int:
+        """`used`, at most the limit (the bar's value)."""
+        return min(self.used, self.limit)
+
+    @property
+    def state(self) -> str:
+        if self.left <= 0:
+            return "exhausted"
+        return "warning" if self.used >= self.limit * QUOTA_WARNING_AT else "ok"
+
+    @property
+    def resets_in(self) -> str:
+        return time_until_words(now=self.now, then=self.period.resets_at)
+
+    @property
+    def text(self) -> str:
+        if self.state == "exhausted":
+            return (
+                f"You have used all {self.limit:,} of {self.period.owned} tokens. "
+                f"Messages are refused until the quota resets {self.resets_in} "
+                f"({self.period.resets_at:%Y-%m-%d %H:%M} UTC)."
+            )
+        when = "today" if self.period.name == "day" else "this month"
+        return f"{self.left:,} of {self.limit:,} tokens left {when} · resets {self.resets_in}"
+
+
+@dataclass(frozen=True)
+class QuotaStatus:
+    """What is left of a user's plan: a level per quota the tier sets (none: unlimited)."""
+
+    levels: tuple[QuotaLevel, ...]
+
+    @property
+    def binding(self) -> QuotaLevel | None:
+        """The level that refuses first: the least left, then the sooner reset."""
+        return min(self.levels, key=lambda level: (level.left, level.period.resets_at), default=None)
+
+    @property
+    def state(self) -> str:
+        """One of "unlimited", "ok", "warning" (QUOTA_WARNING_AT used) or "exhausted" (sends refused)."""
+        binding = self.binding
+        if binding is None:
+            return "unlimited"
+        # A quota nearly used warns even while another one leaves less.
+        if binding.state == "ok" and any(level.state != "ok" for level in self.levels):
+            return "warning"
+        return binding.state
+
+    @property
+    def text(self) -> str:
+        binding = self.binding
+        return "Unlimited tokens on your plan" if binding is None else binding.text
+
+    def as_json(self) -> dict[str, object]:
+        """The sidebar's figures, as the chat socket's `generation.done` carries them."""
+        binding = self.binding
+        return {
+            "state": self.state,
+            "text": self.text,
+            "limit": binding.limit if binding else None,
+            "used": binding.shown_used if binding else None,
+        }
+
+
+def quota_status_for_user(*, user: User, now: dt.datetime | None = None) -> QuotaStatus:
+    """What is left of each of the user's token quotas this period, and when each resets."""
+    now = now or timezone.now()
+    periods = quota_periods(tier=tier_for_user(user=user), now=now)
+    if not periods:
+        return QuotaStatus(levels=())
+    reserved = quota_tokens_reserved(user=user)
+    return QuotaStatus(
+        levels=tuple(
+            QuotaLevel(period, used=ledger().tokens_since(user=user, since=period.since) + reserved, now=now)
+            for period in periods
+        )
+    )
 
 
 def api_key_list_for_user(*, user: User) -> QuerySet[ApiKey]:

@@ -25,8 +25,7 @@ from accounts.protocols import Deployment
 from accounts.ratelimit import Charge, buckets_consume, buckets_peek, buckets_refund, buckets_reset
 from accounts.selectors import (
     api_key_get_by_prefix,
-    day_start,
-    month_bounds,
+    quota_periods,
     session_key_digest,
     tier_for_user,
     tier_for_user_on_deployment,
@@ -423,27 +422,18 @@ def _quota_left(*, user: User, tier: Tier, needed: int) -> int | None:
     now = timezone.now()
     reserved = quota_tokens_reserved(user=user)
     least = None
-    for quota, since, resets_at, period in _quota_periods(tier, now):
-        left = quota - ledger().tokens_since(user=user, since=since) - reserved
+    for period in quota_periods(tier=tier, now=now):
+        left = period.limit - ledger().tokens_since(user=user, since=period.since) - reserved
         if left < needed:
             raise ClientError(
-                f"You have used {period} {quota:,} tokens on your plan ({tier}). "
-                f"It resets at {resets_at:%Y-%m-%d %H:%M} UTC.",
+                f"You have used {period.owned} {period.limit:,} tokens on your plan ({tier}). "
+                f"It resets at {period.resets_at:%Y-%m-%d %H:%M} UTC.",
                 code="quota_exceeded",
                 status=429,
-                retry_after=max(1, int((resets_at - now).total_seconds()) + 1),
+                retry_after=max(1, int((period.resets_at - now).total_seconds()) + 1),
             )
         least = left if least is None else min(least, left)
     return least
-
-
-def _quota_periods(tier: Tier, now: dt.datetime):
-    if tier.tokens_per_day:
-        start = day_start(now)
-        yield tier.tokens_per_day, start, start + dt.timedelta(days=1), "today's"
-    if tier.tokens_per_month:
-        start, end = month_bounds(now.astimezone(dt.UTC).date())
-        yield tier.tokens_per_month, start, end, "this month's"
 
 
 def _rate_limited(limit: str, retry_after: int) -> ClientError:

@@ -5,17 +5,19 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
-from collections.abc import Callable, Iterable
+import uuid
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TypedDict, cast
 
-from django.db.models import Count, FilteredRelation, Q, QuerySet, Subquery, Sum
+from django.db.models import BooleanField, Count, ExpressionWrapper, FilteredRelation, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import TruncDate
 
 from accounts.models import Tier, User
 from accounts.selectors import month_bounds
 from billing.models import UsageRecord
+from billing.money import money_format, money_json
 from chatsite.parsers import JsonObject
 
 ZERO = Decimal("0")
@@ -183,6 +185,74 @@ USAGE_FIGURES: list[Callable[[User], list[tuple[str, str]]]] = []
 
 def usage_figures(*, user: User) -> list[tuple[str, str]]:
     return [figure for provider in USAGE_FIGURES for figure in provider(user)]
+
+
+# --- what answers cost, as the chat page shows them ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class GenerationUsage:
+    """One generation's ledger row as its owner sees it beside the answer. `priced`: the plan charged
+    for its tokens (a price above zero); otherwise the page shows tokens and no cost."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    cost: Decimal
+    priced: bool
+
+    @property
+    def cost_text(self) -> str:
+        return money_format(self.cost) if self.priced else ""
+
+
+@dataclass(frozen=True)
+class UsageTotal:
+    """Tokens and cost of several generations (a conversation's answers)."""
+
+    tokens: int
+    cost: Decimal
+    priced: bool
+
+    @property
+    def text(self) -> str:
+        tokens = f"{self.tokens:,} token{'' if self.tokens == 1 else 's'}"
+        return f"{tokens} · {money_format(self.cost)}" if self.priced else tokens
+
+    def as_json(self) -> JsonObject:
+        return {"tokens": self.tokens, "cost": money_json(self.cost) if self.priced else None, "text": self.text}
+
+
+_PRICED = Q(prompt_price_per_1k__gt=0) | Q(completion_price_per_1k__gt=0) | Q(cached_price_per_1k__gt=0)
+
+
+def usage_for_generations(*, user_id: int, generation_ids: Collection[uuid.UUID | str]) -> dict[str, GenerationUsage]:
+    """The ledger rows of the user's own generations among `generation_ids`,
+    by generation id as text. Another user's generation is simply absent."""
+    rows = (
+        UsageRecord.objects.filter(user_id=user_id, generation_id__in=generation_ids)
+        .annotate(priced=ExpressionWrapper(_PRICED, output_field=BooleanField()))
+        .values_list("generation_id", "prompt_tokens", "cached_tokens", "completion_tokens", "cost", "priced")
+    )
+    return {
+        str(generation_id): GenerationUsage(prompt, cached, completion, _money(cost), bool(priced))
+        for generation_id, prompt, cached, completion, cost, priced in rows
+    }
+
+
+def usage_total_for_generations(*, user_id: int, generation_ids: Collection[uuid.UUID | str]) -> UsageTotal:
+    """What the user's own generations among `generation_ids` used and cost, in one statement."""
+    totals = UsageRecord.objects.filter(user_id=user_id, generation_id__in=generation_ids).aggregate(
+        prompt=Sum("prompt_tokens"),
+        completion=Sum("completion_tokens"),
+        cost=Sum("cost"),
+        priced=Count("id", filter=_PRICED),
+    )
+    return UsageTotal(
+        tokens=(totals["prompt"] or 0) + (totals["completion"] or 0),
+        cost=_money(totals["cost"]),
+        priced=bool(totals["priced"]),
+    )
 
 
 def usage_export_files(*, user: User) -> dict[str, bytes]:

@@ -4,6 +4,7 @@ import csv
 import datetime as dt
 from decimal import Decimal
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
@@ -13,7 +14,7 @@ from django.views.decorators.http import require_GET
 from accounts.authentication import AuthenticatedHttpRequest
 from accounts.forms import parse_month
 from accounts.metering import metered
-from accounts.selectors import tier_for_user
+from accounts.selectors import quota_status_for_user, tier_for_user
 from billing.selectors import usage_figures, usage_statement_rows, usage_summary
 
 CHART_HEIGHT = 120
@@ -57,6 +58,7 @@ def usage(request: AuthenticatedHttpRequest) -> HttpResponse:
             "chart_height": CHART_HEIGHT,
             "tier": tier_for_user(user=request.user),
             "figures": usage_figures(user=request.user),
+            "quota": quota_status_for_user(user=request.user),
         },
     )
 
@@ -82,9 +84,9 @@ def usage_statement(request: AuthenticatedHttpRequest) -> HttpResponse:
             "status",
             "prompt tokens",
             "completion tokens",
-            "prompt price per 1k",
-            "completion price per 1k",
-            "cost",
+            f"prompt price per 1k ({settings.BILLING_CURRENCY})",
+            f"completion price per 1k ({settings.BILLING_CURRENCY})",
+            f"cost ({settings.BILLING_CURRENCY})",
         ]
     )
     total = Decimal("0")

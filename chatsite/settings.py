@@ -8,6 +8,7 @@ to Celery GPU workers.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import dj_database_url
@@ -336,6 +337,13 @@ RESPONSE_CACHE_MAX_ENTRIES = env_int("RESPONSE_CACHE_MAX_ENTRIES", 2000, minimum
 # A prompt longer than the window times this many characters is refused before it is tokenized or
 # moderated (accounts.services.request_size_check).
 PROMPT_MAX_CHARS_PER_TOKEN = env_int("PROMPT_MAX_CHARS_PER_TOKEN", 8, minimum=1, maximum=1000)
+# The currency tier prices and the ledger's costs are in (ISO 4217), as the usage pages and the chat
+# page show them (billing.money).
+BILLING_CURRENCY = env_str("BILLING_CURRENCY", "USD").upper()
+if not re.fullmatch(r"[A-Z]{3}", BILLING_CURRENCY):
+    raise ImproperlyConfigured(
+        f"BILLING_CURRENCY must be a three-letter currency code such as USD, got {BILLING_CURRENCY!r}"
+    )
 # CPU threads for the moderation classifiers' forward pass. One: a short text gains nothing from more,
 # and a multi-threaded pass stalls at every barrier when an engine on the same cores holds them.
 MODERATION_CPU_THREADS = env_int("MODERATION_CPU_THREADS", 1, minimum=1)

@@ -6,7 +6,7 @@ Client → server: `message.send` {content, conversation?, model?, client_id?, r
 Server → client: `conversation.created`, `message.accepted` (its `user_message` with its `parent` and `siblings`),
 `message.regenerating` {regenerated, assistant_message {id, parent, siblings, text_before?}, generation, model, replayed?},
 `message.continuing` {assistant_message, generation, model, replayed?}, `generation.delta` {seq, text},
-`generation.done` {seq, status, finish_reason, usage}, `generation.error` {seq, code, message},
+`generation.done` {seq, status, finish_reason, usage, cost, conversation_usage, quota}, `generation.error` {seq, code, message},
 `engine.status` {deployment, state}, `conversation.title` {conversation, title} when a title is
 written or changed, `conversation.summary` {conversation, through, text} when a summary of its earlier
 messages is ready, `conversation.message` {conversation, created, user_message, assistant_message?,
@@ -66,6 +66,7 @@ from accounts.sockets import socket_place_give_back, socket_place_take
 from chatsite.database import DatabaseCall, db_async, reconnecting
 from chatsite.errors import ClientError
 from chatsite.parsers import json_parse
+from conversations.costs import generation_done_costs
 from conversations.requests import AnswerRequest, SendRequest, is_integer
 from conversations.services import (
     Regenerated,
@@ -395,9 +396,20 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.streams.forward(event)
 
     async def _pass_on(self, event: dict[str, Any]) -> None:
+        if event["type"] == "generation.done":
+            event = {**event, **await self._costs(event["generation"])}
         await self.send_json(event)
         if event["type"] in TERMINAL_EVENTS:
             self._started.discard(event["generation"])
+
+    async def _costs(self, generation_id: str) -> dict[str, Any]:
+        """The answer's cost, its conversation's total and the quota left (conversations.costs), for
+        its `done`; nothing when they cannot be read: the answer's end matters more than its price."""
+        try:
+            return await db_async(generation_done_costs)(user=self.user, generation_id=generation_id)
+        except Exception:  # a database away, or a bug: logged, and the answer still ends on screen
+            logger.warning("generation %s: its cost could not be read for its done", generation_id, exc_info=True)
+            return {}
 
     async def _resync_quiet_streams(self) -> None:
         """Every INFERENCE_STREAM_RESYNC_S, look at the streams that have been quiet that long

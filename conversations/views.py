@@ -19,10 +19,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from accounts.authentication import signed_in
 from accounts.metering import metered
 from accounts.models import User
-from accounts.selectors import deployments_allowed_for_user
+from accounts.selectors import deployments_allowed_for_user, quota_status_for_user
+from billing.selectors import GenerationUsage
 from chatsite.errors import ClientError, error_body
 from conversations.branches import Tree
 from conversations.citations import citations_cited, citations_for_messages
+from conversations.costs import answer_usage_for_messages, conversation_usage_total
 from conversations.models import Citation, Conversation, Message
 from conversations.requests import PROMPT_TEXT_CHARS, SavedPromptRequest
 from conversations.selectors import (
@@ -69,6 +71,7 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
     share = None
     attached: list[Document] = []
     summary = None
+    conversation_total = None
     if conversation_id is not None:
         conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
         if conversation is None:
@@ -81,6 +84,10 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
         _notes_attach(messages)
         _details_attach(messages, tree=branch.tree, user=user)
         _writers_attach(messages)
+        usage = answer_usage_for_messages(user=user, messages=branch.messages)
+        for shown in messages:
+            shown.usage = usage.get(shown.id)
+        conversation_total = conversation_usage_total(user=user, conversation_id=conversation.id)
         sources = citations_for_messages(owner_id=user.id, message_ids=[m.id for m in messages])
         for shown in messages:
             shown.citation_list = citations_cited(sources.get(shown.id, []), text=shown.content)
@@ -113,6 +120,8 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
             "engine_state": engine_state(settings.INFERENCE_DEFAULT_DEPLOYMENT),
             "answer_cut_note": ANSWER_CUT,
             "attached_files": attached,
+            "conversation_total": conversation_total,
+            "quota": quota_status_for_user(user=user),
         },
     )
 
@@ -131,6 +140,7 @@ class ShownMessage:
     stats: str = ""  # its size and time, on hover
     writer: str = ""  # the deployment that wrote an answer, said under it
     citation_list: list[Citation] = field(default_factory=list)
+    usage: GenerationUsage | None = None  # an answer's tokens and cost, for its owner's info panel
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.message, name)

@@ -282,7 +282,8 @@ async def test_a_long_conversation_opens_at_its_end_and_follows_an_answer_only_f
     assert await page.is_hidden("#jump-latest")
 
     await finished(generation_id, publisher, "done")
-    await page.wait_for_selector("article.message.assistant.status-complete")
+    # The answer being written, not one of the conversation's earlier ones.
+    await page.wait_for_selector("article.message.assistant:last-of-type.status-complete")
     assert await answer.get_attribute("aria-busy") is None
     await page.wait_for_function("() => document.getElementById('announcer').textContent === 'The answer is complete.'")
     assert await page.get_attribute("#announcer", "role") == "status"

@@ -66,6 +66,7 @@ def test_redis_url_selects_redis_and_celery():
         ({"DJANGO_CSRF_TRUSTED_ORIGINS": "https://chat.example.com/"}, "not https://chat.example.com/"),
         ({"DJANGO_TRUSTED_PROXIES": "10.0.0.1,proxy.example.com"}, "DJANGO_TRUSTED_PROXIES takes IP addresses"),
         ({"SIGNUPS_PER_ADDRESS_PER_HOUR": "-1"}, "SIGNUPS_PER_ADDRESS_PER_HOUR must be at least 0"),
+        ({"BILLING_CURRENCY": "dollars"}, "BILLING_CURRENCY must be a three-letter currency code"),
     ],
 )
 def test_bad_values_fail_at_start_up_with_a_clear_message(env, message):
