@@ -13,6 +13,12 @@ from conversations.apis import (
     conversation_start_stream,
     message_send_stream,
 )
+from conversations.project_apis import (
+    ConversationProjectApi,
+    ProjectDetailApi,
+    ProjectFileApi,
+    ProjectListCreateApi,
+)
 from documents.apis import DocumentDetailApi, DocumentListCreateApi, DocumentSearchApi
 from inference.openai.apis import ModelListApi, chat_completions
 from inference.openai.completions import completions
@@ -63,6 +69,14 @@ urlpatterns = [
         MessageCitationsApi.as_view(),
         name="api-message-citations",
     ),
+    path(
+        "api/conversations/<int:conversation_id>/project/",
+        ConversationProjectApi.as_view(),
+        name="api-conversation-project",
+    ),
+    path("api/projects/", ProjectListCreateApi.as_view(), name="api-projects"),
+    path("api/projects/<int:project_id>/", ProjectDetailApi.as_view(), name="api-project"),
+    path("api/projects/<int:project_id>/files/", ProjectFileApi.as_view(), name="api-project-files"),
     path("api/files/", DocumentListCreateApi.as_view(), name="api-files"),
     path("api/files/search/", DocumentSearchApi.as_view(), name="api-files-search"),
     path("api/files/<int:document_id>/", DocumentDetailApi.as_view(), name="api-file"),

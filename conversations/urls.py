@@ -15,5 +15,6 @@ urlpatterns = [
     path("c/<int:conversation_id>/export.json", views.conversation_export_json, name="export-json"),
     path("c/<int:conversation_id>/share/", views.conversation_share_view, name="share"),
     path("c/<int:conversation_id>/share/revoke/", views.conversation_share_revoke_view, name="share-revoke"),
+    path("p/<int:project_id>/", views.project_page, name="project"),
     path("s/<str:token>/", views.shared_conversation, name="shared"),
 ]

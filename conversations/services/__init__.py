@@ -10,6 +10,8 @@
 - `feedback`: a thumbs up or down on an answer, and taking it back.
 - `titles`: a conversation's title, asked of its model once the first answer ends.
 - `sharing`: a read-only link to a snapshot of the branch on screen.
+- `projects`: a project created, changed or deleted (its chats with it, or kept), and a
+  conversation moved into or out of one.
 
 The names below are the app's write API; callers import them from here.
 """
@@ -25,6 +27,13 @@ from conversations.services.conversations import (
     conversation_start,
 )
 from conversations.services.feedback import message_feedback_clear, message_feedback_set
+from conversations.services.projects import (
+    ProjectChats,
+    conversation_move,
+    project_create,
+    project_delete,
+    project_update,
+)
 from conversations.services.sending import (
     ACTIVE_BRANCH,
     HELD_BACK,
@@ -41,11 +50,13 @@ __all__ = [
     "ACTIVE_BRANCH",
     "ANSWER_CUT",
     "HELD_BACK",
+    "ProjectChats",
     "Regenerated",
     "SentMessage",
     "conversation_branch_select",
     "conversation_create",
     "conversation_delete",
+    "conversation_move",
     "conversation_pin",
     "conversation_rename",
     "conversation_share",
@@ -63,4 +74,7 @@ __all__ = [
     "message_regenerate",
     "message_send",
     "message_send_checked",
+    "project_create",
+    "project_delete",
+    "project_update",
 ]

@@ -100,7 +100,12 @@ def message_regenerate(*, user: User, request: AnswerRequest) -> Regenerated:
         else NOTHING
     )
     prompt = prompt_for(
-        user_id=conversation.user_id, deployment=routed.deployment, limits=limits, path=path, retrieved=retrieved
+        user_id=conversation.user_id,
+        deployment=routed.deployment,
+        limits=limits,
+        path=path,
+        retrieved=retrieved,
+        project_id=conversation.project_id,
     )
     new = Message(conversation=conversation, role=Message.Role.ASSISTANT, parent_id=answer.parent_id)
     generation, _ = answer_queue(
@@ -158,6 +163,7 @@ def message_continue(*, user: User, request: AnswerRequest) -> Regenerated:
         path=path,
         continuing=answer.content,
         retrieved=retrieved_for_answer(owner_id=conversation.user_id, message_id=answer.id),
+        project_id=conversation.project_id,
     )
     generation, _ = answer_queue(
         user=user,
