@@ -253,3 +253,32 @@ def test_the_api_creates_changes_and_moves(alice):
     assert api.put(f"/api/conversations/{chat.id}/project/", {"project": "x"}, format="json").status_code == 400
     out = api.put(f"/api/conversations/{chat.id}/project/", {"project": None}, format="json")
     assert out.json()["project"] is None
+
+
+def test_a_session_changes_projects_only_with_the_csrf_token(alice):
+    project = project_create(owner=alice, name="Guarded")
+    chat = conversation_create(user=alice)
+    client = APIClient(enforce_csrf_checks=True)
+    client.force_login(alice)
+    assert client.get("/api/projects/").json()[0]["id"] == project.id
+    refused = [
+        client.post("/api/projects/", {"name": "Forged"}, format="json"),
+        client.patch(f"/api/projects/{project.id}/", {"name": "Forged"}, format="json"),
+        client.delete(f"/api/projects/{project.id}/?chats=delete"),
+        client.post(f"/api/projects/{project.id}/files/", {"file": ("a.md", b"# A\n\nB")}, format="multipart"),
+        client.put(f"/api/conversations/{chat.id}/project/", {"project": project.id}, format="json"),
+    ]
+    # DRF's session check: a 403 that names the missing token.
+    assert [r.status_code for r in refused] == [403] * len(refused)
+    assert all("CSRF" in r.json()["error"]["message"] for r in refused)
+    chat.refresh_from_db()
+    assert list(Project.objects.values_list("name", flat=True)) == ["Guarded"] and chat.project_id is None
+    assert not Document.objects.exists()
+    client.cookies["csrftoken"] = TOKEN
+    moved = client.put(
+        f"/api/conversations/{chat.id}/project/", {"project": project.id}, format="json", HTTP_X_CSRFTOKEN=TOKEN
+    )
+    assert moved.status_code == 200 and moved.json()["project"] == project.id
+
+
+TOKEN = "a" * 32
