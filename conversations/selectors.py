@@ -189,7 +189,7 @@ def project_get_for_user(*, user: User, project_id: object) -> Project | None:
 def projects_with_chats_for_user(*, user: User) -> list[Project]:
     """The user's projects, by name, each with its chats (`project.chats`, most recently active first,
     at most PROJECT_CHATS_LIMIT): two queries, whatever the number of projects."""
-    chats = Conversation.objects.order_by("-updated_at", "-id")
+    chats = Conversation.objects.order_by("-updated_at", "-id")[:PROJECT_CHATS_LIMIT]  # per project
     return list(project_list_for_user(user=user).prefetch_related(Prefetch("conversations", chats, to_attr="chats")))
 
 
