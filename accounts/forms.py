@@ -124,3 +124,32 @@ def parse_month(value: str | None, *, today: dt.date) -> dt.date:
     if not (2000 <= year <= 9998 and 1 <= month <= 12):
         raise ValueError("month is out of range")
     return dt.date(year, month, 1)
+
+
+class AccountDeleteForm(forms.Form):
+    """Deleting an account asks for its password, throttled as a sign-in is (a stolen session must not
+    be able to guess it), and for a tick that says the person knows it cannot be undone."""
+
+    password = forms.CharField(widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}))
+    understood = forms.BooleanField(
+        label="I understand that my conversations, files, keys and settings are deleted for good."
+    )
+
+    locked: ClientError | None = None
+
+    def __init__(self, *args, user: User, address: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.user = user
+        self.address = address
+
+    def clean_password(self) -> str:
+        password = self.cleaned_data["password"]
+        try:
+            charges = login_attempt_admit(username=self.user.username, address=self.address)
+        except ClientError as exc:
+            self.locked = exc
+            raise forms.ValidationError(exc.message, code=exc.code) from None
+        if not self.user.check_password(password):
+            raise forms.ValidationError("That is not your password.", code="invalid_password")
+        login_attempt_succeeded(charges=charges)
+        return password

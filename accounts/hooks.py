@@ -48,3 +48,31 @@ def deployments_enabled_register(list_enabled: EnabledDeployments) -> None:
 
 def deployments_enabled() -> list[ListedDeployment]:
     return [deployment for list_enabled in _enabled_deployments for deployment in list_enabled()]
+
+
+class AccountDataExport(Protocol):
+    """What an app holds about a person, as files for their archive: path in the archive -> bytes."""
+
+    def __call__(self, *, user: User) -> dict[str, bytes]: ...
+
+
+_account_exports: list[AccountDataExport] = []
+
+
+def account_export_register(export: AccountDataExport) -> None:
+    """Put what `export(user=...)` returns into a person's data archive; once per app, at start-up.
+    Everything an app keeps about a person goes with their account (its rows point to the user with
+    CASCADE, or are kept without content as billing's ledger is); this says what they take with them."""
+    if export not in _account_exports:
+        _account_exports.append(export)
+
+
+def account_export_files(*, user: User) -> dict[str, bytes]:
+    """Every registered app's files for the user's archive; a path two apps both give is an error."""
+    files: dict[str, bytes] = {}
+    for export in _account_exports:
+        for path, data in export(user=user).items():
+            if path in files:
+                raise ValueError(f"two apps export {path!r}")
+            files[path] = data
+    return files

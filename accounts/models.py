@@ -212,3 +212,21 @@ class UserSettings(models.Model):
         if self.answer_style.strip():
             parts.append(f"The user asks you to answer like this:\n{self.answer_style.strip()}")
         return "\n\n".join(parts)
+
+
+class SignedInSession(models.Model):
+    """A session a user signed in with, for their list of where they are signed in. The session
+    itself is Django's (its row holds the sign-in); this row says what it was opened from. A row
+    whose session has ended or expired is not listed and is cleared when the list is read."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="signed_in_sessions")
+    session_key = models.CharField(max_length=40, unique=True)
+    user_agent = models.CharField(max_length=300, blank=True, default="")
+    address = models.CharField(max_length=45, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} {self.created_at:%Y-%m-%d %H:%M}"

@@ -3,19 +3,20 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import hashlib
+import json
 from functools import cache
 from typing import TypeVar
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from django.contrib.sessions.models import Session
-from django.db.models import Exists, QuerySet, Value
+from django.db.models import Exists, OuterRef, QuerySet, Value
 from django.db.models.fields.reverse_related import ManyToManyRel
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from accounts.hooks import deployments_enabled
-from accounts.models import ApiKey, Tier, User, UserSettings
+from accounts.models import ApiKey, SignedInSession, Tier, User, UserSettings
 from accounts.protocols import Deployment, ListedDeployment
 from chatsite.errors import ClientError
 
@@ -154,6 +155,12 @@ def session_access(*, user_id: int, session_key: str, session_auth_hash: str) ->
     return SessionAccess.ALLOWED
 
 
+def user_sessions_list(*, user: User) -> QuerySet[SignedInSession]:
+    """Where the user is signed in: their sessions still stored and unexpired, newest first."""
+    live = Session.objects.filter(session_key=OuterRef("session_key"), expire_date__gt=timezone.now())
+    return SignedInSession.objects.filter(user=user).filter(Exists(live))
+
+
 def session_key_digest(session_key: str) -> str:
     """How a signed-out session is named to its sockets: the key itself is a credential, and stays
     out of the channel layer."""
@@ -183,3 +190,49 @@ def user_theme(*, user: User | AnonymousUser) -> str:
         return UserSettings.Theme.SYSTEM
     theme = UserSettings.objects.filter(user_id=user.id).values_list("theme", flat=True).first()
     return theme or UserSettings.Theme.SYSTEM
+
+
+# --- what the service holds about a person ---------------------------------------------------------
+
+
+def _when(value: dt.datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def user_export_files(*, user: User) -> dict[str, bytes]:
+    """accounts' part of a person's data archive: their account, settings, API keys (never a
+    secret: only a hash is stored) and where they are signed in."""
+    chat_settings = user_settings_get(user=user)
+    tier = tier_for_user_or_none(user=user)
+    account = {
+        "username": user.username,
+        "email": user.email,
+        "first_name": user.first_name,
+        "last_name": user.last_name,
+        "date_joined": _when(user.date_joined),
+        "last_login": _when(user.last_login),
+        "plan": tier.name if tier else None,
+        "settings": {
+            "about_me": chat_settings.about_me,
+            "answer_style": chat_settings.answer_style,
+            "default_model": chat_settings.default_model,
+            "theme": chat_settings.theme,
+        },
+        "api_keys": [
+            {
+                "name": key.name,
+                "prefix": key.prefix,
+                "scopes": key.scopes,
+                "created_at": _when(key.created_at),
+                "expires_at": _when(key.expires_at),
+                "revoked_at": _when(key.revoked_at),
+                "last_used_at": _when(key.last_used_at),
+            }
+            for key in ApiKey.objects.filter(user=user).order_by("created_at")
+        ],
+        "sessions": [
+            {"signed_in_at": _when(s.created_at), "user_agent": s.user_agent, "address": s.address}
+            for s in user_sessions_list(user=user)
+        ],
+    }
+    return {"account.json": json.dumps(account, indent=2, ensure_ascii=False).encode()}

@@ -11,13 +11,15 @@ from dataclasses import dataclass
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.contrib.sessions.models import Session
+from django.core.mail import send_mail
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from accounts.hooks import quota_tokens_reserved
 from accounts.ledger import ledger
-from accounts.models import ApiKey, Tier, User, UserSettings
+from accounts.models import ApiKey, SignedInSession, Tier, User, UserSettings
 from accounts.protocols import Deployment
 from accounts.ratelimit import Charge, buckets_consume, buckets_peek, buckets_refund, buckets_reset
 from accounts.selectors import (
@@ -71,6 +73,49 @@ def user_deactivate(*, user_id: int) -> bool:
     if deactivated:
         user_access_changed(user_id=user_id, deactivated=True)
     return bool(deactivated)
+
+
+def user_delete(*, user: User) -> None:
+    """Delete an account for good, and everything the service holds about its person: their
+    conversations, files and their passages, keys, settings, sessions, feedback and flags go with
+    the row (each points to the user with CASCADE). What is queued or running stops first, while it
+    can still be found; open sockets close once this commits. The ledger keeps its records, which
+    hold no content, numbered by the old account's id (billing)."""
+    user_id = user.pk
+    with transaction.atomic():
+        user_deactivated.send(sender=User, user_id=user_id)
+        signed_in = SignedInSession.objects.filter(user_id=user_id).values_list("session_key", flat=True)
+        Session.objects.filter(session_key__in=list(signed_in)).delete()
+        user.delete()
+        user_access_changed(user_id=user_id)
+
+
+# --- where a user is signed in -------------------------------------------------------------------
+
+USER_AGENT_MAX_CHARS = 300
+
+
+def user_session_record(*, user: User, session_key: str, user_agent: str, address: str) -> None:
+    """Note a sign-in's session for the user's list of them, clearing the rows of sessions ended since."""
+    live = Session.objects.filter(session_key=OuterRef("session_key"), expire_date__gt=timezone.now())
+    SignedInSession.objects.filter(user=user).exclude(Exists(live)).delete()
+    SignedInSession.objects.update_or_create(
+        session_key=session_key,
+        defaults={"user": user, "user_agent": user_agent[:USER_AGENT_MAX_CHARS], "address": address[:45]},
+    )
+
+
+def user_sessions_end_others(*, user: User, keep_session_key: str) -> int:
+    """Sign the user out of every session but `keep_session_key` (the one asking); their open chat
+    sockets close. Returns how many sessions ended."""
+    with transaction.atomic():
+        others = SignedInSession.objects.filter(user=user).exclude(session_key=keep_session_key)
+        keys = list(others.values_list("session_key", flat=True))
+        ended, _ = Session.objects.filter(session_key__in=keys).delete()
+        others.delete()
+        if keys:
+            user_access_changed(user_id=user.pk)  # each socket reads its session again: gone ones close
+    return ended
 
 
 def user_access_after_save(*, user: User, was_active: bool, old_password: str) -> None:
@@ -658,6 +703,52 @@ def signup_admit(*, address: str) -> None:
             status=429,
             retry_after=refusal.retry_after,
         )
+
+
+PASSWORD_RESET_PERIOD_S = 3600
+
+
+def password_reset_admit(*, address: str, email: str) -> None:
+    """Count a password-reset request against its client address's and its email address's resets
+    an hour, both or neither, or refuse it (429 reset_limited). Counted whether or not an account
+    has that email, so the limit says nothing about which do."""
+    charges = [
+        Charge(f"reset:address:{address}", settings.PASSWORD_RESETS_PER_ADDRESS_PER_HOUR, PASSWORD_RESET_PERIOD_S),
+        Charge(
+            f"reset:email:{hashlib.sha256(email.strip().lower().encode()).hexdigest()}",
+            settings.PASSWORD_RESETS_PER_EMAIL_PER_HOUR,
+            PASSWORD_RESET_PERIOD_S,
+        ),
+    ]
+    refusal = buckets_consume(charges)
+    if refusal is not None:
+        minutes = max(1, -(-refusal.retry_after // MINUTE_S))
+        raise ClientError(
+            f"Too many password resets were asked for lately. Try again in {minutes} minute{'s' if minutes > 1 else ''}.",
+            code="reset_limited",
+            status=429,
+            retry_after=refusal.retry_after,
+        )
+
+
+PASSWORD_CHANGED_TEXT = """Hello {username},
+
+The password of your account was changed ({how}) on {when} UTC. Every other place you were signed
+in has been signed out.
+
+If this was not you, reset your password now from the sign-in page, and tell the service's operator.
+"""
+
+
+def password_changed_notify(*, user: User, how: str) -> None:
+    """Tell the account's email address that its password changed, once the change commits (a
+    person who did not change it learns of it). No email address: nothing to tell."""
+    if not user.email:
+        return
+    text = PASSWORD_CHANGED_TEXT.format(username=user.username, how=how, when=timezone.now().strftime("%Y-%m-%d %H:%M"))
+    transaction.on_commit(
+        lambda: send_mail("Your password was changed", text, None, [user.email], fail_silently=True), robust=True
+    )
 
 
 def user_settings_update(

@@ -13,4 +13,12 @@ urlpatterns = [
     path("keys/", views.api_keys, name="api_keys"),
     path("keys/<int:api_key_id>/revoke/", views.api_key_revoke_view, name="api_key_revoke"),
     path("settings/", views.settings_view, name="settings"),
+    path("sessions/end-others/", views.sessions_end_others_view, name="sessions_end_others"),
+    path("export/", views.account_export_view, name="export"),
+    path("password/reset/", views.PasswordResetView.as_view(), name="password_reset"),
+    path("password/reset/sent/", views.PasswordResetDoneView.as_view(), name="password_reset_done"),
+    path("password/reset/<uidb64>/<token>/", views.PasswordResetConfirmView.as_view(), name="password_reset_confirm"),
+    path("password/reset/done/", views.PasswordResetCompleteView.as_view(), name="password_reset_complete"),
+    path("password/change/", views.PasswordChangeView.as_view(), name="password_change"),
+    path("delete/", views.account_delete_view, name="delete"),
 ]

@@ -71,6 +71,7 @@ class UsageRecordAdmin(admin.ModelAdmin):
     list_display = (
         "created_at",
         "user",
+        "former_account",
         "kind",
         "deployment",
         "tier",

@@ -57,7 +57,13 @@ class UsageRecord(models.Model):
         SUMMARY = "summary", "Conversation summary"
         CACHED = "cached", "Cached answer"
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="usage_records")
+    # SET_NULL: a deleted account's records stay on the ledger without it, numbered by `former_account`.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="usage_records"
+    )
+    former_account = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="The id of the deleted account these tokens were charged to."
+    )
     # SET_NULL: clearing old generations away must not erase what was billed for them.
     generation = models.OneToOneField(
         "inference.Generation", null=True, on_delete=models.SET_NULL, related_name="usage_record"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
+import io
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -157,7 +159,8 @@ def usage_statement_rows(*, user: User, month: dt.date) -> QuerySet[UsageRecord]
 class UserUsageRow(TypedDict):
     """A row of `usage_by_user`: who, and (annotations the type checker cannot see) the totals of `_TOTALS`."""
 
-    user_id: int
+    user_id: int  # None for a deleted account's records (the type checker's plugin cannot see it)
+    former_account: int | None  # a deleted account's number
     user__username: str
     user__tier__name: str
 
@@ -166,7 +169,7 @@ def usage_by_user(*, start: dt.datetime, end: dt.datetime) -> QuerySet[UsageReco
     """One row per user with usage in [start, end): tokens, requests and cost (the admin's overview)."""
     return (
         UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
-        .values("user_id", "user__username", "user__tier__name")
+        .values("user_id", "former_account", "user__username", "user__tier__name")
         .annotate(**_TOTALS)
         .order_by("-cost", "user__username")
     )
@@ -180,3 +183,27 @@ USAGE_FIGURES: list[Callable[[User], list[tuple[str, str]]]] = []
 
 def usage_figures(*, user: User) -> list[tuple[str, str]]:
     return [figure for provider in USAGE_FIGURES for figure in provider(user)]
+
+
+def usage_export_files(*, user: User) -> dict[str, bytes]:
+    """billing's part of a person's data archive: every usage record of theirs, as usage.csv."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(
+        ["created_at", "kind", "model", "status", "prompt_tokens", "cached_tokens", "completion_tokens", "cost"]
+    )
+    records = UsageRecord.objects.filter(user=user).select_related("deployment").order_by("created_at", "id")
+    for record in records:
+        writer.writerow(
+            [
+                record.created_at.isoformat(),
+                record.kind,
+                record.deployment.name if record.deployment else "",
+                record.status,
+                record.prompt_tokens,
+                record.cached_tokens,
+                record.completion_tokens,
+                record.cost,
+            ]
+        )
+    return {"usage.csv": out.getvalue().encode()}

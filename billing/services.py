@@ -80,6 +80,13 @@ def usage_record(*, generation: Generation) -> UsageRecord | None:
     return UsageRecord.objects.get(generation_id=generation.id)
 
 
+def usage_records_outlive(*, user_id: int) -> int:
+    """Keep an account's ledger when the account goes: its records are numbered by the account's id
+    (`former_account`) and lose the link to it (SET_NULL). They hold no content, only what was used
+    and charged, which an operator must keep for accounting."""
+    return UsageRecord.objects.filter(user_id=user_id).update(former_account=user_id)
+
+
 def moderation_record(*, user_id: int, tier_id: int | None, tokens: int) -> UsageRecord:
     """The ledger row of a /v1/moderations request (accounts.services.moderation_admit admits it):
     its input's tokens, free of charge; the row is what makes the quotas count them."""

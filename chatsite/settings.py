@@ -153,6 +153,25 @@ LOGOUT_REDIRECT_URL = "accounts:login"
 # (an IPv4 /24, an IPv6 /64); 0: no limit.
 SIGNUPS_PER_ADDRESS_PER_HOUR = env_int("SIGNUPS_PER_ADDRESS_PER_HOUR", 3, minimum=0)
 SIGNUPS_PER_NETWORK_PER_HOUR = env_int("SIGNUPS_PER_NETWORK_PER_HOUR", 10, minimum=0)
+# Password reset: a link works once (its token signs the password hash) and for this long; requests
+# an hour per client address and per email address (accounts.services.password_reset_admit).
+PASSWORD_RESET_TIMEOUT = env_int("PASSWORD_RESET_TIMEOUT_S", 3600, minimum=60)
+PASSWORD_RESETS_PER_ADDRESS_PER_HOUR = env_int("PASSWORD_RESETS_PER_ADDRESS_PER_HOUR", 5, minimum=1)
+PASSWORD_RESETS_PER_EMAIL_PER_HOUR = env_int("PASSWORD_RESETS_PER_EMAIL_PER_HOUR", 3, minimum=1)
+
+# Email: printed to the console in the embedded default; sent over SMTP once EMAIL_HOST is set.
+EMAIL_HOST = env_str("EMAIL_HOST", "")
+if EMAIL_HOST:
+    EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    EMAIL_PORT = env_int("EMAIL_PORT", 587, minimum=1, maximum=65535)
+    EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+    EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+    EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", EMAIL_PORT == 587)
+    EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", EMAIL_PORT == 465)
+    EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT_S", 10, minimum=1)
+else:
+    EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "chat@localhost")
 
 # Argon2id first, as OWASP recommends for password storage; PBKDF2 stays so that passwords hashed
 # before it still verify (and are rehashed with Argon2id at their next sign-in).

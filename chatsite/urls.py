@@ -10,6 +10,8 @@ from conversations.apis import (
     ConversationListCreateApi,
     MessageCitationsApi,
     MessageFeedbackApi,
+    SavedPromptDetailApi,
+    SavedPromptListCreateApi,
     conversation_start_stream,
     message_send_stream,
 )
@@ -77,6 +79,8 @@ urlpatterns = [
     path("api/projects/", ProjectListCreateApi.as_view(), name="api-projects"),
     path("api/projects/<int:project_id>/", ProjectDetailApi.as_view(), name="api-project"),
     path("api/projects/<int:project_id>/files/", ProjectFileApi.as_view(), name="api-project-files"),
+    path("api/prompts/", SavedPromptListCreateApi.as_view(), name="api-prompts"),
+    path("api/prompts/<int:prompt_id>/", SavedPromptDetailApi.as_view(), name="api-prompt"),
     path("api/files/", DocumentListCreateApi.as_view(), name="api-files"),
     path("api/files/search/", DocumentSearchApi.as_view(), name="api-files-search"),
     path("api/files/<int:document_id>/", DocumentDetailApi.as_view(), name="api-file"),

@@ -17,6 +17,7 @@ key or by session; a session request must carry a CSRF token, which DRF's Sessio
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from contextlib import aclosing
 from typing import Any, cast
 
@@ -41,14 +42,16 @@ from accounts.metering import ADMITTED, metered
 from accounts.models import ApiKey
 from chatsite.errors import INVALID_API_KEY, ClientError, error_body
 from chatsite.parsers import request_body, validated_json_body
-from conversations.citations import citation_json, citations_for_messages
+from conversations.citations import citation_json, citations_for_messages, cited_numbers
 from conversations.models import Conversation, Message
-from conversations.requests import SendRequest
+from conversations.requests import PROMPT_TEXT_CHARS, SavedPromptRequest, SendRequest
 from conversations.selectors import (
     branch_summary,
     conversation_get_for_user,
     conversation_list_for_user,
     message_branch,
+    saved_prompt_get_for_user,
+    saved_prompts_for_user,
 )
 from conversations.services import (
     conversation_branch_select,
@@ -58,6 +61,9 @@ from conversations.services import (
     message_feedback_clear,
     message_feedback_set,
     message_send_checked,
+    saved_prompt_create,
+    saved_prompt_delete,
+    saved_prompt_update,
 )
 from conversations.services.feedback import FEEDBACK_COMMENT_CHARS
 from documents.apis import DocumentOutputSerializer, FileUploadSerializer, uploaded_file
@@ -150,12 +156,14 @@ class MessageOutputSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
     citations = serializers.SerializerMethodField(
         help_text="An answer's sources: the passages of your files its prompt quoted ({number, file, page, "
-        "heading, passage}, cited as [number]), and any the prompt-injection check left out (`withheld`)."
+        "heading, passage}, `cited` where the answer's text cites it as [number]), and any the prompt-injection check "
+        "left out (`withheld`)."
     )
 
     def get_citations(self, message: Message) -> list[dict[str, Any]]:
         # The branch's citations, read in one query by `_with_branch`.
-        return [citation_json(c) for c in self.context.get("citations", {}).get(message.id, [])]
+        cited = cited_numbers(message.content)
+        return [citation_json(c, cited=cited) for c in self.context.get("citations", {}).get(message.id, [])]
 
     def get_model(self, message) -> str | None:
         generation = message.generation if message.role == "assistant" else None
@@ -422,7 +430,8 @@ class ConversationFileApi(ScopedApi):
 
 @metered("request")
 class MessageCitationsApi(ScopedApi):
-    """GET an answer's sources (what the chat page shows under it once it has ended)."""
+    """GET an answer's sources: every passage its prompt quoted, each `cited` or not (the chat page
+    shows the cited ones under it once it has ended), and those left out of its prompt."""
 
     method_scopes = {"GET": READ, "HEAD": READ, "OPTIONS": READ}
 
@@ -433,10 +442,107 @@ class MessageCitationsApi(ScopedApi):
     )
     def get(self, request: Request, conversation_id: int, message_id: int) -> Response:
         conversation = _get_or_404(request, conversation_id)
-        if not conversation.messages.filter(id=message_id).exists():
+        message = conversation.messages.filter(id=message_id).only("id", "content").first()
+        if message is None:
             raise ClientError("That message does not exist.", code="not_found", status=404)
         sources = citations_for_messages(owner_id=signed_in(request).id, message_ids=[message_id])
-        return Response({"citations": [citation_json(c) for c in sources.get(message_id, [])]})
+        cited = cited_numbers(message.content)
+        return Response({"citations": [citation_json(c, cited=cited) for c in sources.get(message_id, [])]})
+
+
+# --- The prompt library ----------------------------------------------------------------------------
+
+
+class SavedPromptOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    command = serializers.CharField(help_text="What follows `/` in the chat page's composer.")
+    text = serializers.CharField()
+    updated_at = serializers.DateTimeField()
+
+    class Meta:
+        ref_name = "SavedPrompt"
+
+
+class SavedPromptInputSerializer(serializers.Serializer):
+    """For the schema: the body is read by `SavedPromptRequest.parse`, which holds the rules."""
+
+    command = StrictCharField(max_length=33, help_text="1 to 32 of a-z, 0-9 and -; a leading / is dropped.")
+    text = StrictCharField(max_length=PROMPT_TEXT_CHARS)
+
+    class Meta:
+        ref_name = "SavedPromptInput"
+
+
+def _prompt_body(request: Request, *, current: Mapping[str, object] | None = None) -> SavedPromptRequest:
+    """The body as a prompt: both fields for a new one; for a change, those given over `current`."""
+    if not isinstance(request.data, Mapping):
+        raise ClientError("The request body must be a JSON object.", code="invalid_request")
+    body: Mapping[str, object] = request.data
+    fields: dict[str, object] = {**(current or {}), **{k: body[k] for k in ("command", "text") if k in body}}
+    return SavedPromptRequest.parse(fields)
+
+
+@metered("request")
+class SavedPromptListCreateApi(ScopedApi):
+    """GET lists your saved prompts, by command; POST saves a new one (at most
+    SAVED_PROMPTS_PER_USER; a command you already have is refused)."""
+
+    method_scopes = {"GET": READ, "HEAD": READ, "OPTIONS": READ, "POST": WRITE}
+
+    @extend_schema(
+        operation_id="prompts_list", summary="Your saved prompts", responses=SavedPromptOutputSerializer(many=True)
+    )
+    def get(self, request: Request) -> Response:
+        return Response(SavedPromptOutputSerializer(saved_prompts_for_user(user=signed_in(request)), many=True).data)
+
+    @extend_schema(
+        operation_id="prompts_create",
+        summary="Save a prompt",
+        request=SavedPromptInputSerializer,
+        responses={
+            201: SavedPromptOutputSerializer,
+            400: OpenApiResponse(description="An invalid or taken command, an empty or long text, a full library."),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        prompt = saved_prompt_create(user=signed_in(request), request=_prompt_body(request))
+        return Response(SavedPromptOutputSerializer(prompt).data, status=status.HTTP_201_CREATED)
+
+
+@metered("request")
+class SavedPromptDetailApi(ScopedApi):
+    """PATCH changes one of your prompts (its command, its text or both); DELETE removes it. Another
+    user's prompt answers 404, as a missing one."""
+
+    method_scopes = {"PATCH": WRITE, "DELETE": WRITE}
+
+    @extend_schema(
+        operation_id="prompts_update",
+        summary="Change a saved prompt",
+        request=SavedPromptInputSerializer(partial=True),
+        responses={
+            200: SavedPromptOutputSerializer,
+            400: OpenApiResponse(description="An invalid or taken command, or an empty or long text."),
+            404: OpenApiResponse(description="No such prompt of yours."),
+        },
+    )
+    def patch(self, request: Request, prompt_id: int) -> Response:
+        user = signed_in(request)
+        current = saved_prompt_get_for_user(user=user, prompt_id=prompt_id)
+        if current is None:
+            raise ClientError("That prompt does not exist.", code="not_found", status=404)
+        asked = _prompt_body(request, current={"command": current.command, "text": current.text})
+        prompt = saved_prompt_update(user=user, prompt_id=prompt_id, request=asked)
+        return Response(SavedPromptOutputSerializer(prompt).data)
+
+    @extend_schema(
+        operation_id="prompts_delete",
+        summary="Delete a saved prompt",
+        responses={204: None, 404: OpenApiResponse(description="No such prompt of yours.")},
+    )
+    def delete(self, request: Request, prompt_id: int) -> Response:
+        saved_prompt_delete(user=signed_in(request), prompt_id=prompt_id)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 # --- Sending a message: streamed over SSE ---------------------------------------------------------

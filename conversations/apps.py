@@ -18,3 +18,8 @@ class ConversationsConfig(AppConfig):
 
         # Moderation records and shows which message a flag is about through this (moderation.subjects).
         flag_subjects_install(MESSAGE_FLAGS)
+
+        from accounts.hooks import account_export_register
+        from conversations.selectors import conversations_export_files
+
+        account_export_register(conversations_export_files)

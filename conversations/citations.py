@@ -4,8 +4,9 @@ beside the message they belong to)."""
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from conversations.models import Citation
@@ -54,7 +55,25 @@ def citations_for_messages(*, owner_id: int, message_ids: Iterable[int]) -> dict
     return dict(found)
 
 
-def citation_json(citation: Citation) -> dict[str, Any]:
+# How an answer cites a quoted passage: "[2]", or several in one mark, "[1, 3]" (the prompt asks
+# for [1], [2]; the chat page links the same marks).
+CITATION_MARK = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
+
+
+def cited_numbers(text: str) -> set[int]:
+    """The passage numbers an answer's text cites."""
+    return {int(n) for mark in CITATION_MARK.findall(text) for n in mark.split(",")}
+
+
+def citations_cited(citations: Iterable[Citation], *, text: str) -> list[Citation]:
+    """What the page shows under an answer: the quoted passages its text cites (a passage quoted
+    but not cited did not go into what it says), and every passage left out of its prompt."""
+    cited = cited_numbers(text)
+    return [c for c in citations if c.withheld or c.number in cited]
+
+
+def citation_json(citation: Citation, *, cited: Collection[int]) -> dict[str, Any]:
+    """`cited`: the numbers the answer's text cites (`cited_numbers`)."""
     return {
         "number": citation.number,
         "file": citation.file_name,
@@ -63,6 +82,7 @@ def citation_json(citation: Citation) -> dict[str, Any]:
         "heading": citation.heading,
         "passage": citation.passage,
         "withheld": citation.withheld,
+        "cited": not citation.withheld and citation.number in cited,
     }
 
 

@@ -318,3 +318,21 @@ class MessageFeedback(models.Model):
 
     def __str__(self) -> str:
         return f"{self.rating} on message {self.message_id}"
+
+
+class SavedPrompt(models.Model):
+    """A prompt its owner keeps for reuse: typing `/` and its command at the start of the chat
+    page's composer puts its text there (docs/conversations.md, the prompt library)."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="saved_prompts")
+    command = models.CharField(max_length=32, help_text="What follows `/` in the composer: a-z, 0-9 and -.")
+    text = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["command", "id"]
+        constraints = [models.UniqueConstraint(fields=["owner", "command"], name="saved_prompt_command_per_owner")]
+
+    def __str__(self) -> str:
+        return f"/{self.command}"

@@ -10,6 +10,7 @@ is not one with a `ClientError` that names the field; the constructor checks the
 from __future__ import annotations
 
 import enum
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -165,3 +166,44 @@ class AnswerRequest:
         if not is_row_id(message):
             raise ClientError("That answer does not exist.", code="not_found", status=404, param="message")
         return cls(message_id=message, replaces=replaces)
+
+
+# A saved prompt's command: what follows `/` in the composer, so nothing a person types there twice.
+PROMPT_COMMAND = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+PROMPT_TEXT_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class SavedPromptRequest:
+    """A saved prompt as its owner writes it: a command (lower-case letters, digits and `-`, at most
+    32) and the text it puts into the composer (at most PROMPT_TEXT_CHARS)."""
+
+    command: str
+    text: str
+
+    def __post_init__(self) -> None:
+        if not PROMPT_COMMAND.fullmatch(self.command):
+            raise ClientError(
+                "A command is 1 to 32 lower-case letters, digits or hyphens, starting with a letter or digit.",
+                code="invalid_command",
+                param="command",
+            )
+        if not self.text or "\x00" in self.text:
+            raise ClientError("A prompt's text cannot be empty.", code="invalid_text", param="text")
+        if len(self.text) > PROMPT_TEXT_CHARS:
+            raise ClientError(
+                f"A prompt's text can be at most {PROMPT_TEXT_CHARS} characters long.",
+                code="invalid_text",
+                param="text",
+            )
+
+    @classmethod
+    def parse(cls, fields: Mapping[str, object]) -> SavedPromptRequest:
+        """From a body or a form: `command` (a leading `/` and surrounding spaces are forgiven, and
+        upper case is lowered) and `text` (trimmed)."""
+        command, text = fields.get("command"), fields.get("text")
+        if not isinstance(command, str):
+            raise ClientError("'command' must be text.", code="invalid_command", param="command")
+        if not isinstance(text, str):
+            raise ClientError("'text' must be text.", code="invalid_text", param="text")
+        return cls(command=command.strip().removeprefix("/").lower(), text=text.strip())

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from conversations.models import (
     Message,
     MessageFeedback,
     Project,
+    SavedPrompt,
     SharedConversation,
 )
 from conversations.prompts import project_block
@@ -33,6 +35,18 @@ from moderation.models import Flag
 
 def conversation_list_for_user(*, user: User) -> QuerySet[Conversation]:
     return Conversation.objects.filter(user=user).select_related("deployment", "project")
+
+
+def saved_prompts_for_user(*, user: User) -> QuerySet[SavedPrompt]:
+    """The user's prompt library, by command."""
+    return SavedPrompt.objects.filter(owner=user).order_by("command", "id")
+
+
+def saved_prompt_get_for_user(*, user: User, prompt_id: int) -> SavedPrompt | None:
+    """One of the user's prompts, or None: another user's looks exactly like a missing one."""
+    if not is_row_id(prompt_id):
+        return None
+    return saved_prompts_for_user(user=user).filter(id=prompt_id).first()
 
 
 def conversation_get_for_user(*, user: User, conversation_id: int) -> Conversation | None:
@@ -360,6 +374,31 @@ def conversation_export(*, conversation: Conversation, scope: ExportScope = Expo
             if m.role in (Message.Role.USER, Message.Role.ASSISTANT)
         ],
     }
+
+
+def conversations_export_files(*, user: User) -> dict[str, bytes]:
+    """conversations' part of a person's data archive: each conversation whole, every branch
+    (`conversation_export` with the tree's scope), as conversations/<id>.json, and their projects
+    (projects.json: each with its instructions and its chats' ids; its files are in files.json)."""
+    files = {}
+    for conversation in Conversation.objects.filter(user=user).select_related("deployment").order_by("id"):
+        exported = conversation_export(conversation=conversation, scope=ExportScope.TREE)
+        files[f"conversations/{conversation.id}.json"] = json.dumps(exported, indent=2, ensure_ascii=False).encode()
+    projects = [
+        {
+            "id": project.id,
+            "name": project.name,
+            "instructions": project.instructions,
+            "default_model": project.default_model,
+            "created_at": project.created_at.isoformat(),
+            "updated_at": project.updated_at.isoformat(),
+            "conversations": [c.id for c in project.chats],  # type: ignore[attr-defined]
+        }
+        for project in projects_with_chats_for_user(user=user)
+    ]
+    if projects:
+        files["projects.json"] = json.dumps(projects, indent=2, ensure_ascii=False).encode()
+    return files
 
 
 def shared_conversation_get(*, token: object) -> SharedConversation | None:

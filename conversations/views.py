@@ -8,12 +8,13 @@ from functools import wraps
 from typing import Any
 
 from django.conf import settings
+from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.authentication import signed_in
 from accounts.metering import metered
@@ -21,8 +22,9 @@ from accounts.models import User
 from accounts.selectors import deployments_allowed_for_user
 from chatsite.errors import ClientError, error_body
 from conversations.branches import Tree
-from conversations.citations import citations_for_messages
+from conversations.citations import citations_cited, citations_for_messages
 from conversations.models import Citation, Conversation, Message, Project
+from conversations.requests import PROMPT_TEXT_CHARS, SavedPromptRequest
 from conversations.selectors import (
     ConversationGroup,
     ExportScope,
@@ -38,6 +40,7 @@ from conversations.selectors import (
     project_chats,
     project_get_for_user,
     projects_with_chats_for_user,
+    saved_prompts_for_user,
     shared_conversation_for,
     shared_conversation_get,
 )
@@ -49,6 +52,9 @@ from conversations.services import (
     conversation_share,
     conversation_share_revoke,
     held_back_reason,
+    saved_prompt_create,
+    saved_prompt_delete,
+    saved_prompt_update,
 )
 from documents.models import Document
 from documents.selectors import documents_of_conversation, documents_of_project
@@ -99,7 +105,7 @@ def _chat_page(
         _writers_attach(messages, model=conversation.model)
         sources = citations_for_messages(owner_id=user.id, message_ids=[m.id for m in messages])
         for shown in messages:
-            shown.citation_list = sources.get(shown.id, [])
+            shown.citation_list = citations_cited(sources.get(shown.id, []), text=shown.content)
         attached = list(documents_of_conversation(user=user, conversation_id=conversation.id))
         # Where the model's memory of the branch begins: the messages up to `through` are summarized.
         summary = branch_summary(conversation=conversation, messages=branch.messages)
@@ -417,3 +423,65 @@ def shared_conversation(request: HttpRequest, token: str) -> HttpResponse:
     response = render(request, "conversations/shared.html", {"share": share})
     response["X-Robots-Tag"] = "noindex, nofollow"
     return response
+
+
+# --- the prompt library -----------------------------------------------------------------------------
+
+
+def _prompts_page(request: HttpRequest, *, status: int = 200, editing: int | None = None) -> HttpResponse:
+    return render(
+        request,
+        "conversations/prompts.html",
+        {
+            "prompts": saved_prompts_for_user(user=signed_in(request)),
+            "text_chars": PROMPT_TEXT_CHARS,
+            "editing": editing,
+            "form": request.POST if status != 200 else {},
+        },
+        status=status,
+    )
+
+
+def _prompt_write(
+    request: HttpRequest, write: Callable[[SavedPromptRequest], Any], *, editing: int | None = None
+) -> HttpResponse:
+    """A form's prompt written by `write`, then back to the library; refused, the page again with why."""
+    try:
+        write(SavedPromptRequest.parse(request.POST))
+    except ClientError as exc:
+        flash.error(request, exc.message)
+        return _prompts_page(request, status=exc.status, editing=editing)
+    return redirect("conversations:prompts")
+
+
+@metered("request")
+@never_cache
+@login_required
+@require_http_methods(["GET", "POST"])
+def saved_prompts_view(request: HttpRequest) -> HttpResponse:
+    """The user's prompt library: each prompt with its command, to edit or delete, and a form for a new one."""
+    if request.method == "POST":
+        return _prompt_write(request, lambda asked: saved_prompt_create(user=signed_in(request), request=asked))
+    return _prompts_page(request)
+
+
+@metered("request")
+@login_required
+@require_POST
+def saved_prompt_edit_view(request: HttpRequest, prompt_id: int) -> HttpResponse:
+    return _prompt_write(
+        request,
+        lambda asked: saved_prompt_update(user=signed_in(request), prompt_id=prompt_id, request=asked),
+        editing=prompt_id,
+    )
+
+
+@metered("request")
+@login_required
+@require_POST
+def saved_prompt_delete_view(request: HttpRequest, prompt_id: int) -> HttpResponse:
+    try:
+        saved_prompt_delete(user=signed_in(request), prompt_id=prompt_id)
+    except ClientError as exc:
+        raise Http404(exc.message) from None
+    return redirect("conversations:prompts")

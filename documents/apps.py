@@ -6,11 +6,13 @@ class DocumentsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from accounts.hooks import account_export_register
         from billing.selectors import USAGE_FIGURES
         from documents import receivers  # noqa: F401
         from documents.background import document_process_dispatch
-        from documents.selectors import usage_storage_figures
+        from documents.selectors import documents_export_files, usage_storage_figures
         from documents.services import document_processing_install
 
         USAGE_FIGURES.append(usage_storage_figures)
+        account_export_register(documents_export_files)
         document_processing_install(document_process_dispatch)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 
 from django.db.models import Count, Q, QuerySet, Sum
@@ -66,3 +68,37 @@ def usage_storage_figures(user: User) -> list[tuple[str, str]]:
 
     held = storage_for_user(user=user)
     return [("files", f"{held.files} · {filesizeformat(held.bytes)}")]
+
+
+_UNSAFE_IN_NAME = re.compile(r"[^\w.\- ]+")
+
+
+def _archive_name(document: Document) -> str:
+    """A file's name inside the archive: its own, with nothing that could leave its folder."""
+    name = _UNSAFE_IN_NAME.sub("_", document.name).strip(". ") or "file"
+    return f"files/{document.id}-{name[:120]}"
+
+
+def documents_export_files(*, user: User) -> dict[str, bytes]:
+    """documents' part of a person's data archive: each file as uploaded (files/<id>-<name>), and
+    files.json saying what each is and where it was attached."""
+    files: dict[str, bytes] = {}
+    listed = []
+    for document in Document.objects.filter(owner=user).select_related("conversation_link").order_by("id"):
+        path = _archive_name(document)
+        files[path] = bytes(document.data)
+        listed.append(
+            {
+                "path": path,
+                "name": document.name,
+                "kind": document.kind,
+                "size": document.size,
+                "sha256": document.sha256,
+                "status": document.status,
+                "library": document.library,
+                "conversation": document.conversation_id,
+                "uploaded_at": document.created_at.isoformat(),
+            }
+        )
+    files["files.json"] = json.dumps(listed, indent=2, ensure_ascii=False).encode()
+    return files

@@ -208,6 +208,10 @@
     setBusy(true);
   }
 
+  // Set once a navigation away from this page starts (a link, a form such as "Log out").
+  let leaving = false;
+  window.addEventListener("beforeunload", function () { leaving = true; });
+
   function connect() {
     socket = new WebSocket(wsUrl());
     socket.addEventListener("open", function () {
@@ -231,8 +235,9 @@
       chat.dataset.socket = "closed";
       if (event.code === 4401 || event.code === 4403) {
         // Signed out, a new password, or the account suspended: reconnecting cannot help. The
-        // reload lands on the sign-in page.
-        window.location.reload();
+        // reload lands on the sign-in page, unless this page is already leaving (its own "Log out"
+        // closes its socket before the response arrives, and a reload would cancel that navigation).
+        setTimeout(function () { window.location.reload(); }, leaving ? 3000 : 0);
         return;
       }
       // 4429: the account has as many chat sockets open as it may (other tabs); one may close soon.

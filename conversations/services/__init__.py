@@ -9,6 +9,7 @@
 - `branches`: an answer regenerated beside the old one, or continued where its length limit cut it.
 - `feedback`: a thumbs up or down on an answer, and taking it back.
 - `titles`: a conversation's title, asked of its model once the first answer ends.
+- `saved_prompts`: the prompt library, prompts a user keeps for the composer's `/`.
 - `sharing`: a read-only link to a snapshot of the branch on screen.
 - `projects`: a project created, changed or deleted (its chats with it, or kept), and a
   conversation moved into or out of one.
@@ -34,6 +35,7 @@ from conversations.services.projects import (
     project_delete,
     project_update,
 )
+from conversations.services.saved_prompts import saved_prompt_create, saved_prompt_delete, saved_prompt_update
 from conversations.services.sending import (
     ACTIVE_BRANCH,
     HELD_BACK,
@@ -77,4 +79,7 @@ __all__ = [
     "project_create",
     "project_delete",
     "project_update",
+    "saved_prompt_create",
+    "saved_prompt_delete",
+    "saved_prompt_update",
 ]

@@ -1,7 +1,8 @@
 // The chat page's files: attach (the button, or a file dropped on the page) into this conversation,
 // or, on a new chat with no conversation yet, into the library; each file's processing shown until
-// it is ready; and under an answer, the passages of files its prompt quoted, numbered as the answer
-// cites them ([1], [2]…), each opening to show its passage. Everything from the server goes into the
+// it is ready; and under an answer, above its actions, the passages of files it cites, numbered as
+// it cites them ([1], [2]…; a passage its prompt quoted but it does not cite is not shown), each
+// opening to show its passage. Everything from the server goes into the
 // page as text (textContent), never as HTML.
 (function () {
   "use strict";
@@ -113,6 +114,8 @@
   function sourcesBlock(article, citations) {
     const old = article.querySelector("aside.sources");
     if (old) old.remove();
+    // The server says which passages the answer's text cites (`cited`), as it does for the page it renders.
+    citations = citations.filter(function (c) { return c.cited || c.withheld; });
     if (!citations.length) return;
     const aside = document.createElement("aside");
     aside.className = "sources";
@@ -137,7 +140,9 @@
       details.append(summary, quote);
       aside.appendChild(details);
     });
-    article.appendChild(aside);
+    // Above the answer's actions (static/chat/tree.js), a comment form and Regenerate, as the server
+    // renders it: the sources belong to the answer's text, the actions to the whole message.
+    article.insertBefore(aside, article.querySelector(":scope > .actions, :scope > .feedback-form, :scope > button.regenerate"));
   }
 
   // "[2]" in an answer becomes a link that opens source 2 beneath it.

@@ -15,6 +15,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+import accounts.services
 from accounts.models import User
 from accounts.selectors import SessionAccess, session_access
 from accounts.services import user_deactivate
@@ -127,6 +128,24 @@ async def test_signing_out_closes_that_sessions_sockets_and_no_others(alice):
         assert await closed_with(socket) == SESSION_ENDED
     await nothing_comes_of_a_send(this_session[0])
     await still_open(other_session)
+
+
+def test_a_sign_out_ends_the_session_before_its_sockets_hear_of_it(alice, monkeypatch):
+    """A page reloads when its socket closes with 4401; were the session still there, the reload
+    would show the chat page again, signed in, and race the sign-out's own navigation."""
+    told = accounts.services.user_sockets_tell
+    sessions_when_told: list[bool] = []
+
+    def tell_noting_the_session(*, user_id, event):
+        sessions_when_told.append(Session.objects.filter(session_key=session_key).exists())
+        told(user_id=user_id, event=event)
+
+    monkeypatch.setattr(accounts.services, "user_sockets_tell", tell_noting_the_session)
+    signed_in = Client()
+    signed_in.force_login(alice)
+    session_key = signed_in.session.session_key
+    assert signed_in.post(reverse("accounts:logout")).status_code == 302
+    assert sessions_when_told == [False]
 
 
 async def test_a_new_password_closes_the_sockets_signed_in_with_the_old_one(alice):

@@ -260,11 +260,13 @@ def test_a_missing_tier_never_undoes_a_finish(alice):
     assert Generation.objects.get().status == "complete"
 
 
-def test_deleting_a_user_deletes_their_ledger_with_them(alice, bob):
+def test_a_deleted_users_ledger_stays_numbered_by_the_old_account_and_no_longer_linked(alice, bob):
     _finished(alice)
     _finished(bob)
-    alice.delete()
-    assert list(UsageRecord.objects.values_list("user__username", flat=True)) == ["bob"]
+    alice_id = alice.id
+    alice.delete()  # as the admin deletes: the ledger is kept however the account goes
+    kept = UsageRecord.objects.values_list("user__username", "former_account")
+    assert set(kept) == {("bob", None), (None, alice_id)}
 
 
 @pytest.mark.engine

@@ -1,5 +1,5 @@
 """Files on the chat page, in a real browser: attach, watch it process, ask, and see the answer's
-source with its file, its passage opening on a click."""
+source (only a passage it cites, above its actions) with its file, its passage opening on a click."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from tests.browser.conftest import BROWSER_MARKS, sign_in
 
 pytestmark = BROWSER_MARKS
 
+LIGHT = "The Port Aldwin lighthouse was first lit in 1871 and still guides ships into the harbour."
 FACT = "The harbour master of Port Aldwin in 1903 was Eliza Quennell, who kept the tide tables."
 
 
@@ -47,44 +48,67 @@ async def test_the_attach_button_is_an_icon_that_needs_no_emoji_font(page, theme
         await attach.click()
 
 
-async def test_an_attached_file_answers_a_question_and_its_passage_is_cited(page):
-    await sign_in(page, "nora")
-    # A new chat has no conversation yet: the file goes into the library, which every chat uses.
-    await page.set_input_files(
-        "#attach-input",
-        files=[
-            {"name": "harbour.md", "mimeType": "text/markdown", "buffer": f"# Harbour history\n\n{FACT}\n".encode()}
-        ],
+async def _sources_and_actions(page) -> list[str]:
+    """Where the answer's sources sit among its actions and Regenerate, in the page's order."""
+    return await page.locator("article.message.assistant").last.evaluate(
+        "a => Array.from(a.children).flatMap(c => c.matches('aside.sources') ? ['sources']"
+        " : c.matches('.actions') ? ['actions'] : c.matches('button.regenerate') ? ['regenerate'] : [])"
     )
-    chip = page.locator("#attachments .chip")
-    await chip.locator(".chip-name").filter(has_text="harbour.md").wait_for()
-    await page.wait_for_selector('#attachments .chip[data-status="ready"]', timeout=120_000)
+
+
+async def test_an_attached_file_answers_a_question_and_only_the_passages_cited_are_shown(page):
+    await sign_in(page, "nora")
+    # A new chat has no conversation yet: the files go into the library, which every chat uses.
+    for name, text in (
+        ("harbour.md", f"# Harbour history\n\n{FACT}\n"),
+        ("lighthouse.md", f"# Lighthouse\n\n{LIGHT}\n"),
+    ):
+        await page.set_input_files(
+            "#attach-input", files=[{"name": name, "mimeType": "text/markdown", "buffer": text.encode()}]
+        )
+        await page.locator("#attachments .chip .chip-name").filter(has_text=name).wait_for()
+    chip = page.locator("#attachments .chip").first
+    await page.wait_for_function(
+        "() => [...document.querySelectorAll('#attachments .chip')].filter(c => c.dataset.status === 'ready').length"
+        " === 2",
+        timeout=120_000,
+    )
     assert await chip.locator(".chip-status").text_content() == "ready"
 
-    await page.fill("#input", "Who was the harbour master of Port Aldwin in 1903?")
+    # The scripted engine's answer quotes the question, so it cites [1] and nothing else.
+    await page.fill("#input", "From [1]: who was the harbour master of Port Aldwin in 1903?")
     await page.keyboard.press("Enter")
     answer = page.locator("article.message.assistant").last
     await page.wait_for_selector("article.message.assistant[data-status=complete] aside.sources details.source")
+    await answer.locator("button.regenerate").wait_for()
+    # Both files' passages were quoted in the prompt; the answer cites only the first.
+    assert await Citation.objects.filter(withheld=False).acount() == 2
+    assert await answer.locator("details.source").count() == 1
     summary = answer.locator("details.source summary").first
     assert (await summary.text_content()).startswith("[1] harbour.md")
+    assert LIGHT not in await answer.locator("aside.sources").text_content()
     passage = answer.locator("details.source blockquote").first
     assert not await passage.is_visible()
-    await summary.click()
+    await answer.locator("a.citation").first.click()  # the [1] in the answer opens it
     assert await passage.is_visible() and await passage.text_content() == FACT
+    assert await _sources_and_actions(page) == ["sources", "actions", "regenerate"]
 
     # The passage was in the answer's prompt, marked as quoted material, and the citation is stored.
     generation = await Generation.objects.alatest("created_at")
     tokenizer = tokenizer_for(str(settings.INFERENCE_MODELS_DIR / DEFAULT_DEPLOYMENT_FIELDS["model"]))
     prompt = tokenizer.decode(generation.prompt_token_ids)
-    assert FACT in prompt and "quoted material" in prompt
+    assert FACT in prompt and LIGHT in prompt and "quoted material" in prompt
     assert await Citation.objects.filter(number=1, file_name="harbour.md", passage=FACT).aexists()
 
-    # After a reload the page draws the same source itself.
+    # After a reload the page draws the same source itself, in the same place.
     await page.reload()
     await page.locator("article.message.assistant aside.sources details.source").first.wait_for()
+    await page.locator("article.message.assistant .actions button.rate-up").wait_for()
+    assert await page.locator("article.message.assistant details.source").count() == 1
     assert await page.locator("article.message.assistant details.source summary").first.text_content() == (
         "[1] harbour.md · Harbour history"
     )
+    assert await _sources_and_actions(page) == ["sources", "actions", "regenerate"]
 
 
 async def test_a_file_dropped_on_a_conversation_is_attached_to_it(page):

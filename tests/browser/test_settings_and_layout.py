@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from channels.db import database_sync_to_async
 
-from accounts.models import ApiKey, User
+from accounts.models import ApiKey, User, UserSettings
 from conversations.models import Conversation, Message
 from inference.models import Generation
 from inference.openai.wire import usage
@@ -29,6 +29,10 @@ pytestmark = [
 
 PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1280, "height": 800}
+# The chat page's behaviour on a desktop in the light theme and on a phone in the dark one.
+LOOKS = pytest.mark.parametrize(
+    ("viewport", "theme"), [(DESKTOP, "light"), (PHONE, "dark")], ids=["desktop-light", "phone-dark"]
+)
 
 
 @pytest.fixture
@@ -107,6 +111,32 @@ def long_conversation(username: str, pairs: int = 30) -> Conversation:
             parent=question,
         )
     return conversation
+
+
+async def signed_in_as(page, username: str, viewport: dict[str, int], theme: str) -> None:
+    """`username` on the chat page at this size, in this theme (the setting, as the server renders it)."""
+    await page.set_viewport_size(viewport)
+    await sign_in(page, username)
+    await UserSettings.objects.aupdate_or_create(
+        user=await User.objects.aget(username=username), defaults={"theme": theme}
+    )
+    await page.reload()
+    await page.wait_for_selector("#chat[data-socket=open]", state="attached")
+    assert await page.get_attribute("html", "data-theme") == theme
+
+
+async def _within(page, selector: str, viewport: dict[str, int]) -> None:
+    box = await page.locator(selector).bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= viewport["width"], selector
+    assert box["y"] >= 0 and box["y"] + box["height"] <= viewport["height"], selector
+
+
+async def background(page, selector: str) -> str:
+    return await page.locator(selector).evaluate("e => getComputedStyle(e).backgroundColor")
+
+
+WHITE = "rgb(255, 255, 255)"
+DANGER = {"light": "rgb(180, 35, 24)", "dark": "rgb(255, 138, 122)"}  # Stop, in each theme's --danger
 
 
 async def scrolled_to_end(page) -> bool:
@@ -194,8 +224,9 @@ async def test_on_a_phone_the_menu_button_reaches_everything(phone):
 # --- the composer, following an answer, accessibility ----------------------------------------------
 
 
-async def test_the_composer_grows_with_its_text_up_to_a_limit(page):
-    await sign_in(page, "rita")
+@LOOKS
+async def test_the_composer_grows_with_its_text_up_to_a_limit(page, viewport, theme):
+    await signed_in_as(page, "rita", viewport, theme)
     assert await page.evaluate("() => document.activeElement.id") == "input"  # focused on load
     one_line = (await page.locator("#input").bounding_box())["height"]
     await page.fill("#input", "line\n" * 5)
@@ -203,12 +234,14 @@ async def test_the_composer_grows_with_its_text_up_to_a_limit(page):
     assert five_lines > one_line * 2
     await page.fill("#input", "line\n" * 200)
     tall = (await page.locator("#input").bounding_box())["height"]
-    assert tall <= DESKTOP["height"] * 0.4 + 1
+    assert tall <= viewport["height"] * 0.4 + 1
+    assert (await background(page, "#input") == WHITE) == (theme == "light")
     assert await page.evaluate("() => getComputedStyle(document.getElementById('input')).overflowY") == "auto"
 
 
-async def test_a_long_conversation_opens_at_its_end_and_follows_an_answer_only_from_the_bottom(page):
-    await sign_in(page, "sam")
+@LOOKS
+async def test_a_long_conversation_opens_at_its_end_and_follows_an_answer_only_from_the_bottom(page, viewport, theme):
+    await signed_in_as(page, "sam", viewport, theme)
     conversation = await long_conversation("sam")
     await page.goto(f"/c/{conversation.id}/")
     assert await scrolled_to_end(page)
@@ -228,7 +261,7 @@ async def test_a_long_conversation_opens_at_its_end_and_follows_an_answer_only_f
     )
     assert await scrolled_to_end(page)  # at the bottom: it follows
 
-    await page.mouse.move(600, 300)
+    await page.mouse.move(viewport["width"] // 2, 300)
     await page.mouse.wheel(0, -1500)  # the reader scrolls up to read
     await page.wait_for_function(
         "() => { const m = document.getElementById('messages');"
@@ -242,6 +275,8 @@ async def test_a_long_conversation_opens_at_its_end_and_follows_an_answer_only_f
     assert not await scrolled_to_end(page)  # left where they are reading
     assert await page.evaluate("() => document.getElementById('messages').scrollTop") == reading_at
 
+    await _within(page, "#jump-latest", viewport)
+    assert (await background(page, "#jump-latest") == WHITE) == (theme == "light")
     await page.click("#jump-latest")
     assert await scrolled_to_end(page)
     assert await page.is_hidden("#jump-latest")
@@ -380,9 +415,12 @@ async def idle(page) -> bool:
     return await page.is_visible("#send") and await page.is_hidden("#stop")
 
 
+@LOOKS
 @pytest.mark.parametrize("action", ["regenerate", "continue"])
-async def test_regenerate_and_continue_are_busy_from_the_click_and_idle_again_when_refused(page, held_answers, action):
-    await sign_in(page, "yusuf")
+async def test_regenerate_and_continue_are_busy_from_the_click_and_idle_again_when_refused(
+    page, held_answers, action, viewport, theme
+):
+    await signed_in_as(page, "yusuf", viewport, theme)
     generation_id, publisher = await sent(page, "Tell a story.")
     await finished(generation_id, publisher, "Once upon a time", finish_reason="length")
     button = page.locator(f"article.message.assistant button.{action}")
@@ -394,6 +432,8 @@ async def test_regenerate_and_continue_are_busy_from_the_click_and_idle_again_wh
     await button.click()
     await page.wait_for_selector("#stop", state="visible", timeout=2_000)
     assert await page.is_hidden("#send")
+    assert await background(page, "#stop") == DANGER[theme]
+    await _within(page, "#stop", viewport)
     assert await page.locator("article.message.assistant button.continue, button.regenerate").count() == 0
     await page.fill("#input", "And then?")
     await page.keyboard.press("Enter")
@@ -424,13 +464,13 @@ async def test_regenerate_and_continue_are_busy_from_the_click_and_idle_again_wh
     assert await page.input_value("#input") == ""
 
 
-@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+@LOOKS
 async def test_a_refused_message_comes_back_to_a_composer_that_fits_it_and_the_empty_chat_says_so(
-    chromium, server_without_engine, no_engine, settings, viewport
+    chromium, server_without_engine, no_engine, settings, viewport, theme
 ):
     settings.CHAT_MAX_MESSAGE_CHARS = 200
     async with browser_page(chromium, server_without_engine, viewport) as page:
-        await sign_in(page, "zelda")
+        await signed_in_as(page, "zelda", viewport, theme)
         one_line = (await page.locator("#input").bounding_box())["height"]
         text = "\n".join(f"Line {i} of a message that is too long." for i in range(12))
         await page.fill("#input", text)
@@ -444,12 +484,12 @@ async def test_a_refused_message_comes_back_to_a_composer_that_fits_it_and_the_e
         assert await idle(page)
 
 
-@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+@LOOKS
 async def test_no_jump_to_latest_after_an_edit_that_leaves_the_whole_chat_on_screen(
-    chromium, server_without_engine, no_engine, viewport
+    chromium, server_without_engine, no_engine, viewport, theme
 ):
     async with browser_page(chromium, server_without_engine, viewport) as page:
-        await sign_in(page, "abel")
+        await signed_in_as(page, "abel", viewport, theme)
         conversation = await long_conversation("abel", pairs=6)
         await page.goto(f"/c/{conversation.id}/")
         await page.evaluate("() => { document.getElementById('messages').scrollTop = 0; }")

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from accounts.models import ApiKey
 from accounts.services import api_key_create
 from billing.models import UsageRecord
-from conversations.models import Conversation, Message, Project
+from conversations.models import Conversation, Message, Project, SavedPrompt
 from conversations.services import conversation_create, project_create
 from inference.defaults import DEFAULT_DEPLOYMENT_NAME
 from inference.models import Generation
@@ -117,6 +117,7 @@ COMPLETION = fields(
 MODERATION = fields({}, {"input": valid_or("Hello", ["Hello", "there"], []), "model": valid_or("omni-moderation")})
 CREATE = fields({}, {"title": valid_or("Plans", ""), "model": valid_or(DEFAULT_DEPLOYMENT_NAME, None)})
 RENAME = fields({}, {"title": valid_or("Renamed", "")})
+PROMPT = fields({}, {"command": valid_or("summarize", "/Two-Words", "two words", ""), "text": valid_or("Hi", "")})
 SEND_CONTENT = {"content": valid_or("Hello", "", "  "), "client_id": valid_or(None) | uuids}
 SEND_NEW = fields({"model": unknown_models}, SEND_CONTENT)
 SEND_INTO_BUSY = fields({}, {**SEND_CONTENT, "model": valid_or(DEFAULT_DEPLOYMENT_NAME)})
@@ -165,6 +166,8 @@ class Setting:
         self.key = api_key_create(user=alice, name="fuzz", scopes=list(ApiKey.Scope.values)).key
         self.project = project_create(owner=alice, name="Alice's project")
         self.bobs_project = project_create(owner=bob, name="Bob's project")
+        self.prompt = SavedPrompt.objects.create(owner=alice, command="mine", text="Alice's")
+        self.bobs_prompt = SavedPrompt.objects.create(owner=bob, command="mine", text="Bob's")
 
     def requests(self) -> st.SearchStrategy[tuple[str, str, bytes, str]]:
         """(method, path, body, content type) for every operation of both APIs."""
@@ -176,6 +179,8 @@ class Setting:
         def query(path: str, params: st.SearchStrategy) -> st.SearchStrategy:
             return params.map(lambda p: f"{path}?{urlencode(p)}" if p else path)
 
+        prompt_ids = st.sampled_from([self.prompt.id, self.bobs_prompt.id, 0, 2**63, 10**30]) | st.integers(min_value=0)
+        not_alices_prompts = st.sampled_from([self.bobs_prompt.id, 0, 2**63, 10**30])
         list_query = st.fixed_dictionaries({"cursor": cursors()}, optional={"limit": st.text(max_size=6)})
         project_id = st.sampled_from([self.project.id, self.bobs_project.id, 0, 2**63, 10**30]) | st.integers(0)
         not_alices_project = st.sampled_from([self.bobs_project.id, 0, 2**63, 10**30])
@@ -223,6 +228,12 @@ class Setting:
                 encoded(SEND_INTO_BUSY),
                 content_type,
             ),
+            st.tuples(st.just("GET"), st.just("/api/prompts/"), st.just(b""), json_type),
+            st.tuples(st.just("POST"), st.just("/api/prompts/"), encoded(PROMPT), content_type),
+            st.tuples(st.just("PATCH"), prompt_ids.map(lambda i: f"/api/prompts/{i}/"), encoded(PROMPT), content_type),
+            st.tuples(
+                st.just("DELETE"), not_alices_prompts.map(lambda i: f"/api/prompts/{i}/"), st.just(b""), json_type
+            ),
             st.tuples(st.sampled_from(["PUT", "GET"]), st.just("/v1/chat/completions"), st.just(b"{}"), json_type),
         )
 
@@ -249,6 +260,9 @@ MAY_SUCCEED = {
     ("PATCH", "/api/projects/{id}/"),
     ("GET", "/api/projects/{id}/files/"),
     ("PUT", "/api/conversations/{id}/project/"),
+    ("GET", "/api/prompts/"),
+    ("POST", "/api/prompts/"),
+    ("PATCH", "/api/prompts/{id}/"),
 }
 
 
@@ -265,6 +279,7 @@ def rows() -> tuple[int, ...]:
         Message.objects.count(),
         Generation.objects.count(),
         UsageRecord.objects.count(),
+        *SavedPrompt.objects.order_by("id").values_list("id", "command", "text"),
     )
 
 
@@ -310,6 +325,7 @@ async def test_no_body_at_any_endpoint_is_a_server_error_or_writes_when_refused(
         assert operation(method, path) in MAY_SUCCEED, response.text
     assert await Message.objects.filter(conversation_id=setting.busy.id).acount() == 2
     assert not await Generation.objects.aexists()
+    assert await SavedPrompt.objects.filter(id=setting.bobs_prompt.id, text="Bob's").aexists()
 
 
 def socket_frames(setting: Setting, ended_elsewhere: str) -> st.SearchStrategy[str]:

@@ -25,7 +25,7 @@ from tests.helpers.databases import rate_limits_clear
 # on a CPU. Embeddings and tokenizing run in the web process, so they are fuzzed.
 FUZZED_PATHS = (
     r"^/(api/conversations/(\{conversation_id\}/(project/)?)?|api/projects/(\{project_id\}/(files/)?)?"
-    r"|v1/models(/\{model_id\})?|v1/embeddings|tokenize|detokenize)$"
+    r"|api/prompts/(\{prompt_id\}/)?|v1/models(/\{model_id\})?|v1/embeddings|tokenize|detokenize)$"
 )
 EXAMPLES_PER_OPERATION = 25
 
@@ -45,6 +45,8 @@ def test_the_schema_documents_the_conversations_api():
     assert "post" in paths["/api/conversations/messages/"]
     assert set(paths["/api/conversations/{conversation_id}/branch/"]) == {"post"}
     assert set(paths["/api/conversations/{conversation_id}/messages/{message_id}/feedback/"]) == {"put", "delete"}
+    assert set(paths["/api/prompts/"]) == {"get", "post"}
+    assert set(paths["/api/prompts/{prompt_id}/"]) == {"patch", "delete"}
     for path in ("/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize"):
         assert set(paths[path]) == {"post"}
     assert set(paths["/v1/models/{model_id}"]) == {"get"}
@@ -89,7 +91,7 @@ def test_generated_requests_never_cause_a_server_error(alice, bob, wsgi_app):
     schema = schemathesis.openapi.from_dict(SchemaGenerator().get_schema(request=None, public=True))
     schema.app = wsgi_app
     operations = [result.ok() for result in schema.include(path_regex=FUZZED_PATHS).get_all_operations()]
-    assert len(operations) == 18
+    assert len(operations) == 22
     headers = {"Authorization": f"Bearer {key}"}
 
     runs = [(operation, mode, None) for operation in operations for mode in GenerationMode]

@@ -95,6 +95,7 @@ def test_a_file_attached_to_a_conversation_serves_it_and_the_answer_returns_cita
             "heading": "Harbour",
             "passage": FACT,
             "withheld": False,
+            "cited": False,  # the answer's text has no [1]
         }
     ]
     one = client.get(f"/api/conversations/{conversation.id}/messages/{sent.assistant_message.id}/citations/")
@@ -239,3 +240,30 @@ def test_an_upload_refused_for_the_day_has_not_used_one_of_the_hours(alice):
     alice.tier.documents_per_day = None
     alice.tier.save()
     assert client.post("/api/files/", {"file": a_file()}, format="multipart").status_code == 201
+
+
+def test_an_answer_shows_only_the_passages_its_text_cites_and_those_left_out(alice):
+    conversation = conversation_start(user=alice)
+    question = conversation.messages.create(role="user", content="Where and when?")
+    answer = conversation.messages.create(
+        role="assistant", content="In Aldwin [2], in 1903 [2, 3]; not `[1]` alone.", parent=question, status="complete"
+    )
+    for number in (1, 2, 3, 4):
+        Citation.objects.create(
+            owner=alice, message=answer, number=number, file_name="f.md", passage=f"Passage {number}"
+        )
+    Citation.objects.create(owner=alice, message=answer, file_name="poison.md", withheld=True)
+
+    found = client_for(alice).get(f"/api/conversations/{conversation.id}/messages/{answer.id}/citations/").json()
+    assert [(c["number"], c["cited"], c["withheld"]) for c in found["citations"]] == [
+        (1, True, False),  # a mark in code is still a mark: the text is not parsed as markdown
+        (2, True, False),
+        (3, True, False),
+        (4, False, False),
+        (0, False, True),
+    ]
+    page = Client()
+    page.force_login(alice)
+    html = page.get(f"/c/{conversation.id}/").content.decode()
+    assert "Passage 2" in html and "Passage 3" in html and "Passage 4" not in html
+    assert "A passage of poison.md was left out" in html

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from asgiref.sync import sync_to_async
 
 from accounts.models import Tier
 from accounts.services import user_set_tier
@@ -16,6 +17,8 @@ from conversations.prompts import Turn, assemble_prompt
 from conversations.requests import SendRequest
 from conversations.services import message_send
 from inference.models import Generation
+from moderation import classifiers
+from moderation import services as moderation_services
 from moderation.models import Flag
 from moderation.selectors import policy_built_in, policy_for_user
 from moderation.services import InputCheck
@@ -307,32 +310,42 @@ async def test_the_socket_tells_the_user_their_message_was_held_back(alice, monk
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_messages_sent_together_are_classified_together(alice, monkeypatch):
+async def test_messages_sent_together_are_classified_together(alice, monkeypatch, settings):
     """Eight sockets sending at once cost a few embedding passes, not one each, and get their own verdicts."""
-
-    from asgiref.sync import sync_to_async
-
-    from moderation import classifiers, services
-
-    passes = []
+    texts = [f"Tell me about the history of the town of Sample number {i}." for i in range(7)] + [BOMB]
+    passes: list[int] = []
+    asked = 0
+    asked_lock = threading.Lock()
+    all_asked = threading.Event()
 
     def counted(texts, **kwargs):
+        # A pass that begins before the last send has asked would make the count depend on how the
+        # threads are scheduled on a loaded machine: the first pass holds until all have asked, as
+        # sends arriving together do while a pass runs.
+        all_asked.wait(timeout=30)
         passes.append(len(texts))
         return classifiers.score_many(texts, **kwargs)
 
-    monkeypatch.setattr(services, "score_many", counted)
+    def verdict_of(check: InputCheck):
+        nonlocal asked
+        with asked_lock:
+            asked += 1
+            if asked == len(texts):
+                all_asked.set()
+        return check.verdict(tier_id=None)
+
+    monkeypatch.setattr(moderation_services, "score_many", counted)
+    # One scoring lane: the late lane, which scores a starved message again, is not what this is about.
+    settings.MODERATION_INPUT_NICE = 0
     # The policy read first, once: the test is about the scoring, which must not see the sends staggered.
     policy = await sync_to_async(policy_for_user)(user=alice)
-    monkeypatch.setattr(services, "policy_for_tier", lambda *, tier_id: policy)
-    texts = [f"Tell me about the history of the town of Sample number {i}." for i in range(7)] + [BOMB]
+    monkeypatch.setattr(moderation_services, "policy_for_tier", lambda *, tier_id: policy)
     # As eight sockets do: each starts its check on the loop, then its transaction takes the verdict.
     # (Their own threads: the loop's default executor runs the scoring, which they wait for.)
-    checks = [services.InputCheck.deferred(text) for text in texts]
+    checks = [InputCheck.deferred(text) for text in texts]
     loop = asyncio.get_running_loop()
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(texts)) as transactions:
-        verdicts = await asyncio.gather(
-            *(loop.run_in_executor(transactions, lambda c=check: c.verdict(tier_id=None)) for check in checks)
-        )
+        verdicts = await asyncio.gather(*(loop.run_in_executor(transactions, verdict_of, check) for check in checks))
     assert sum(passes) == len(texts) and len(passes) < len(texts)
     assert [verdict.blocks for verdict in verdicts] == [False] * 7 + [True]
 

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0010_conversation_files'),
+        ('conversations', '0011_saved_prompts'),
         ('documents', '0005_document_conversation_kept_by_conversations'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
