@@ -17,6 +17,12 @@ from conversations.apis import (
     message_send_stream,
 )
 from conversations.archive_apis import ConversationArchiveApi, ConversationBulkArchiveApi, ConversationBulkDeleteApi
+from conversations.project_apis import (
+    ConversationProjectApi,
+    ProjectDetailApi,
+    ProjectFileApi,
+    ProjectListCreateApi,
+)
 from documents.apis import DocumentDetailApi, DocumentListCreateApi, DocumentSearchApi
 from inference.openai.apis import ModelListApi, chat_completions
 from inference.openai.completions import completions
@@ -81,6 +87,14 @@ urlpatterns = [
         MessageCitationsApi.as_view(),
         name="api-message-citations",
     ),
+    path(
+        "api/conversations/<int:conversation_id>/project/",
+        ConversationProjectApi.as_view(),
+        name="api-conversation-project",
+    ),
+    path("api/projects/", ProjectListCreateApi.as_view(), name="api-projects"),
+    path("api/projects/<int:project_id>/", ProjectDetailApi.as_view(), name="api-project"),
+    path("api/projects/<int:project_id>/files/", ProjectFileApi.as_view(), name="api-project-files"),
     path("api/prompts/", SavedPromptListCreateApi.as_view(), name="api-prompts"),
     path("api/prompts/<int:prompt_id>/", SavedPromptDetailApi.as_view(), name="api-prompt"),
     path("api/files/", DocumentListCreateApi.as_view(), name="api-files"),

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from conversations.models import Conversation, Message, MessageFeedback
+from conversations.models import Conversation, Message, MessageFeedback, Project
 
 
 class MessageInline(admin.TabularInline):
@@ -16,8 +16,16 @@ class ConversationAdmin(admin.ModelAdmin):
     list_display = ("id", "title", "user", "deployment", "updated_at")
     list_select_related = ("user", "deployment")
     search_fields = ("title", "user__username")
-    raw_id_fields = ("user",)
+    raw_id_fields = ("user", "project")
     inlines = [MessageInline]
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    list_display = ("id", "name", "owner", "default_model", "updated_at")
+    list_select_related = ("owner",)
+    search_fields = ("name", "owner__username")
+    raw_id_fields = ("owner",)
 
 
 @admin.register(MessageFeedback)

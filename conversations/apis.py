@@ -134,6 +134,9 @@ class ConversationOutputSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     title = serializers.CharField()
     model = serializers.CharField(help_text="The model its messages are routed by (a public name, or auto).")
+    project = serializers.IntegerField(
+        source="project_id", allow_null=True, help_text="The project it is in (/api/projects/), or null."
+    )
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     archived_at = serializers.DateTimeField(

@@ -4,8 +4,42 @@ from django.conf import settings
 from django.db import models
 
 
+class Project(models.Model):
+    """A person's group of conversations with instructions, files and a default model of its own
+    (docs/conversations.md, Projects). Its chats' prompts carry its instructions after the person's
+    custom instructions, and their searches take in its files (`ProjectFile`)."""
+
+    NAME_MAX_CHARS = 100
+    INSTRUCTIONS_MAX_CHARS = 1500
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="projects")
+    name = models.CharField(max_length=NAME_MAX_CHARS)
+    instructions = models.TextField(max_length=INSTRUCTIONS_MAX_CHARS, blank=True, default="")
+    # As a conversation keeps the model it was asked for (`Conversation.model_name`): a public model
+    # name the picker offers ("auto" included). Empty: the person's own default.
+    default_model = models.CharField(max_length=100, blank=True, default="")
+    # Its files, through rows that point down at them: `Document.objects.filter(project=...)`. A
+    # project deleted takes its files with it (conversations.receivers).
+    documents = models.ManyToManyField(
+        "documents.Document", through="ProjectFile", related_name="projects", related_query_name="project"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name", "id"]
+        indexes = [models.Index(fields=["owner", "name"])]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Conversation(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations")
+    # The project it is in, if any: always its owner's. Deleting a project is the service's
+    # (`project_delete`): its chats go with it or leave it, as the person chose; the key only keeps
+    # the rows consistent should a project go some other way (its owner deleted).
+    project = models.ForeignKey(Project, null=True, blank=True, on_delete=models.SET_NULL, related_name="conversations")
     # Empty until the model has written one after the first answer (or its owner names it): the
     # page shows "New chat" meanwhile, and a message moderation held back never becomes a title.
     title = models.CharField(max_length=200, blank=True, default="")
@@ -157,6 +191,19 @@ class ConversationFile(models.Model):
 
     def __str__(self) -> str:
         return f"file {self.document_id} in conversation {self.conversation_id}"
+
+
+class ProjectFile(models.Model):
+    """A file of a project, searched for every chat in it: at most one project per file, kept here,
+    pointing down at the file, as `ConversationFile` does for a conversation's."""
+
+    document = models.OneToOneField(
+        "documents.Document", on_delete=models.CASCADE, primary_key=True, related_name="project_link"
+    )
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="file_links")
+
+    def __str__(self) -> str:
+        return f"file {self.document_id} in project {self.project_id}"
 
 
 class ConversationSummary(models.Model):

@@ -1,10 +1,10 @@
 """Keeps assistant messages and summaries in step with their generations, and flags and files with
-the messages and conversations they belong to; the rules live in services and summaries."""
+the messages, conversations and projects they belong to; the rules live in services and summaries."""
 
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
-from conversations.models import ConversationFile, FlaggedMessage
+from conversations.models import ConversationFile, FlaggedMessage, ProjectFile
 from conversations.services import (
     conversation_title_on_finish,
     message_finish_from_generation,
@@ -45,4 +45,10 @@ def flag_goes_with_its_message(sender, instance, **kwargs) -> None:
 def file_goes_with_its_conversation(sender, instance, **kwargs) -> None:
     """A conversation deleted (alone, or with its user) takes its files with it, and their chunks,
     as the file's own cascading key did when documents held it."""
+    Document.objects.filter(id=instance.document_id).delete()
+
+
+@receiver(post_delete, sender=ProjectFile)
+def file_goes_with_its_project(sender, instance, **kwargs) -> None:
+    """A project deleted (alone, or with its user) takes its files with it, and their chunks."""
     Document.objects.filter(id=instance.document_id).delete()

@@ -102,7 +102,8 @@ class SendRequest:
     `conversation_id`: the conversation it goes into; None starts one. `model`: the model to answer
     it (None: the conversation's, or the plan's default). `client_id`: the sender's own id for the
     message, which makes the send safe to repeat; `retry`: it may have been sent before, so the id
-    is looked up first. `parent`: the message it follows (conversations.branches)."""
+    is looked up first. `parent`: the message it follows (conversations.branches). `project_id`: the
+    project a new conversation starts in (its instructions, files and default model)."""
 
     content: str
     conversation_id: int | None = None
@@ -110,6 +111,7 @@ class SendRequest:
     client_id: uuid.UUID | None = None
     parent: Parent = ACTIVE_BRANCH
     retry: bool = False
+    project_id: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", message_content_clean(self.content))
@@ -118,11 +120,20 @@ class SendRequest:
             raise ClientError("'parent' must be a message id or null.", code="invalid_request", param="parent")
         if self.conversation_id is None and self.parent not in (ACTIVE_BRANCH, None):
             raise ClientError("A 'parent' needs the 'conversation' it is in.", code="invalid_parent", param="parent")
+        if self.project_id is not None and not is_row_id(self.project_id):
+            raise ClientError("That project does not exist.", code="not_found", status=404, param="project")
+        if self.project_id is not None and self.conversation_id is not None:
+            raise ClientError(
+                "A 'project' is for a new conversation; move a conversation into one instead.",
+                code="invalid_request",
+                param="project",
+            )
 
     @classmethod
     def parse(cls, fields: Mapping[str, object]) -> SendRequest:
         """From a `message.send` frame or the send API's body: `content`, and optionally
-        `conversation` (an id), `model`, `client_id` (a UUID), `parent` (an id or null) and `retry`."""
+        `conversation` (an id), `model`, `client_id` (a UUID), `parent` (an id or null), `retry` and
+        `project` (an id, for a new conversation)."""
         conversation = fields.get("conversation")
         if conversation is not None and not is_integer(conversation):
             raise ClientError("'conversation' must be a conversation id.", code="invalid_request", param="conversation")
@@ -133,8 +144,12 @@ class SendRequest:
         parent = fields.get("parent", ACTIVE_BRANCH)
         if parent is not ACTIVE_BRANCH and parent is not None and not is_integer(parent):
             raise ClientError("'parent' must be a message id or null.", code="invalid_request", param="parent")
+        project = fields.get("project")
+        if project is not None and not is_integer(project):
+            raise ClientError("'project' must be a project id.", code="invalid_request", param="project")
         return cls(
             content=message_content_clean(fields.get("content")),
+            project_id=project,
             conversation_id=conversation,
             model=model,
             client_id=uuid_parse(fields.get("client_id"), param="client_id"),

@@ -9,7 +9,7 @@ from enum import StrEnum
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from accounts.models import User
@@ -22,19 +22,21 @@ from conversations.models import (
     FlaggedMessage,
     Message,
     MessageFeedback,
+    Project,
     SavedPrompt,
     SharedConversation,
 )
+from conversations.prompts import project_block
 from conversations.requests import is_row_id
 from inference.models import ModelDeployment
-from inference.selectors import deployment_list_enabled, queue_length_annotation
+from inference.selectors import deployment_list_enabled, models_listed, queue_length_annotation
 from moderation.models import Flag
 
 
 def conversation_list_for_user(*, user: User, archived: bool | None = None) -> QuerySet[Conversation]:
     """The user's conversations: all of them, or with `archived`, only those archived (True) or
     only those in their list (False)."""
-    conversations = Conversation.objects.filter(user=user).select_related("deployment")
+    conversations = Conversation.objects.filter(user=user).select_related("deployment", "project")
     if archived is not None:
         conversations = conversations.filter(archived_at__isnull=not archived)
     return conversations
@@ -186,6 +188,60 @@ def default_model_for_user(*, user: User, allowed: list[ModelDeployment] | None 
     return settings.INFERENCE_DEFAULT_DEPLOYMENT
 
 
+# --- projects --------------------------------------------------------------------------------------
+
+# The chats each project shows under it in the sidebar and on its page, newest first.
+PROJECT_CHATS_LIMIT = 100
+
+
+def project_list_for_user(*, user: User) -> QuerySet[Project]:
+    return Project.objects.filter(owner=user)
+
+
+def project_get_for_user(*, user: User, project_id: object) -> Project | None:
+    """The user's own project, or None: another user's project looks exactly like a missing one."""
+    if not is_row_id(project_id):
+        return None
+    return project_list_for_user(user=user).filter(id=project_id).first()
+
+
+def projects_with_chats_for_user(*, user: User) -> list[Project]:
+    """The user's projects, by name, each with its chats (`project.chats`, most recently active first,
+    at most PROJECT_CHATS_LIMIT): two queries, whatever the number of projects."""
+    chats = Conversation.objects.order_by("-updated_at", "-id")[:PROJECT_CHATS_LIMIT]  # per project
+    return list(project_list_for_user(user=user).prefetch_related(Prefetch("conversations", chats, to_attr="chats")))
+
+
+def project_chats(*, project: Project) -> list[Conversation]:
+    return list(project.conversations.order_by("-updated_at", "-id")[:PROJECT_CHATS_LIMIT])
+
+
+def project_instructions_for_prompt(*, project_id: int | None) -> str:
+    """A project's instructions as a prompt carries them (`orchestration.memory.project_block`), ""
+    for none: one small read."""
+    if project_id is None:
+        return ""
+    row = Project.objects.filter(id=project_id).values("name", "instructions").first()
+    return project_block(row["name"], row["instructions"]) if row else ""
+
+
+def models_for_user(*, user: User, allowed: list[ModelDeployment] | None = None) -> list[str]:
+    """The public model names the user's plan lets them pick (the picker's, `auto` included)."""
+    if allowed is None:
+        allowed = deployments_allowed_for_user(user=user, deployments=deployment_list_enabled())
+    return [name for name, _ in models_listed(allowed)]
+
+
+def default_model_for_project(*, user: User, project: Project, allowed: list[ModelDeployment] | None = None) -> str:
+    """The model a new chat in `project` starts on: the project's default while the user's plan
+    offers it, else the person's own (`default_model_for_user`)."""
+    if allowed is None:
+        allowed = deployments_allowed_for_user(user=user, deployments=deployment_list_enabled())
+    if project.default_model and project.default_model in models_for_user(user=user, allowed=allowed):
+        return project.default_model
+    return default_model_for_user(user=user, allowed=allowed)
+
+
 # --- the list in the sidebar, and search ---------------------------------------------------------
 
 SIDEBAR_LIMIT = 100
@@ -205,10 +261,13 @@ def conversation_groups_for_user(
 ) -> list[ConversationGroup]:
     """The user's conversations as the sidebar lists them: pinned ones first, then the rest by when
     they were last active (Today, Yesterday, Previous 7 days, Older, by the site's time zone), each
-    group newest first. With `query`, only those it matches (`conversation_search`). Archived ones
-    are in neither: the Archived view lists them."""
+    group newest first. A chat in a project is listed under its project instead
+    (`projects_with_chats_for_user`). With `query`, every conversation it matches, projects' too
+    (`conversation_search`). Archived ones are in neither: the Archived view lists them."""
     conversations = (
-        conversation_search(user=user, query=query) if query.strip() else conversation_list_for_user(user=user)
+        conversation_search(user=user, query=query)
+        if query.strip()
+        else conversation_list_for_user(user=user).filter(project__isnull=True)
     )
     rows = list(conversations.filter(archived_at__isnull=True).order_by("-pinned", "-updated_at", "-id")[:limit])
     today = timezone.localdate(now or timezone.now())
@@ -324,11 +383,26 @@ def conversation_export(*, conversation: Conversation, scope: ExportScope = Expo
 
 def conversations_export_files(*, user: User) -> dict[str, bytes]:
     """conversations' part of a person's data archive: each conversation whole, every branch
-    (`conversation_export` with the tree's scope), as conversations/<id>.json."""
+    (`conversation_export` with the tree's scope), as conversations/<id>.json, and their projects
+    (projects.json: each with its instructions and its chats' ids; its files are in files.json)."""
     files = {}
     for conversation in Conversation.objects.filter(user=user).select_related("deployment").order_by("id"):
         exported = conversation_export(conversation=conversation, scope=ExportScope.TREE)
         files[f"conversations/{conversation.id}.json"] = json.dumps(exported, indent=2, ensure_ascii=False).encode()
+    projects = [
+        {
+            "id": project.id,
+            "name": project.name,
+            "instructions": project.instructions,
+            "default_model": project.default_model,
+            "created_at": project.created_at.isoformat(),
+            "updated_at": project.updated_at.isoformat(),
+            "conversations": [c.id for c in project.chats],  # type: ignore[attr-defined]
+        }
+        for project in projects_with_chats_for_user(user=user)
+    ]
+    if projects:
+        files["projects.json"] = json.dumps(projects, indent=2, ensure_ascii=False).encode()
     return files
 
 

@@ -15,6 +15,7 @@ urlpatterns = [
     path("c/<int:conversation_id>/export.json", views.conversation_export_json, name="export-json"),
     path("c/<int:conversation_id>/share/", views.conversation_share_view, name="share"),
     path("c/<int:conversation_id>/share/revoke/", views.conversation_share_revoke_view, name="share-revoke"),
+    path("p/<int:project_id>/", views.project_page, name="project"),
     path("prompts/", views.saved_prompts_view, name="prompts"),
     path("prompts/<int:prompt_id>/", views.saved_prompt_edit_view, name="prompt-edit"),
     path("prompts/<int:prompt_id>/delete/", views.saved_prompt_delete_view, name="prompt-delete"),

@@ -25,7 +25,7 @@ from chatsite.errors import ClientError, error_body
 from conversations.branches import Tree
 from conversations.citations import citations_cited, citations_for_messages
 from conversations.costs import answer_usage_for_messages, conversation_usage_total
-from conversations.models import Citation, Conversation, Message
+from conversations.models import Citation, Conversation, Message, Project
 from conversations.requests import PROMPT_TEXT_CHARS, SavedPromptRequest
 from conversations.selectors import (
     ConversationGroup,
@@ -34,10 +34,14 @@ from conversations.selectors import (
     conversation_export,
     conversation_get_for_user,
     conversation_groups_for_user,
+    default_model_for_project,
     default_model_for_user,
     feedback_for_user,
     held_back_flags,
     message_branch,
+    project_chats,
+    project_get_for_user,
+    projects_with_chats_for_user,
     saved_prompts_for_user,
     shared_conversation_for,
     shared_conversation_get,
@@ -55,7 +59,7 @@ from conversations.services import (
     saved_prompt_update,
 )
 from documents.models import Document
-from documents.selectors import documents_of_conversation
+from documents.selectors import documents_of_conversation, documents_of_project
 from inference.execution.dispatch import engine_state
 from inference.selectors import deployment_list_enabled, models_listed
 from orchestration.routing import AUTO, AUTO_LABEL
@@ -65,6 +69,24 @@ from orchestration.routing import AUTO, AUTO_LABEL
 @login_required
 @require_GET
 def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpResponse:
+    return _chat_page(request, conversation_id=conversation_id)
+
+
+@metered("request")
+@login_required
+@require_GET
+def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
+    """A project's page: its chats, its settings and files, and the composer, which starts a new
+    chat in it (on the project's default model unless another is picked)."""
+    project = project_get_for_user(user=signed_in(request), project_id=project_id)
+    if project is None:
+        raise Http404("No such project.")
+    return _chat_page(request, project=project)
+
+
+def _chat_page(
+    request: HttpRequest, *, conversation_id: int | None = None, project: Project | None = None
+) -> HttpResponse:
     user = signed_in(request)
     conversation = None
     messages: list[ShownMessage] = []
@@ -104,6 +126,8 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
         selected = conversation.model
         if all(name != selected for name, _ in models):
             models = [(selected, conversation.deployment.label), *models]
+    elif project is not None:
+        selected = default_model_for_project(user=user, project=project, allowed=deployments)
     else:
         selected = default_model_for_user(user=user, allowed=deployments)
     return render(
@@ -122,6 +146,12 @@ def chat(request: HttpRequest, conversation_id: int | None = None) -> HttpRespon
             "attached_files": attached,
             "conversation_total": conversation_total,
             "quota": quota_status_for_user(user=user),
+            "projects": projects_with_chats_for_user(user=user),
+            # The project page's (`project_page`), or the project of the conversation shown.
+            "project": project or (conversation.project if conversation is not None else None),
+            "project_page": project is not None,
+            "project_chats": project_chats(project=project) if project is not None else [],
+            "project_files": list(documents_of_project(user=user, project_id=project.id)) if project else [],
         },
     )
 

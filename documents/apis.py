@@ -42,6 +42,7 @@ class DocumentOutputSerializer(serializers.Serializer):
     progress = serializers.IntegerField()
     error = serializers.CharField()
     conversation = serializers.IntegerField(source="conversation_id", allow_null=True)
+    project = serializers.IntegerField(source="project_id", allow_null=True)
     library = serializers.BooleanField()
     pages = serializers.IntegerField()
     chunk_count = serializers.IntegerField()

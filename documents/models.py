@@ -6,9 +6,10 @@ from django.db import models
 
 
 class Document(models.Model):
-    """A file a user uploaded: into one conversation (`conversation_id`), or into their library
-    (`library`), which every conversation of theirs draws on. Its bytes are kept in the row, so a
-    worker on another host processes it from the database alone; its chunks go when it goes."""
+    """A file a user uploaded: into one conversation (`conversation_id`), one project (`project_id`:
+    every chat in it), or into their library (`library`), which every conversation of theirs draws
+    on. Its bytes are kept in the row, so a worker on another host processes it from the database
+    alone; its chunks go when it goes."""
 
     class Status(models.TextChoices):
         QUEUED = "queued"
@@ -67,6 +68,12 @@ class Document(models.Model):
         `select_related("conversation_link")` where many are listed)."""
         link = getattr(self, "conversation_link", None)
         return link.conversation_id if link is not None else None
+
+    @property
+    def project_id(self) -> int | None:
+        """The project it was uploaded into (conversations.ProjectFile), None for any other file."""
+        link = getattr(self, "project_link", None)
+        return link.project_id if link is not None else None
 
 
 class Chunk(models.Model):

@@ -1,7 +1,8 @@
 """Retrieval for a chat message: the passages of the user's files that answer it, as quoted material
 for the prompt, and which passages the prompt-injection check kept out.
 
-The files a message draws on are its conversation's and its owner's library (ready ones only); the
+The files a message draws on are its conversation's, its project's and its owner's library (ready
+ones only); the
 search is hybrid (documents.index). How many of the passages fit is the prompt's business
 (`conversations.prompts.context_budget`): they are returned best first, and the prompt keeps a
 prefix of them.
@@ -96,10 +97,11 @@ def _inert(text: str, *, lines: bool = False) -> str:
 
 
 def retrieve_for_message(
-    *, owner_id: int, conversation_id: int | None, text: str, limit: int | None = None
+    *, owner_id: int, conversation_id: int | None, text: str, limit: int | None = None, project_id: int | None = None
 ) -> Retrieved:
-    """The owner's passages that best answer `text`, from the conversation's files and the library."""
-    scope = dict(documents_in_scope(owner_id=owner_id, conversation_id=conversation_id))
+    """The owner's passages that best answer `text`, from the conversation's files, its project's
+    (or `project_id`'s, for a conversation about to start in one) and the library."""
+    scope = dict(documents_in_scope(owner_id=owner_id, conversation_id=conversation_id, project_id=project_id))
     if not scope:
         return NOTHING
     limit = limit or settings.DOCUMENTS_TOP_K

@@ -17,7 +17,7 @@ LISTED = ("data",)
 
 def document_list_for_user(*, user: User) -> QuerySet[Document]:
     # With the conversation each is attached to (`Document.conversation_id`), in the same query.
-    return Document.objects.filter(owner=user).select_related("conversation_link").defer(*LISTED)
+    return Document.objects.filter(owner=user).select_related("conversation_link", "project_link").defer(*LISTED)
 
 
 def document_get_for_user(*, user: User, document_id: int) -> Document | None:
@@ -31,12 +31,21 @@ def documents_of_conversation(*, user: User, conversation_id: int) -> QuerySet[D
     return document_list_for_user(user=user).filter(conversation=conversation_id)
 
 
-def documents_in_scope(*, owner_id: int, conversation_id: int | None) -> list[tuple[int, str]]:
-    """(id, name) of the ready files a message in `conversation_id` draws on: the conversation's own
-    and the owner's library."""
+def documents_of_project(*, user: User, project_id: int) -> QuerySet[Document]:
+    return document_list_for_user(user=user).filter(project=project_id)
+
+
+def documents_in_scope(
+    *, owner_id: int, conversation_id: int | None, project_id: int | None = None
+) -> list[tuple[int, str]]:
+    """(id, name) of the ready files a message in `conversation_id` draws on: the conversation's own,
+    its project's (conversations.ProjectFile) and the owner's library. `project_id`: the project a
+    conversation not yet created goes into. Only the owner's files, whatever the ids name."""
     scope = Q(library=True)
     if conversation_id is not None:
-        scope |= Q(conversation=conversation_id)
+        scope |= Q(conversation=conversation_id) | Q(project__conversations=conversation_id)
+    if project_id is not None:
+        scope |= Q(project=project_id)
     return list(
         Document.objects.filter(scope, owner_id=owner_id, status=Document.Status.READY).values_list("id", "name")
     )

@@ -91,20 +91,26 @@ def _megabytes(size: int) -> str:
 
 
 def document_upload(
-    *, user: User, name: str | None, data: bytes, conversation_id: int | None = None, library: bool = False
+    *,
+    user: User,
+    name: str | None,
+    data: bytes,
+    conversation_id: int | None = None,
+    project_id: int | None = None,
+    library: bool = False,
 ) -> Document:
     """Store an uploaded file and queue its processing, or refuse it with a 400 and store nothing.
 
-    The caller has checked that `conversation_id` (if any) is the user's own conversation; a file
-    goes either into that conversation or into the library. Refused: a type this service cannot
+    The caller has checked that `conversation_id` or `project_id` (if any) is the user's own; a file
+    goes into exactly one of that conversation, that project or the library. Refused: a type this service cannot
     read, an empty, encrypted or damaged file, a file over the plan's size, or one that would take
     the user over the plan's count or total storage (counted under a lock on the user's row, so two
     uploads at once cannot both squeeze under a limit)."""
     if not isinstance(name, str) or not name.strip() or "\x00" in name:
         raise bad_file("The file needs a name.")
     name = name.strip().replace("/", "_").replace("\\", "_")[-NAME_CHARS:]
-    if library == (conversation_id is not None):
-        raise ClientError("A file goes into a conversation or into your library.", code="invalid_request")
+    if [library, conversation_id is not None, project_id is not None].count(True) != 1:
+        raise ClientError("A file goes into a conversation, a project or your library.", code="invalid_request")
     limits = document_limits_for(user=user)
     if limits.max_file_bytes is not None and len(data) > limits.max_file_bytes:
         raise ClientError(
@@ -142,6 +148,9 @@ def document_upload(
         if conversation_id is not None:
             # Attached through the conversation's own list of files (conversations.ConversationFile).
             document.conversations.add(conversation_id)
+        if project_id is not None:
+            # Into the project's own list of files (conversations.ProjectFile).
+            document.projects.add(project_id)
         transaction.on_commit(lambda: document_process_dispatch(document_id=document.id, owner_id=user.pk))
     return document
 

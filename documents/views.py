@@ -46,7 +46,7 @@ def library(request: HttpRequest) -> HttpResponse:
         "documents/library.html",
         {
             "documents": document_list_for_user(user=signed_in(request)).select_related(
-                "conversation_link__conversation"
+                "conversation_link__conversation", "project_link__project"
             )[:500],
             "storage": storage_for_user(user=signed_in(request)),
             "limits": document_limits_for(user=signed_in(request)),

@@ -1,16 +1,16 @@
 """What a model sees of a conversation: the context-window policy and the memory of long conversations.
 
 The rule, in one place, for a model with a window of W tokens. The prompt is one `system` turn (the
-deployment's system prompt, then the person's custom instructions, then the conversation's own
-system prompt, then any extra `context` a caller brings, then the summary of the earlier
-conversation) followed by the newest turns verbatim:
+deployment's system prompt, then the person's custom instructions, then the instructions of the
+project the conversation is in, then the conversation's own system prompt, then any extra `context`
+a caller brings, then the summary of the earlier conversation) followed by the newest turns verbatim:
 - the system prompt is always kept, and always in its own `system` turn, never mixed with user text;
 - the newest user message is always kept;
 - each optional block of the system turn is kept, whole, while it, the blocks before it and the
   newest message leave room for a full answer (`reserve` = the deployment's max output, capped at a
-  quarter of W): the custom instructions first (marked as the person's), then the conversation's
-  system prompt (marked as the person's for this conversation), then the summary; a cut block could
-  say the opposite of what was meant;
+  quarter of W): the custom instructions first (marked as the person's), then the project's
+  (marked as the project's), then the conversation's system prompt (marked as the person's for this
+  conversation), then the summary; a cut block could say the opposite of what was meant;
 - `context`, the passages retrieved from the person's files (best first, marked as quoted material
   by the caller, under `context_header`), goes between the instructions and the summary, as many
   whole passages as `context_budget` allows: they compete with the history for what the system
@@ -18,7 +18,7 @@ conversation) followed by the newest turns verbatim:
 - older turns are added newest first while the prompt leaves room for a full answer, never going
   back past the turns the kept summary stands for (it says what they said);
 - so what gives way first is the oldest history, then the summary, the context, the conversation's
-  system prompt, the instructions (in that order), then the answer's room: if even the system prompt and the newest message leave
+  system prompt, the project's instructions, the person's (in that order), then the answer's room: if even the system prompt and the newest message leave
   less than a full answer, the answer gets what is left, down to `min_output` tokens; below that the
   message is refused as too long;
 - the answer's max_tokens is cut so that prompt + answer never exceed W.
@@ -40,6 +40,9 @@ from typing import Any
 
 from chatsite.errors import ClientError
 
+# How a project's instructions are marked inside the system turn: the person's words for the chats
+# of one project, read after their custom instructions (which hold for every chat).
+PROJECT_HEADING = "This conversation is part of the user's project \"{name}\". The user's instructions for it:"
 # How the summary is marked inside the system turn, for the model and for a reader of the prompt.
 SUMMARY_HEADING = "Summary of the earlier conversation (older messages are not shown):"
 # A summary's length: a small part of the window, so that it never crowds out the recent turns.
@@ -76,6 +79,7 @@ class AssembledPrompt:
     turns_kept: int
     turns_dropped: int
     instructions_kept: bool = False
+    project_instructions_kept: bool = False
     conversation_prompt_kept: bool = False
     summary_kept: bool = False
     context_kept: bool = False
@@ -118,6 +122,13 @@ def system_text(system_prompt: str, instructions: str) -> str:
     return "\n\n".join(part for part in (system_prompt.strip(), instructions.strip()) if part)
 
 
+def project_block(name: str, instructions: str) -> str:
+    """A project's instructions as the system turn carries them; "" when it has none."""
+    if not instructions.strip():
+        return ""
+    return f"{PROJECT_HEADING.format(name=' '.join(name.split()))}\n{instructions.strip()}"
+
+
 def summary_block(text: str) -> str:
     return f"{SUMMARY_HEADING}\n{text.strip()}"
 
@@ -136,12 +147,14 @@ def prompt_assemble(
     max_output: int,
     min_output: int,
     instructions: str = "",
+    project_instructions: str = "",
     conversation_prompt: str = "",
     context: Sequence[str] = (),
     context_header: str = "",
     memory: Memory | None = None,
 ) -> AssembledPrompt:
-    """The prompt for the answer to `turns[-1]` under the policy above (the module's docstring)."""
+    """The prompt for the answer to `turns[-1]` under the policy above (the module's docstring).
+    `project_instructions`: the project's block as `project_block` writes it."""
     if not turns:
         raise ValueError("a prompt needs at least one turn")
     reserve = max(min(max_output, max_context // 4), min_output)
@@ -151,7 +164,12 @@ def prompt_assemble(
     if memory is not None and not (memory.text.strip() and 0 < memory.covers <= last):
         memory = None
 
-    kept: dict[str, bool] = {"instructions": False, "conversation_prompt": False, "summary": False}
+    kept: dict[str, bool] = {
+        "instructions": False,
+        "project_instructions": False,
+        "conversation_prompt": False,
+        "summary": False,
+    }
     parts = [system_prompt.strip()] if system_prompt.strip() else []
 
     def keep_if_it_fits(name: str, block: str) -> None:
@@ -163,6 +181,7 @@ def prompt_assemble(
             kept[name] = True
 
     keep_if_it_fits("instructions", instructions)
+    keep_if_it_fits("project_instructions", project_instructions)
     if conversation_prompt.strip():
         keep_if_it_fits("conversation_prompt", f"{CONVERSATION_PROMPT_HEADING}\n{conversation_prompt.strip()}")
     passages_kept = 0
@@ -215,6 +234,7 @@ def prompt_assemble(
         turns_kept=len(turns) - start,
         turns_dropped=start,
         instructions_kept=kept["instructions"],
+        project_instructions_kept=kept["project_instructions"],
         conversation_prompt_kept=kept["conversation_prompt"],
         summary_kept=kept["summary"],
         context_kept=passages_kept > 0,

@@ -442,6 +442,7 @@
     showError("");
     const payload = {type: "message.send", content: text, conversation: conversationId, client_id: newClientId()};
     if (modelSelect) payload.model = modelSelect.value;  // another model: from this message on
+    if (!conversationId && chat.dataset.project) payload.project = parseInt(chat.dataset.project, 10);  // a project's page
     if (conversationId && parent !== undefined) payload.parent = parent;
     const removed = [];
     for (let el = replacing; el; el = el.nextElementSibling) removed.push(el);

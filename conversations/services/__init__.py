@@ -11,6 +11,8 @@
 - `titles`: a conversation's title, asked of its model once the first answer ends.
 - `saved_prompts`: the prompt library, prompts a user keeps for the composer's `/`.
 - `sharing`: a read-only link to a snapshot of the branch on screen.
+- `projects`: a project created, changed or deleted (its chats with it, or kept), and a
+  conversation moved into or out of one.
 
 The names below are the app's write API; callers import them from here.
 """
@@ -31,6 +33,13 @@ from conversations.services.conversations import (
     conversation_unarchive,
 )
 from conversations.services.feedback import message_feedback_clear, message_feedback_set
+from conversations.services.projects import (
+    ProjectChats,
+    conversation_move,
+    project_create,
+    project_delete,
+    project_update,
+)
 from conversations.services.saved_prompts import saved_prompt_create, saved_prompt_delete, saved_prompt_update
 from conversations.services.sending import (
     ACTIVE_BRANCH,
@@ -48,6 +57,7 @@ __all__ = [
     "ACTIVE_BRANCH",
     "ANSWER_CUT",
     "HELD_BACK",
+    "ProjectChats",
     "Regenerated",
     "SentMessage",
     "conversation_archive",
@@ -56,6 +66,7 @@ __all__ = [
     "conversation_create",
     "conversation_delete",
     "conversation_delete_many",
+    "conversation_move",
     "conversation_pin",
     "conversation_rename",
     "conversation_settings_update",
@@ -75,6 +86,9 @@ __all__ = [
     "message_regenerate",
     "message_send",
     "message_send_checked",
+    "project_create",
+    "project_delete",
+    "project_update",
     "saved_prompt_create",
     "saved_prompt_delete",
     "saved_prompt_update",

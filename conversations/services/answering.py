@@ -20,7 +20,7 @@ from conversations.citations import citations_record
 from conversations.models import Conversation, Message
 from conversations.prompts import AssembledPrompt, Memory, Turn, assemble_prompt
 from conversations.requests import is_row_id
-from conversations.selectors import summary_for_branch
+from conversations.selectors import project_instructions_for_prompt, summary_for_branch
 from conversations.summaries import summary_extend
 from documents.retrieval import (
     NOTHING,
@@ -46,13 +46,16 @@ logger = logging.getLogger(__name__)
 ANSWER_CUT = "This answer was stopped by an automatic safety check; what it had written before that is kept."
 
 
-def passages_for(*, user_id: int, conversation_id: int | None, text: str) -> Retrieved:
-    """The passages of the user's files (the conversation's and the library's) that answer `text`.
-    A search that fails costs the answer its passages, not the message."""
+def passages_for(*, user_id: int, conversation_id: int | None, text: str, project_id: int | None = None) -> Retrieved:
+    """The passages of the user's files (the conversation's, its project's, or `project_id`'s for a
+    conversation about to start in one, and the library's) that answer `text`. A search that fails
+    costs the answer its passages, not the message."""
     if conversation_id is not None and not is_row_id(conversation_id):
         return NOTHING
+    if project_id is not None and not is_row_id(project_id):
+        return NOTHING
     try:
-        return retrieve_for_message(owner_id=user_id, conversation_id=conversation_id, text=text)
+        return retrieve_for_message(owner_id=user_id, conversation_id=conversation_id, text=text, project_id=project_id)
     except Exception:
         logger.exception("the search of user %s's files failed; answering without them", user_id)
         return NOTHING
@@ -157,6 +160,7 @@ def prompt_for(
     continuing: str = "",
     retrieved: Retrieved = NOTHING,
     conversation_prompt: str = "",
+    project_id: int | None = None,
 ) -> AssembledPrompt:
     """The prompt for an answer on a branch: `path` (the branch's messages, root first, up to the
     question or to the answer the new message follows; never another branch's) and `new_turn`, not
@@ -164,8 +168,8 @@ def prompt_for(
     write on from. The window and the answer's budget are the plan's; flagged messages never go into
     a prompt. `retrieved`: passages of the person's files for the newest question, quoted in the
     system turn as far as the window's policy lets them (`conversations.prompts.context_budget`).
-    `conversation_prompt`: the conversation's own system prompt (its settings), after the person's
-    custom instructions."""
+    `conversation_prompt`: the conversation's own system prompt (its settings), after the project's
+    instructions. `project_id`: the conversation's project, whose instructions follow the person's own."""
     tokenizer = tokenizer_for(deployment.model_path)
     turns = _turns_of(path)
     if new_turn is not None:
@@ -176,6 +180,7 @@ def prompt_for(
         system_prompt=deployment.system_prompt,
         instructions=user_instructions(user_id=user_id),
         conversation_prompt=conversation_prompt,
+        project_instructions=project_instructions_for_prompt(project_id=project_id),
         turns=turns,
         render=lambda messages: render_chat(tokenizer, messages, chat_template=deployment.chat_template) + tail,
         max_context=limits.max_context,

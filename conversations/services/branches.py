@@ -110,6 +110,7 @@ def message_regenerate(*, user: User, request: AnswerRequest) -> Regenerated:
         path=path,
         retrieved=retrieved,
         conversation_prompt=conversation.system_prompt,
+        project_id=conversation.project_id,
     )
     new = Message(conversation=conversation, role=Message.Role.ASSISTANT, parent_id=answer.parent_id)
     generation, _ = answer_queue(
@@ -168,6 +169,7 @@ def message_continue(*, user: User, request: AnswerRequest) -> Regenerated:
         continuing=answer.content,
         retrieved=retrieved_for_answer(owner_id=conversation.user_id, message_id=answer.id),
         conversation_prompt=conversation.system_prompt,
+        project_id=conversation.project_id,
     )
     generation, _ = answer_queue(
         user=user,

@@ -35,10 +35,20 @@ logger = logging.getLogger(__name__)
 
 
 def conversation_create(
-    *, user: User, deployment: ModelDeployment | None = None, title: str = "", model_name: str = ""
+    *,
+    user: User,
+    deployment: ModelDeployment | None = None,
+    title: str = "",
+    model_name: str = "",
+    project_id: int | None = None,
 ) -> Conversation:
+    """A new conversation; `project_id`, one of the user's own projects (the caller has checked)."""
     return Conversation.objects.create(
-        user=user, deployment=deployment or deployment_get(), title=title[:200], model_name=model_name
+        user=user,
+        deployment=deployment or deployment_get(),
+        title=title[:200],
+        model_name=model_name,
+        project_id=project_id,
     )
 
 

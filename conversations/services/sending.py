@@ -24,8 +24,10 @@ from conversations.requests import ACTIVE_BRANCH, Parent, SendRequest
 from conversations.selectors import (
     conversation_get_for_send,
     conversation_has_message_in_progress,
+    default_model_for_project,
     default_model_for_user,
     message_tree_for_prompt,
+    project_get_for_user,
 )
 from conversations.services.answering import (
     answer_queue,
@@ -145,7 +147,9 @@ def message_send(
         # Classified before the transaction opens, so no lock is held while the classifier runs.
         check = InputCheck.decided(input_moderate(user=user, text=request.content))
     # Before the transaction too: the search reads only the user's own files, whatever the id names.
-    retrieved = passages_for(user_id=user.id, conversation_id=conversation_id, text=request.content)
+    retrieved = passages_for(
+        user_id=user.id, conversation_id=conversation_id, project_id=request.project_id, text=request.content
+    )
     try:
         return _message_save(user=user, request=request, check=check, api_key=api_key, retrieved=retrieved)
     except IntegrityError:
@@ -325,14 +329,24 @@ def _message_save_allowed(
     content = request.content
     created = request.conversation_id is None
     if request.conversation_id is None:
-        asked = request.model or default_model_for_user(user=user)
+        project = None
+        if request.project_id is not None:
+            project = project_get_for_user(user=user, project_id=request.project_id)
+            if project is None:
+                raise ClientError("That project does not exist.", code="not_found", status=404, param="project")
+        asked = request.model or (
+            default_model_for_project(user=user, project=project) if project else default_model_for_user(user=user)
+        )
         # With its queue's length, read in the same statement for generation_admit.
         routed = route(user=user, model=asked, prompt_tokens=prompt_measure(path=[], content=content))
         deployment = routed.deployment
         # Untitled: the title is written once an answer has ended (conversation_title_request), so
         # a message moderation holds back never names the conversation.
         conversation = conversation_create(
-            user=user, deployment=deployment, model_name=model_name_stored(asked, deployment)
+            user=user,
+            deployment=deployment,
+            model_name=model_name_stored(asked, deployment),
+            project_id=project.id if project else None,
         )
         tree = Tree.of([])
         parent_id = _parent_resolve(tree=tree, conversation=conversation, parent=request.parent)
@@ -424,7 +438,9 @@ def _message_save_blocked(*, user: User, request: SendRequest, blocked: _Blocked
     created = request.conversation_id is None
     if created:
         # Its deployment as the rolled-back row had it (no read).
-        conversation = conversation_create(user=user, deployment=conversation.deployment)
+        conversation = conversation_create(
+            user=user, deployment=conversation.deployment, project_id=conversation.project_id
+        )
     else:
         # Serialised with the conversation's other sends, as the first transaction was.
         locked = Conversation.objects.select_for_update().filter(id=conversation.id).first()
@@ -500,6 +516,7 @@ def _message_queue(
         new_turn=new_turn,
         retrieved=retrieved,
         conversation_prompt=conversation.system_prompt,
+        project_id=conversation.project_id,
     )
     user_message = Message.objects.create(
         conversation=conversation,
@@ -523,9 +540,15 @@ def _message_queue(
         held=held,
         routing_reason=routing_reason,
         # A first message with nothing personal in its prompt or sampling (no history, instructions,
-        # conversation settings or files).
+        # project, conversation settings or files).
         cacheable=content
-        if not (path or prompt.instructions_kept or _has_settings(conversation) or not retrieved.empty)
+        if not (
+            path
+            or prompt.instructions_kept
+            or prompt.project_instructions_kept
+            or _has_settings(conversation)
+            or not retrieved.empty
+        )
         else "",
     )
     citations_save(user_id=conversation.user_id, answer=answer, prompt=prompt, retrieved=retrieved)

@@ -132,6 +132,17 @@
     searchTimer = setTimeout(refresh, 200);
   });
 
+  // The list drawn again from the server, as the search box has it (static/chat/projects.js calls
+  // it when a chat moves into or out of a project).
+  function refresh() {
+    const query = search.value.trim();
+    const seq = ++searchSeq;
+    return fetch(list.dataset.searchUrl + "?q=" + encodeURIComponent(query), {credentials: "same-origin"})
+      .then(function (response) { return response.json(); })
+      .then(function (body) { if (seq === searchSeq) render(body.groups || [], query); });
+  }
+  window.chatSidebar = {refresh: refresh};
+
   // --- titles -----------------------------------------------------------------------------------
 
   function titleShow(id, text) {

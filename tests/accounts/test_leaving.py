@@ -20,7 +20,7 @@ from accounts.models import ApiKey, SignedInSession, User
 from accounts.services import api_key_create, user_delete
 from billing.models import UsageRecord
 from conversations.models import Conversation, Message
-from conversations.services import conversation_create
+from conversations.services import conversation_create, project_create
 from documents.models import Chunk, Document
 from inference.models import Generation
 from tests.helpers.factories import PASSWORD
@@ -36,8 +36,9 @@ def _signed_in(user) -> Client:
 
 
 def _holdings(user) -> None:
-    """A conversation with two versions of its answer, a file, a key and a usage record."""
-    chat = conversation_create(user=user, title="Trip")
+    """A conversation in a project with two versions of its answer, a file, a key and a usage record."""
+    project = project_create(owner=user, name="Travel", instructions=f"Plan for {user.username}.")
+    chat = conversation_create(user=user, title="Trip", project_id=project.id)
     question = Message.objects.create(conversation=chat, role="user", content=f"Where to, {user.username}?")
     Message.objects.create(conversation=chat, role="assistant", content="Oslo.", parent=question)
     Message.objects.create(conversation=chat, role="assistant", content="Lisbon.", parent=question)
@@ -74,6 +75,10 @@ def test_the_archive_holds_everything_of_the_persons_and_nothing_of_anothers(ali
     conversation = json.loads(archive.read(conversation_file))
     assert conversation["holds"] == "tree"
     assert sorted(m["content"] for m in conversation["messages"]) == ["Lisbon.", "Oslo.", "Where to, alice?"]
+
+    (project,) = json.loads(archive.read("projects.json"))
+    assert (project["name"], project["instructions"]) == ("Travel", "Plan for alice.")
+    assert project["conversations"] == [conversation["id"]]
 
     listed = json.loads(archive.read("files.json"))
     assert [f["name"] for f in listed] == ["../notes/../../etc.txt"]

@@ -88,7 +88,8 @@ async def test_the_chat_menu_archive_view_select_mode_and_copying_a_shared_link(
     background = await page.locator(MENU).evaluate("m => getComputedStyle(m).backgroundColor")
     assert (background == WHITE) == (theme == "light")
     actions = await page.eval_on_selector_all(f"{MENU} [role=menuitem]", "items => items.map(i => i.dataset.action)")
-    assert actions == ["rename", "pin", "share", "export-markdown", "export-json", "archive", "delete"]
+    # The projects' own item (static/chat/projects.js) sits before Archive and Delete, as added items do.
+    assert actions == ["rename", "pin", "share", "export-markdown", "export-json", None, "archive", "delete"]
     # Esc closes it (and only it: the phone's drawer stays open), giving the focus back to its button.
     await page.keyboard.press("Escape")
     await page.wait_for_selector(MENU, state="hidden")
@@ -162,13 +163,19 @@ async def test_the_chat_menu_archive_view_select_mode_and_copying_a_shared_link(
     # Another script's item, before Archive and Delete.
     await page.keyboard.press("Escape")
     await page.evaluate(
-        "() => window.chatMenu.addItem({label: 'Move to project', onSelect: (id) => { document.body.dataset.moved = id; }})"
+        "() => window.chatMenu.addItem({label: 'Pin to desk', onSelect: (id) => { document.body.dataset.moved = id; }})"
     )
     await open_menu(notes)
     labels = await page.eval_on_selector_all(f"{MENU} [role=menuitem]", "items => items.map(i => i.textContent)")
-    assert labels[-3:] == ["Move to project", "Archive", "Delete"]
-    await page.click(f"{MENU} [role=menuitem] >> text=Move to project")
+    assert labels[-4:] == ["Move to project…", "Pin to desk", "Archive", "Delete"]
+    await page.click(f"{MENU} [role=menuitem] >> text=Pin to desk")
     assert await page.evaluate("() => document.body.dataset.moved") == str(notes.id)
+    # The projects' item opens the move dialog for that chat.
+    await open_menu(notes)
+    await page.click(f"{MENU} [role=menuitem] >> text=Move to project…")
+    await page.wait_for_selector("#project-move-dialog")
+    await page.keyboard.press("Escape")
+    await page.wait_for_selector("#project-move-dialog", state="detached")
 
     # Archive two chats: out of the list; in the Archived view, one comes back and one is deleted.
     for chat in (notes, idea):

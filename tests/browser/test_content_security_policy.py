@@ -9,9 +9,11 @@ from __future__ import annotations
 import re
 
 import pytest
+from channels.db import database_sync_to_async
 
 from accounts.models import User
 from conversations.models import Conversation
+from conversations.services import project_create
 from tests.browser.conftest import BROWSER_MARKS, sign_up
 from tests.helpers.factories import PASSWORD
 
@@ -74,9 +76,18 @@ async def test_every_page_works_under_the_policy_without_a_violation(page, viola
     await page.click("button[type=submit]")
     await page.wait_for_selector("#chat[data-socket=open]", state="attached")
 
+    # A project's page, its settings and the new-project dialog (projects.js builds them).
+    olivia = await User.objects.aget(username="olivia")
+    project = await database_sync_to_async(project_create)(owner=olivia, name="Plans", instructions="Be brief.")
+    await page.goto(f"/p/{project.id}/")
+    await page.click("#project-settings summary")
+    await page.wait_for_selector("#project-instructions")
+    await page.click("#new-project")
+    await page.wait_for_selector("#project-new-dialog")
+    await page.keyboard.press("Escape")
+
     # The admin: its index, every list and form it links to, and a change form with its widgets.
     await User.objects.filter(username="olivia").aupdate(is_staff=True, is_superuser=True)
-    olivia = await User.objects.aget(username="olivia")
     await page.goto("/admin/")
     links = await page.eval_on_selector_all("#content-main a[href^='/admin/']", "links => links.map(a => a.href)")
     assert len(links) >= 8

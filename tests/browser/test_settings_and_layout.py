@@ -290,7 +290,7 @@ async def test_a_long_conversation_opens_at_its_end_and_follows_an_answer_only_f
     assert await page.get_attribute("#request-error", "role") == "alert"
     assert await page.get_attribute("#connection-status", "role") == "status"
     labels = await page.eval_on_selector_all("nav", "navs => navs.map(n => n.getAttribute('aria-label'))")
-    assert labels == ["Conversations", "Account"]
+    assert labels == ["Projects", "Conversations", "Account"]
 
 
 async def test_the_page_notices_an_answer_that_ended_without_an_event_within_seconds(page, settings):

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from accounts.models import ApiKey
 from accounts.services import api_key_create
 from billing.models import UsageRecord
-from conversations.models import Conversation, Message, SavedPrompt
-from conversations.services import conversation_create
+from conversations.models import Conversation, Message, Project, SavedPrompt
+from conversations.services import conversation_create, project_create
 from inference.defaults import DEFAULT_DEPLOYMENT_NAME
 from inference.models import Generation
 from inference.services import generation_finish
@@ -121,6 +121,14 @@ PROMPT = fields({}, {"command": valid_or("summarize", "/Two-Words", "two words",
 SEND_CONTENT = {"content": valid_or("Hello", "", "  "), "client_id": valid_or(None) | uuids}
 SEND_NEW = fields({"model": unknown_models}, SEND_CONTENT)
 SEND_INTO_BUSY = fields({}, {**SEND_CONTENT, "model": valid_or(DEFAULT_DEPLOYMENT_NAME)})
+PROJECT = fields(
+    {},
+    {
+        "name": valid_or("Trip", "", " ", "x" * 101),
+        "instructions": valid_or("Be brief.", "", "\x00"),
+        "default_model": valid_or("", "auto", DEFAULT_DEPLOYMENT_NAME, "no-such-model"),
+    },
+)
 
 
 def encoded(bodies: st.SearchStrategy[Any]) -> st.SearchStrategy[bytes]:
@@ -156,6 +164,8 @@ class Setting:
         )
         self.bobs = conversation_create(user=bob, title="Bob's")
         self.key = api_key_create(user=alice, name="fuzz", scopes=list(ApiKey.Scope.values)).key
+        self.project = project_create(owner=alice, name="Alice's project")
+        self.bobs_project = project_create(owner=bob, name="Bob's project")
         self.prompt = SavedPrompt.objects.create(owner=alice, command="mine", text="Alice's")
         self.bobs_prompt = SavedPrompt.objects.create(owner=bob, command="mine", text="Bob's")
 
@@ -183,7 +193,37 @@ class Setting:
         ids_with_one_not_alices = st.tuples(some_ids, not_alices).map(lambda pair: [*pair[0], pair[1]])
         delete_many = fields({"ids": ids_with_one_not_alices}, {})
         archive_many = fields({}, {"ids": some_ids | json_values})
+        project_id = st.sampled_from([self.project.id, self.bobs_project.id, 0, 2**63, 10**30]) | st.integers(0)
+        not_alices_project = st.sampled_from([self.bobs_project.id, 0, 2**63, 10**30])
+        move = fields({}, {"project": valid_or(None, self.project.id, self.bobs_project.id, 0, 2**63)})
+        chats_choice = st.fixed_dictionaries({}, optional={"chats": valid_or("delete", "keep") | st.text(max_size=8)})
         return st.one_of(
+            st.tuples(st.just("GET"), st.just("/api/projects/"), st.just(b""), json_type),
+            st.tuples(st.just("POST"), st.just("/api/projects/"), encoded(PROJECT), content_type),
+            st.tuples(st.just("GET"), project_id.map(project_path), st.just(b""), json_type),
+            st.tuples(st.just("PATCH"), project_id.map(project_path), encoded(PROJECT), content_type),
+            # Alice's own project only without a valid choice: deleting it would leave nothing to fuzz.
+            st.tuples(
+                st.just("DELETE"),
+                st.one_of(
+                    st.tuples(not_alices_project, chats_choice),
+                    st.tuples(
+                        st.just(self.project.id),
+                        st.fixed_dictionaries(
+                            {}, optional={"chats": st.text(max_size=8).filter(lambda c: c not in ("delete", "keep"))}
+                        ),
+                    ),
+                ).map(lambda p: f"{project_path(p[0])}?{urlencode(p[1])}" if p[1] else project_path(p[0])),
+                st.just(b""),
+                json_type,
+            ),
+            st.tuples(st.just("GET"), project_id.map(lambda i: f"{project_path(i)}files/"), st.just(b""), json_type),
+            st.tuples(
+                st.just("POST"), project_id.map(lambda i: f"{project_path(i)}files/"), encoded(PROJECT), content_type
+            ),
+            st.tuples(
+                st.just("PUT"), any_id.map(lambda i: f"{conversation_path(i)}project/"), encoded(move), content_type
+            ),
             st.tuples(st.just("POST"), st.just("/v1/chat/completions"), encoded(COMPLETION), content_type),
             st.tuples(st.just("POST"), st.just("/v1/moderations"), encoded(MODERATION), content_type),
             st.tuples(st.just("GET"), st.just("/v1/models"), st.just(b""), json_type),
@@ -223,6 +263,10 @@ def conversation_path(conversation_id: int) -> str:
     return f"/api/conversations/{conversation_id}/"
 
 
+def project_path(project_id: int) -> str:
+    return f"/api/projects/{project_id}/"
+
+
 MAY_SUCCEED = {
     ("GET", "/v1/models"),
     ("POST", "/v1/moderations"),
@@ -231,6 +275,12 @@ MAY_SUCCEED = {
     ("GET", "/api/conversations/{id}/"),
     ("PATCH", "/api/conversations/{id}/"),
     ("DELETE", "/api/conversations/{id}/"),
+    ("GET", "/api/projects/"),
+    ("POST", "/api/projects/"),
+    ("GET", "/api/projects/{id}/"),
+    ("PATCH", "/api/projects/{id}/"),
+    ("GET", "/api/projects/{id}/files/"),
+    ("PUT", "/api/conversations/{id}/project/"),
     ("GET", "/api/prompts/"),
     ("POST", "/api/prompts/"),
     ("PATCH", "/api/prompts/{id}/"),
@@ -249,6 +299,8 @@ def rows() -> tuple[int, ...]:
     return (
         Conversation.objects.count(),
         Conversation.objects.filter(archived_at__isnull=False).count(),
+        list(Conversation.objects.order_by("id").values_list("project_id", flat=True)),
+        Project.objects.count(),
         Message.objects.count(),
         Generation.objects.count(),
         UsageRecord.objects.count(),
@@ -307,8 +359,20 @@ def socket_frames(setting: Setting, ended_elsewhere: str) -> st.SearchStrategy[s
     generations = valid_or(ended_elsewhere, str(uuid.uuid4())) | uuids
     kinds = valid_or("message.send", "generation.stop", "generation.resume", "message.regenerate")
     send = {"content": valid_or("Hello", ""), "client_id": valid_or(None) | uuids, "retry": valid_or(True, False)}
+    projects = valid_or(setting.project.id, setting.bobs_project.id, 0, 2**63, "1")
     frames = st.one_of(
         fields({"type": st.just("message.send"), "model": unknown_models}, {**send, "conversation": ids}),
+        # A new chat in a project (alice's, bob's, none): refused for its model, or for bob's project.
+        fields({"type": st.just("message.send"), "model": unknown_models}, {**send, "project": projects}),
+        # A project with a conversation: refused whatever else (an existing one moves instead).
+        fields(
+            {
+                "type": st.just("message.send"),
+                "project": st.sampled_from([setting.project.id, setting.bobs_project.id]),
+                "conversation": st.sampled_from([setting.busy.id, 0, 2**63]),
+            },
+            {**send, "model": valid_or(DEFAULT_DEPLOYMENT_NAME)},
+        ),
         fields(
             {"type": st.just("message.send"), "conversation": st.just(setting.busy.id)},
             {**send, "model": valid_or(DEFAULT_DEPLOYMENT_NAME)},

@@ -18,13 +18,14 @@ from schemathesis.specs.openapi.checks import content_type_conformance, response
 
 from accounts.models import ApiKey
 from accounts.services import api_key_create
-from conversations.services import conversation_create
+from conversations.services import conversation_create, project_create
 from tests.helpers.databases import rate_limits_clear
 
 # Sending a message or a (chat or text) completion starts a real generation: far too slow to fuzz
 # on a CPU. Embeddings and tokenizing run in the web process, so they are fuzzed.
 FUZZED_PATHS = (
-    r"^/(api/conversations/(\{conversation_id\}/(archive/)?|bulk-delete/|bulk-archive/)?"
+    r"^/(api/conversations/(\{conversation_id\}/(archive/|project/)?|bulk-delete/|bulk-archive/)?"
+    r"|api/projects/(\{project_id\}/(files/)?)?"
     r"|api/prompts/(\{prompt_id\}/)?|v1/models(/\{model_id\})?|v1/embeddings|tokenize|detokenize)$"
 )
 EXAMPLES_PER_OPERATION = 25
@@ -53,6 +54,12 @@ def test_the_schema_documents_the_conversations_api():
     for path in ("/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize"):
         assert set(paths[path]) == {"post"}
     assert set(paths["/v1/models/{model_id}"]) == {"get"}
+    assert set(paths["/api/projects/"]) == {"get", "post"}
+    assert set(paths["/api/projects/{project_id}/"]) == {"get", "patch", "delete"}
+    assert set(paths["/api/projects/{project_id}/files/"]) == {"get", "post"}
+    assert set(paths["/api/conversations/{conversation_id}/project/"]) == {"put"}
+    (chats,) = [p for p in paths["/api/projects/{project_id}/"]["delete"]["parameters"] if p["in"] == "query"]
+    assert chats["name"] == "chats" and chats["required"] and chats["schema"]["enum"] == ["delete", "keep"]
     send_fields = send["requestBody"]["content"]["application/json"]["schema"]
     assert (
         "parent"
@@ -82,14 +89,17 @@ def test_generated_requests_never_cause_a_server_error(alice, bob, wsgi_app):
         conversation_create(user=bob, title=f"Bob {i}")
     alices = conversation_create(user=alice, title="Kept busy").id
     bobs = conversation_create(user=bob, title="Not alice's").id
+    alices_project = project_create(owner=alice, name="Alice's").id
+    bobs_project = project_create(owner=bob, name="Bob's").id
+    conversation_create(user=alice, title="In a project", project_id=alices_project)
     schema = schemathesis.openapi.from_dict(SchemaGenerator().get_schema(request=None, public=True))
     schema.app = wsgi_app
     operations = [result.ok() for result in schema.include(path_regex=FUZZED_PATHS).get_all_operations()]
-    assert len(operations) == 18
+    assert len(operations) == 26
     headers = {"Authorization": f"Bearer {key}"}
 
     runs = [(operation, mode, None) for operation in operations for mode in GenerationMode]
-    # Random ids are mostly missing: also aim at one of alice's conversations, and at one of bob's.
+    # Random ids are mostly missing: also aim at one of alice's conversations and projects, and at bob's.
     runs += [
         (operation, mode, {"conversation_id": conversation_id})
         for operation in operations
@@ -98,6 +108,16 @@ def test_generated_requests_never_cause_a_server_error(alice, bob, wsgi_app):
             (GenerationMode.POSITIVE, alices),
             (GenerationMode.NEGATIVE, alices),
             (GenerationMode.POSITIVE, bobs),
+        )
+    ]
+    runs += [
+        (operation, mode, {"project_id": project_id})
+        for operation in operations
+        if "{project_id}" in operation.path and operation.method.upper() != "DELETE"
+        for mode, project_id in (
+            (GenerationMode.POSITIVE, alices_project),
+            (GenerationMode.NEGATIVE, alices_project),
+            (GenerationMode.POSITIVE, bobs_project),
         )
     ]
     for operation, mode, path_parameters in runs:

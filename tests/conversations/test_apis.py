@@ -61,7 +61,7 @@ def test_it_lists_only_the_callers_conversations_newest_first_in_pages(alice, bo
         page = client.get(page["next"]).json()
         seen += [c["id"] for c in page["results"]]
     assert seen == [c.id for c in reversed(mine)]
-    assert set(first["results"][0]) == {"id", "title", "model", "created_at", "updated_at", "archived_at"}
+    assert set(first["results"][0]) == {"id", "title", "model", "project", "created_at", "updated_at", "archived_at"}
 
 
 @pytest.mark.parametrize(
