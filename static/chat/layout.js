@@ -132,6 +132,8 @@
   // --- the keyboard ---------------------------------------------------------------------------------
   document.addEventListener("keydown", function (event) {
     if (event.key === "Escape") {
+      // A modal dialog (move to project, shortcuts, share) takes its own Esc: it closes first.
+      if (document.querySelector("dialog[open]")) return;
       if (menuOpen()) {
         setMenu(false);
       } else if (!stopButton.hidden) {
