@@ -5,6 +5,7 @@ import re
 from typing import cast
 
 from django import forms
+from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
 
 from accounts.models import ApiKey, User, UserSettings
@@ -18,6 +19,11 @@ class SignupForm(UserCreationForm):
     class Meta(UserCreationForm.Meta):
         model = User
         fields = ("username", "email")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Where the operator requires a verified address, an account needs one to verify.
+        self.fields["email"].required = settings.EMAIL_VERIFICATION == "required"
 
 
 class ThrottledAuthenticationForm(AuthenticationForm):

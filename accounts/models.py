@@ -115,6 +115,14 @@ class User(AbstractUser):
         help_text="Empty means the default tier.",
     )
 
+    verified_email = models.EmailField(
+        blank=True, help_text="The address a verification link was opened for: verified while it is the email."
+    )
+
+    @property
+    def email_verified(self) -> bool:
+        return bool(self.email) and self.verified_email.lower() == self.email.lower()
+
     class Meta(AbstractUser.Meta):
         swappable = "AUTH_USER_MODEL"
         permissions = [("review_moderation", "Can review moderation flags")]

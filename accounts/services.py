@@ -5,7 +5,7 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import pyotp
@@ -13,6 +13,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.sessions.models import Session
+from django.core import signing
 from django.core.mail import send_mail
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
@@ -694,6 +695,65 @@ def signup_admit(*, address: str) -> None:
             status=429,
             retry_after=refusal.retry_after,
         )
+
+
+# --- verifying an email address -------------------------------------------------------------------
+
+EMAIL_VERIFICATION_SALT = "accounts.email-verification"
+EMAIL_VERIFICATION_TEXT = """Hello {username},
+
+Open this link to confirm that {email} is your address (it works for {days} days):
+
+{link}
+
+If you did not sign up, ignore this email.
+"""
+
+
+def email_verification_token(*, user: User) -> str:
+    """A signed token naming the user and the address: it verifies that address only while it is
+    still the account's, and only for EMAIL_VERIFICATION_MAX_AGE_S."""
+    return signing.dumps({"user": user.pk, "email": user.email}, salt=EMAIL_VERIFICATION_SALT)
+
+
+def email_verification_send(*, user: User, link_for: Callable[[str], str]) -> None:
+    """Email the account a verification link (`link_for(token)` makes it absolute), at most
+    EMAIL_VERIFICATIONS_PER_HOUR an hour per account (429 verification_limited)."""
+    if not user.email:
+        raise ClientError("The account has no email address to verify.", code="no_email")
+    refusal = buckets_consume([Charge(f"verify:user:{user.pk}", settings.EMAIL_VERIFICATIONS_PER_HOUR, HOUR_S)])
+    if refusal is not None:
+        minutes = max(1, -(-refusal.retry_after // MINUTE_S))
+        raise ClientError(
+            f"A link was sent a few times already. Try again in {minutes} minute{'s' if minutes > 1 else ''}.",
+            code="verification_limited",
+            status=429,
+            retry_after=refusal.retry_after,
+        )
+    text = EMAIL_VERIFICATION_TEXT.format(
+        username=user.username,
+        email=user.email,
+        days=settings.EMAIL_VERIFICATION_MAX_AGE_S // 86400 or 1,
+        link=link_for(email_verification_token(user=user)),
+    )
+    send_mail("Confirm your email address", text, None, [user.email])
+
+
+def email_verify(*, token: str) -> User | None:
+    """The user whose address `token` verifies, now marked verified; None for a token that is
+    tampered with, expired, or names an address the account no longer has."""
+    try:
+        claim = signing.loads(token, salt=EMAIL_VERIFICATION_SALT, max_age=settings.EMAIL_VERIFICATION_MAX_AGE_S)
+    except signing.BadSignature:
+        return None
+    if not isinstance(claim, dict) or not isinstance(claim.get("user"), int) or not isinstance(claim.get("email"), str):
+        return None
+    user = User.objects.filter(id=claim["user"], email__iexact=claim["email"]).exclude(email="").first()
+    if user is None:
+        return None
+    User.objects.filter(id=user.pk).update(verified_email=user.email)
+    user.verified_email = user.email
+    return user
 
 
 PASSWORD_RESET_PERIOD_S = 3600

@@ -7,6 +7,7 @@ from pathlib import PurePosixPath
 
 import pyotp
 import segno
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
@@ -45,6 +46,8 @@ from accounts.services import (
     action_admit,
     api_key_create,
     api_key_revoke,
+    email_verification_send,
+    email_verify,
     login_attempt_admit,
     login_attempt_succeeded,
     password_changed_notify,
@@ -82,9 +85,58 @@ def signup(request: HttpRequest) -> HttpResponse:
             email=form.cleaned_data.get("email", ""),
             password=form.cleaned_data["password1"],
         )
+        if user.email:
+            _verification_send(request, user)
+        if settings.EMAIL_VERIFICATION == "required":
+            return render(request, "accounts/verify_email.html", {"email": user.email, "sent": True})
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
         return redirect("conversations:chat")
     return render(request, "accounts/signup.html", {"form": form})
+
+
+# --- verifying an email address -------------------------------------------------------------------
+
+UNVERIFIED_SESSION = "accounts.unverified_user"
+
+
+def _verification_send(request: HttpRequest, user: User) -> ClientError | None:
+    """Send the verification link; a refusal (too many lately) is returned, not raised."""
+    try:
+        email_verification_send(
+            user=user, link_for=lambda token: request.build_absolute_uri(reverse("accounts:email_verify", args=[token]))
+        )
+    except ClientError as exc:
+        return exc
+    return None
+
+
+@metered("request")
+@never_cache
+@require_http_methods(["GET"])
+def email_verify_view(request: HttpRequest, token: str) -> HttpResponse:
+    user = email_verify(token=token)
+    if user is None:
+        return render(request, "accounts/verify_email.html", {"invalid": True}, status=400)
+    return render(request, "accounts/verify_email.html", {"verified": True, "email": user.email})
+
+
+@metered("request")
+@require_POST
+def email_verification_resend_view(request: HttpRequest) -> HttpResponse:
+    """Send the link again: for the signed-in user, or for the one whose sign-in waits for it (the
+    session says who; nothing here takes a username or an address)."""
+    user: User | None = request.user if request.user.is_authenticated else None
+    if user is None:
+        user_id = request.session.get(UNVERIFIED_SESSION)
+        user = User.objects.filter(id=user_id).first() if isinstance(user_id, int) else None
+    if user is None or not user.email:
+        return redirect("accounts:login")
+    refused = _verification_send(request, user)
+    context = {"email": user.email, "sent": refused is None, "error": refused.message if refused else ""}
+    response = render(request, "accounts/verify_email.html", context, status=refused.status if refused else 200)
+    if refused is not None:
+        response["Retry-After"] = str(refused.retry_after)
+    return response
 
 
 @metered("request")
@@ -99,6 +151,9 @@ class LoginView(auth_views.LoginView):
         """The password is right. With a second factor on (or required of this user), the sign-in
         waits for it (`two_factor_view`); the session is not signed in until then."""
         user = form.get_user()
+        if settings.EMAIL_VERIFICATION == "required" and not user.email_verified:
+            self.request.session[UNVERIFIED_SESSION] = user.pk
+            return render(self.request, "accounts/verify_email.html", {"email": user.email, "needed": True}, status=403)
         if second_factor_enabled(user=user) or second_factor_required(user=user):
             self.request.session.cycle_key()
             self.request.session[PENDING_SESSION] = {

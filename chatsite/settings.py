@@ -164,6 +164,12 @@ PASSWORD_RESETS_PER_EMAIL_PER_HOUR = env_int("PASSWORD_RESETS_PER_EMAIL_PER_HOUR
 # and the review queue hold other people's data) or "everyone". Applied at each sign-in.
 TWO_FACTOR_REQUIRED = env_choice("TWO_FACTOR_REQUIRED", "none", choices=("none", "staff", "everyone"))
 
+# Verifying an account's email address (a signed link sent at sign-up): "optional" (sign-in does not
+# wait for it) or "required" (sign-up needs an address, and sign-in waits until it is verified).
+EMAIL_VERIFICATION = env_choice("EMAIL_VERIFICATION", "optional", choices=("optional", "required"))
+EMAIL_VERIFICATION_MAX_AGE_S = env_int("EMAIL_VERIFICATION_MAX_AGE_S", 3 * 86400, minimum=600)
+EMAIL_VERIFICATIONS_PER_HOUR = env_int("EMAIL_VERIFICATIONS_PER_HOUR", 3, minimum=1)
+
 # Email: printed to the console in the embedded default; sent over SMTP once EMAIL_HOST is set.
 EMAIL_HOST = env_str("EMAIL_HOST", "")
 if EMAIL_HOST:

@@ -37,6 +37,10 @@ ENDPOINTS = {
     "api/conversations/<int:conversation_id>/messages/<int:message_id>/feedback/": ("PUT", {"rating": "up"}),
     "api/conversations/<int:conversation_id>/files/": ("GET", None),
     "api/conversations/<int:conversation_id>/messages/<int:message_id>/citations/": ("GET", None),
+    "api/conversations/<int:conversation_id>/project/": ("PUT", {"project": None}),
+    "api/projects/": ("GET", None),
+    "api/projects/<int:project_id>/": ("GET", None),
+    "api/projects/<int:project_id>/files/": ("GET", None),
     "api/prompts/": ("GET", None),
     "api/prompts/<int:prompt_id>/": ("DELETE", None),
     "api/files/": ("GET", None),
@@ -58,7 +62,7 @@ def _routes(patterns, prefix=""):
 def _url(route: str) -> str:
     return "/" + route.replace("<str:model_id>", MODEL).replace("<int:", "<").replace("<conversation_id>", "1").replace(
         "<message_id>", "1"
-    ).replace("<document_id>", "1").replace("<prompt_id>", "1")
+    ).replace("<document_id>", "1").replace("<prompt_id>", "1").replace("<project_id>", "1")
 
 
 def test_the_table_names_every_api_endpoint():
