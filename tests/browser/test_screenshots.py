@@ -13,7 +13,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from accounts.models import User, UserSettings
-from conversations.models import Conversation, Message
+from conversations.models import Conversation, Message, Project
 from tests.browser.conftest import CHROMIUM, sign_up
 from tests.browser.test_settings_and_layout import DESKTOP, PHONE, browser_page, no_engine  # noqa: F401
 
@@ -49,6 +49,8 @@ def a_conversation(username: str) -> Conversation:
     user = User.objects.get(username=username)
     for title in ("Sourdough starter schedule", "Trip ideas for a rainy weekend", "Explain recursion simply"):
         Conversation.objects.create(user=user, deployment=deployment_get(), title=title)
+    garden = Project.objects.create(owner=user, name="Garden", instructions="I garden on a north-facing balcony.")
+    Conversation.objects.create(user=user, deployment=deployment_get(), title="Balcony tomatoes", project=garden)
     conversation = Conversation.objects.create(
         user=user, deployment=deployment_get(), title="Houseplants for beginners"
     )
