@@ -13,6 +13,10 @@ role="${1:-web}"
 case "$role" in
     web | worker | documents)
         shift
+        if [ "$role" = web ] && [ -n "${PROMETHEUS_MULTIPROC_DIR:-}" ]; then
+            # A restarted container's figures would otherwise be added to its new process's.
+            mkdir -p "$PROMETHEUS_MULTIPROC_DIR" && rm -f "$PROMETHEUS_MULTIPROC_DIR"/*.db
+        fi
         line="$(sed -n "s/^$role: //p" Procfile)"
         [ -n "$line" ] || { echo "no '$role' process in the Procfile" >&2; exit 2; }
         # The line's ${VAR:-default}s expand here; exec replaces this shell, so SIGTERM reaches

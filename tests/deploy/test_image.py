@@ -62,6 +62,7 @@ def test_the_build_context_leaves_out_the_environment_and_the_data():
 
 def fake_app(tmp_path: Path) -> Path:
     """The image's /app with programs that print how they were started."""
+    tmp_path.mkdir(exist_ok=True)
     (tmp_path / "Procfile").write_text((ROOT / "Procfile").read_text())
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
@@ -90,3 +91,11 @@ def test_each_role_runs_the_procfiles_line_with_the_containers_settings(tmp_path
     assert "-Q documents" in run_entrypoint(app, "documents")
     assert run_entrypoint(app, "migrate").split() == ["python", "manage.py", "migrate", "--noinput"]
     assert run_entrypoint(app, "echo", "anything").strip() == "anything"
+
+
+def test_a_restarted_web_process_starts_its_metrics_afresh(tmp_path):
+    app, figures = fake_app(tmp_path / "app"), tmp_path / "prometheus"
+    figures.mkdir()
+    (figures / "counter_1.db").write_bytes(b"a previous process's figures")
+    run_entrypoint(app, "web", PROMETHEUS_MULTIPROC_DIR=str(figures))
+    assert list(figures.iterdir()) == []
