@@ -310,6 +310,7 @@ def test_migrations_run_as_a_hook_before_upgrades_and_pods_wait_for_them(objects
 def test_every_credential_comes_from_a_secret_and_every_setting_is_read(objects):
     service, vllm = settings_read(), vllm_settings()
     credentials = {"DJANGO_SECRET_KEY", "METRICS_TOKEN", "DATABASE_URL", "REDIS_URL", "POSTGRES_PASSWORD"}
+    credentials |= {"MODERATION_GUARD_API_KEY"}
     config = {
         k: v
         for c in of_kind(objects, "ConfigMap")

@@ -40,6 +40,13 @@ env:
         name: {{ include "chatsite.secretName" $ }}
         key: {{ $key }}
   {{- end }}
+  # Optional: the guard model's key (MODERATION_GUARD_URL), where one is used.
+  - name: MODERATION_GUARD_API_KEY
+    valueFrom:
+      secretKeyRef:
+        name: {{ include "chatsite.secretName" . }}
+        key: MODERATION_GUARD_API_KEY
+        optional: true
 {{- end -}}
 
 {{/* Waits until every migration is applied: the migration Job runs after install and before upgrades. */}}
