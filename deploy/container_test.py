@@ -121,7 +121,7 @@ def build(engine: str) -> dict[str, str]:
     return images
 
 
-def http(opener: urllib.request.OpenerDirector, path: str, data: dict | None = None) -> tuple[int, str]:
+def fetch(opener: urllib.request.OpenerDirector, path: str, data: dict | None = None) -> tuple[int, str]:
     body = urllib.parse.urlencode(data).encode() if data is not None else None
     request = urllib.request.Request(BASE + path, data=body, headers={"Referer": BASE + path})
     try:
@@ -136,7 +136,7 @@ def wait_ready(timeout: float) -> float:
     opener = urllib.request.build_opener()
     while time.monotonic() - started < timeout:
         try:
-            if http(opener, "/readyz")[0] == 200:
+            if fetch(opener, "/readyz")[0] == 200:
                 return time.monotonic() - started
         except OSError:
             pass
@@ -148,7 +148,7 @@ def sign_up() -> str:
     """A new account through the sign-up page; returns the session cookie."""
     jar = http.cookiejar.CookieJar()
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-    status, page = http(opener, "/accounts/signup/")
+    status, page = fetch(opener, "/accounts/signup/")
     assert status == 200, status
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
     password = secrets.token_urlsafe(16)
@@ -159,7 +159,7 @@ def sign_up() -> str:
         "password1": password,
         "password2": password,
     }
-    status, page = http(opener, "/accounts/signup/", form)
+    status, page = fetch(opener, "/accounts/signup/", form)
     cookies = {cookie.name: cookie.value for cookie in jar}
     assert status == 200 and "sessionid" in cookies, f"sign-up failed ({status})"
     return f"sessionid={cookies['sessionid']}; csrftoken={cookies['csrftoken']}"

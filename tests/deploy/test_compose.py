@@ -116,13 +116,11 @@ def test_the_health_checks_ask_what_the_service_serves(compose):
     services = compose["services"]
     web_check = services["web"]["healthcheck"]["test"]
     assert view_at(web_check[-1].removeprefix("http://127.0.0.1:8000")) is PROBES["/healthz"]
-    for name in ("worker", "worker-2", "worker-gpu"):
+    for name in ("worker", "worker-2", "worker-gpu", "documents"):
         service = services[name]
         port = service["environment"]["METRICS_WORKER_PORT"]
         assert service["healthcheck"]["test"][-1] == f"http://127.0.0.1:{port}/metrics"
         assert service["environment"]["METRICS_WORKER_HOST"] == "0.0.0.0"
-    assert "documents@$HOSTNAME" in services["documents"]["healthcheck"]["test"][-1]
-    assert "-n documents@%h" in procfile()["documents"]
 
 
 def test_redis_keeps_its_data_and_workers_finish_their_answers(compose):
