@@ -18,7 +18,7 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 # the fault tests in one (tests/conftest.py). TEST_PARALLEL= runs them in one process.
 TEST_PARALLEL ?= -n 2 --dist loadgroup
 
-.PHONY: run test screenshots fault-test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-trace benchmark-scale benchmark-embedded benchmark-moderation benchmark-moderation-quality benchmark-cuts benchmark-dtype benchmark-interference benchmark-capacity benchmark-peer benchmark-retrieval benchmark-semantic-cache benchmark-injection clean
+.PHONY: run test screenshots fault-test container-test install install-dev model migrate lint topology topology-database benchmark benchmark-send benchmark-trace benchmark-scale benchmark-embedded benchmark-moderation benchmark-moderation-quality benchmark-cuts benchmark-dtype benchmark-interference benchmark-capacity benchmark-peer benchmark-retrieval benchmark-semantic-cache benchmark-injection clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -100,6 +100,15 @@ test: install-dev model
 # (docs/production.md, "Faults"). `make test` runs them too, first in its production-topology run.
 fault-test: install-dev model
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m fault
+
+# The image and the compose stack end to end, on demand (not in `make test`: it builds the CPU image,
+# minutes): compose up with podman (or docker, CONTAINER=docker), sign up, chat over the socket, kill
+# the worker mid-answer, check the page is told, start it again, chat again, tear down
+# (deploy/container_test.py; docs/deployment.md). Without a registry the base image, PostgreSQL's
+# and Redis' come from Debian's archive (apt-get install podman buildah runc debootstrap).
+container-test: install-dev
+	$(PIP) install --quiet podman-compose==1.6.0
+	$(PY) deploy/container_test.py
 
 screenshots: install-dev
 	CHATSITE_SCREENSHOTS=1 $(PY) -m pytest tests/browser/test_screenshots.py -q
