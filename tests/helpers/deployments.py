@@ -8,7 +8,13 @@ import pytest
 from accounts.defaults import create_default_tiers
 from accounts.models import Tier
 from billing.models import TierModelPrice
-from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS, DEFAULT_DEPLOYMENT_NAME, DEFAULT_DEPLOYMENT_TOOL_FIELDS
+from inference.defaults import (
+    DEFAULT_DEPLOYMENT_FIELDS,
+    DEFAULT_DEPLOYMENT_NAME,
+    DEFAULT_DEPLOYMENT_TOOL_FIELDS,
+    EMBEDDING_DEPLOYMENT_FIELDS,
+    EMBEDDING_DEPLOYMENT_NAME,
+)
 from inference.models import ModelDeployment
 from inference.selectors import deployment_cache_clear
 from tests.helpers.engines import engine_kind_for
@@ -16,7 +22,7 @@ from tests.helpers.engines import engine_kind_for
 
 @pytest.fixture(autouse=True)
 def default_deployment(request):
-    """Transactional tests flush the migration's row; put it back for every test that uses the database.
+    """Transactional tests flush the migrations' rows; put them back for every test that uses the database.
     A rolled-back test's ids are given again to the next test's rows, so the deployments this process
     read by id are forgotten too: a later test's message would otherwise run on an earlier test's
     deployment (an engine of another model loading in the middle of it)."""
@@ -35,6 +41,8 @@ def default_deployment(request):
         ModelDeployment.objects.filter(id=deployment.id).update(engine=kind)
         deployment.engine = kind
     create_default_tiers(tier_model=Tier, price_model=TierModelPrice, deployment=deployment)
+    # The embedding model's row, which the same migrations make (files are charged on it).
+    ModelDeployment.objects.get_or_create(name=EMBEDDING_DEPLOYMENT_NAME, defaults=EMBEDDING_DEPLOYMENT_FIELDS)
     staff_groups_restore()
     return deployment
 
