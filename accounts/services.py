@@ -790,7 +790,7 @@ If this was not you, reset your password now from the sign-in page, and tell the
 """
 
 
-def password_changed_notify(*, user: User, how: str, subject: str = "Your password was changed") -> None:
+def sign_in_changed_notify(*, user: User, how: str, subject: str = "Your password was changed") -> None:
     """Tell the account's email address that how it signs in changed (its password, its second
     factor), once the change commits: a person who did not change it learns of it. No email
     address: nothing to tell."""
@@ -837,7 +837,7 @@ def totp_device_confirm(*, user: User, secret: str, code: str) -> list[str]:
     with transaction.atomic():
         TotpDevice.objects.update_or_create(user=user, defaults={"secret": secret, "last_step": totp.timecode(now)})
         codes = recovery_codes_new(user=user)
-    password_changed_notify(user=user, how="two-factor sign-in turned on", subject="Two-factor sign-in is on")
+    sign_in_changed_notify(user=user, how="two-factor sign-in turned on", subject="Two-factor sign-in is on")
     return codes
 
 
@@ -846,7 +846,7 @@ def totp_device_remove(*, user: User) -> None:
     with transaction.atomic():
         TotpDevice.objects.filter(user=user).delete()
         RecoveryCode.objects.filter(user=user).delete()
-    password_changed_notify(user=user, how="two-factor sign-in turned off", subject="Two-factor sign-in is off")
+    sign_in_changed_notify(user=user, how="two-factor sign-in turned off", subject="Two-factor sign-in is off")
 
 
 def second_factor_verify(*, user: User, code: str) -> bool:

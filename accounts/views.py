@@ -50,9 +50,9 @@ from accounts.services import (
     email_verify,
     login_attempt_admit,
     login_attempt_succeeded,
-    password_changed_notify,
     password_reset_admit,
     second_factor_verify,
+    sign_in_changed_notify,
     signup_admit,
     totp_device_confirm,
     totp_device_remove,
@@ -345,7 +345,7 @@ class PasswordResetConfirmView(auth_views.PasswordResetConfirmView):
 
     def form_valid(self, form):
         response = super().form_valid(form)
-        password_changed_notify(user=form.user, how="with a reset link")
+        sign_in_changed_notify(user=form.user, how="with a reset link")
         return response
 
 
@@ -364,7 +364,7 @@ class PasswordChangeView(auth_views.PasswordChangeView):
 
     def form_valid(self, form):
         response = super().form_valid(form)
-        password_changed_notify(user=form.user, how="from the settings page")
+        sign_in_changed_notify(user=form.user, how="from the settings page")
         messages.success(self.request, "Password changed. Other places you were signed in are signed out.")
         return response
 
