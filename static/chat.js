@@ -460,8 +460,14 @@
     return true;
   }
 
-  // What static/chat/tree.js (edits, Continue) asks of this script.
-  window.chatPage = {sendFrom: sendFrom, requestAnswer: requestAnswer};
+  // The page's CSRF token, for the requests the other scripts make to its endpoints.
+  function csrfToken() {
+    const field = document.querySelector("input[name=csrfmiddlewaretoken]");
+    return field ? field.value : "";
+  }
+
+  // What the page's other scripts ask of this one (static/chat/tree.js: edits, Continue), loaded after it.
+  window.chatPage = {sendFrom: sendFrom, requestAnswer: requestAnswer, csrfToken: csrfToken};
 
   input.addEventListener("keydown", function (event) {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {

@@ -46,10 +46,7 @@
     return chat.dataset.conversationUrl.replace("/0/", "/" + id + "/") + (suffix || "");
   }
 
-  function csrfToken() {
-    const field = document.querySelector("input[name=csrfmiddlewaretoken]");
-    return field ? field.value : "";
-  }
+  const csrfToken = window.chatPage.csrfToken;  // static/chat.js, loaded first
 
   // A request to one of the page's endpoints (`form`: fields posted as a form) or to the
   // conversations API (`json`: a body); resolves with its JSON, rejects with its message.

@@ -14,10 +14,7 @@
   const error = document.getElementById("conversation-settings-error");
   const saved = document.getElementById("conversation-settings-saved");
 
-  function csrfToken() {
-    const field = document.querySelector("input[name=csrfmiddlewaretoken]");
-    return field ? field.value : "";
-  }
+  const csrfToken = window.chatPage.csrfToken;  // static/chat.js, loaded first
 
   function api(method, body) {
     return fetch("/api/conversations/" + chat.dataset.conversation + "/settings/", {

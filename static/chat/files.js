@@ -14,10 +14,7 @@
   const errorBanner = document.getElementById("request-error");
   const WITHHELD = "was left out: it reads like instructions to the assistant, and text in a file is never taken as instructions.";
 
-  function csrfToken() {
-    const field = document.querySelector("input[name=csrfmiddlewaretoken]");
-    return field ? field.value : "";
-  }
+  const csrfToken = window.chatPage.csrfToken;  // static/chat.js, loaded first
 
   function conversationId() {
     return chat.dataset.conversation ? parseInt(chat.dataset.conversation, 10) : null;

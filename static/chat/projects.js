@@ -15,10 +15,7 @@
   const moveButton = document.getElementById("move-project");
   if (!nav) return;
 
-  function csrfToken() {
-    const field = document.querySelector("input[name=csrfmiddlewaretoken]");
-    return field ? field.value : "";
-  }
+  const csrfToken = window.chatPage.csrfToken;  // static/chat.js, loaded first
 
   function showError(text) {
     errorBanner.textContent = text;

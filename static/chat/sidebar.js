@@ -25,10 +25,7 @@
     return chat.dataset.conversationUrl.replace("/0/", "/" + id + "/") + (suffix || "");
   }
 
-  function csrfToken() {
-    const field = document.querySelector("input[name=csrfmiddlewaretoken]");
-    return field ? field.value : "";
-  }
+  const csrfToken = window.chatPage.csrfToken;  // static/chat.js, loaded first
 
   function announce(text) {
     // Emptied first, so the same words said twice in a row are announced twice.

@@ -28,10 +28,7 @@
     errorBanner.hidden = !text;
   }
 
-  function csrfToken() {
-    const field = document.querySelector("input[name=csrfmiddlewaretoken]");
-    return field ? field.value : "";
-  }
+  const csrfToken = window.chatPage.csrfToken;  // static/chat.js, loaded first
 
   // The conversations API, as the signed-in user (session and CSRF token).
   function api(method, path, body) {
