@@ -7,8 +7,10 @@ from typing import cast
 from django import forms
 from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
+from django.contrib.auth.forms import PasswordResetForm as DjangoPasswordResetForm
 
 from accounts.models import ApiKey, User, UserSettings
+from accounts.selectors import password_sign_in_allowed
 from accounts.services import login_attempt_admit, login_attempt_succeeded
 from chatsite.errors import ClientError
 
@@ -127,18 +129,39 @@ def parse_month(value: str | None, *, today: dt.date) -> dt.date:
     return dt.date(year, month, 1)
 
 
+class PasswordResetForm(DjangoPasswordResetForm):
+    """Django's reset form, which sends nothing to an account that may not sign in with a password
+    (PASSWORD_SIGN_IN=off): the page reads the same either way."""
+
+    def get_users(self, email):
+        return (user for user in super().get_users(email) if password_sign_in_allowed(user=user))
+
+
 class PasswordConfirmForm(forms.Form):
     """An action that asks for the account's password again, throttled as a sign-in is (a stolen
-    session must not be able to guess it)."""
+    session must not be able to guess it). An account without a password (made by an identity
+    provider) proves itself by a recent sign-in there instead (`reauthenticated`)."""
 
     password = forms.CharField(widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}))
 
     locked: ClientError | None = None
 
-    def __init__(self, *args, user: User, address: str, **kwargs) -> None:
+    def __init__(self, *args, user: User, address: str, reauthenticated: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.user = user
         self.address = address
+        self.reauthenticated = reauthenticated
+        self.needs_provider = not user.has_usable_password()
+        if self.needs_provider:
+            del self.fields["password"]
+
+    def clean(self):
+        cleaned = super().clean()
+        if self.needs_provider and not self.reauthenticated:
+            raise forms.ValidationError(
+                "Sign in again with your provider to confirm it is you, then come back.", code="reauthenticate"
+            )
+        return cleaned
 
     def clean_password(self) -> str:
         password = self.cleaned_data["password"]

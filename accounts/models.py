@@ -271,3 +271,80 @@ class RecoveryCode(models.Model):
 
     def __str__(self) -> str:
         return f"recovery code of {self.user_id}"
+
+
+class IdentityProvider(models.Model):
+    """An identity provider people may sign in through, added in the admin (those named in the
+    environment, SSO_PROVIDERS, need no row). Its client secret stays in the environment: the row
+    names the variable that holds it."""
+
+    class Preset(models.TextChoices):
+        OIDC = "oidc", "OpenID Connect (any provider, by its issuer URL)"
+        GOOGLE = "google", "Google"
+        GITHUB = "github", "GitHub (OAuth 2.0)"
+        MICROSOFT = "microsoft", "Microsoft Entra ID"
+
+    slug = models.SlugField(max_length=32, unique=True, help_text="In the sign-in URL: /accounts/sso/<slug>/.")
+    label = models.CharField(max_length=64, blank=True, help_text="On the button: “Sign in with <label>”.")
+    preset = models.CharField(max_length=16, choices=Preset.choices, default=Preset.OIDC)
+    issuer = models.URLField(
+        blank=True, help_text="OpenID Connect: the issuer URL. GitHub Enterprise Server: its address."
+    )
+    tenant = models.CharField(max_length=64, blank=True, help_text="Microsoft Entra ID: the tenant's id.")
+    client_id = models.CharField(max_length=255)
+    client_secret_env = models.CharField(
+        max_length=64,
+        help_text="The name of the environment variable that holds the client secret (secrets stay out of the database).",
+    )
+    scopes = models.CharField(max_length=255, blank=True, help_text="Empty: the preset's.")
+    tier_claim = models.CharField(
+        max_length=64, blank=True, help_text="A claim holding groups or roles (e.g. groups, roles); empty: no mapping."
+    )
+    tier_map = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='[["group or role", "tier name"], …] in order: the first a person has sets their tier at each sign-in.',
+    )
+    create_accounts = models.BooleanField(default=True, help_text="Create an account for a new verified address.")
+    enabled = models.BooleanField(default=True)
+
+    def __str__(self) -> str:
+        return self.label or self.slug
+
+
+class ExternalIdentity(models.Model):
+    """A provider's account (its `sub`, or GitHub's user id) linked to a user: found again by it at
+    each sign-in, whatever address the provider then gives."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="external_identities")
+    provider = models.CharField(max_length=32)
+    subject = models.CharField(max_length=255)
+    email = models.EmailField(blank=True, help_text="The verified address it was linked by, or last gave.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["provider", "subject"], name="external_identity_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.provider}:{self.subject} of {self.user_id}"
+
+
+class Passkey(models.Model):
+    """A WebAuthn credential (a passkey) a person registered: its public key, and the count of
+    signatures its authenticator reported last (a clone's count falls behind)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="passkeys")
+    name = models.CharField(max_length=64)
+    credential_id = models.CharField(max_length=1400, unique=True, help_text="base64url, as the browser names it.")
+    public_key = models.BinaryField()
+    sign_count = models.PositiveBigIntegerField(default=0)
+    transports = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return f"passkey “{self.name}” of {self.user_id}"

@@ -19,7 +19,16 @@ from django.utils.crypto import constant_time_compare
 
 from accounts.hooks import deployments_enabled, quota_tokens_reserved
 from accounts.ledger import ledger
-from accounts.models import ApiKey, SignedInSession, Tier, TotpDevice, User, UserSettings
+from accounts.models import (
+    ApiKey,
+    ExternalIdentity,
+    Passkey,
+    SignedInSession,
+    Tier,
+    TotpDevice,
+    User,
+    UserSettings,
+)
 from accounts.protocols import Deployment, ListedDeployment
 from chatsite.errors import ClientError
 
@@ -340,6 +349,24 @@ def second_factor_required(*, user: User) -> bool:
     return required == "everyone" or (required == "staff" and (user.is_staff or user.is_superuser))
 
 
+def password_sign_in_allowed(*, user: User) -> bool:
+    """Whether the user may sign in with a password: always, unless the operator turned passwords off
+    (PASSWORD_SIGN_IN=off); then only the accounts PASSWORD_SIGN_IN_ALLOWED names ("superusers":
+    every superuser), the way in when the identity provider is down."""
+    if settings.PASSWORD_SIGN_IN == "on":
+        return True
+    allowed = settings.PASSWORD_SIGN_IN_ALLOWED
+    return user.get_username() in allowed or ("superusers" in allowed and user.is_superuser)
+
+
+def linked_identities_list(*, user: User) -> QuerySet[ExternalIdentity]:
+    return ExternalIdentity.objects.filter(user=user).order_by("created_at")
+
+
+def passkeys_list(*, user: User) -> QuerySet[Passkey]:
+    return Passkey.objects.filter(user=user)
+
+
 def recovery_codes_left(*, user: User) -> int:
     return user.recovery_codes.filter(used_at__isnull=True).count()
 
@@ -416,6 +443,19 @@ def user_export_files(*, user: User) -> dict[str, bytes]:
         "sessions": [
             {"signed_in_at": _when(s.created_at), "user_agent": s.user_agent, "address": s.address}
             for s in user_sessions_list(user=user)
+        ],
+        "linked_sign_ins": [
+            {
+                "provider": i.provider,
+                "email": i.email,
+                "linked_at": _when(i.created_at),
+                "last_used_at": _when(i.last_used_at),
+            }
+            for i in ExternalIdentity.objects.filter(user=user).order_by("created_at")
+        ],
+        "passkeys": [
+            {"name": p.name, "created_at": _when(p.created_at), "last_used_at": _when(p.last_used_at)}
+            for p in Passkey.objects.filter(user=user)
         ],
     }
     return {"account.json": json.dumps(account, indent=2, ensure_ascii=False).encode()}

@@ -622,23 +622,28 @@ def _login_account_key(username: str) -> str:
     return "login:account:" + hashlib.sha256(username.strip().casefold().encode()).hexdigest()
 
 
-def _login_charges(*, username: str, address: str) -> list[Charge]:
-    return [
-        Charge(_login_account_key(username), LOGIN_FAILURES_PER_ACCOUNT, LOGIN_PERIOD_S),
-        Charge(f"login:address:{address}", LOGIN_FAILURES_PER_ADDRESS, LOGIN_PERIOD_S),
-    ]
+def _login_charges(*, username: str | None, address: str | None) -> list[Charge]:
+    charges = []
+    if username is not None:
+        charges.append(Charge(_login_account_key(username), LOGIN_FAILURES_PER_ACCOUNT, LOGIN_PERIOD_S))
+    if address is not None:
+        charges.append(Charge(f"login:address:{address}", LOGIN_FAILURES_PER_ADDRESS, LOGIN_PERIOD_S))
+    return charges
 
 
-def login_attempt_admit(*, username: str, address: str) -> list[Charge]:
+def login_attempt_admit(*, username: str | None, address: str | None) -> list[Charge]:
     """Take one attempt from the account's and the address's sign-in buckets before the password is
     checked, or refuse it (429 login_locked) without checking it: a locked account stays locked
     for the right password too, or guessing would go on. Give the attempt back when it succeeds
-    (`login_attempt_succeeded`), so only failures count."""
+    (`login_attempt_succeeded`), so only failures count.
+
+    A sign-in through an identity provider pays the address's bucket before it knows the account,
+    then the account's (None leaves a bucket out): a locked account is locked for it too."""
     charges = _login_charges(username=username, address=address)
     refusal = buckets_consume(charges)
     if refusal is not None:
         minutes = max(1, -(-refusal.retry_after // MINUTE_S))
-        whom = "this account" if refusal.index == 0 else "your network address"
+        whom = "this account" if username is not None and refusal.index == 0 else "your network address"
         raise ClientError(
             f"Too many failed sign-ins for {whom}. Try again in {minutes} minute{'s' if minutes > 1 else ''}, "
             "or ask an administrator to unlock it.",

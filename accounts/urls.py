@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from accounts import views
+from accounts import sso_views, views
 from accounts.metering import metered
 
 app_name = "accounts"
@@ -26,4 +26,6 @@ urlpatterns = [
     path("two-factor/setup/", views.two_factor_setup_view, name="two_factor_setup"),
     path("two-factor/disable/", views.two_factor_disable_view, name="two_factor_disable"),
     path("delete/", views.account_delete_view, name="delete"),
+    path("sso/<slug:slug>/start/", sso_views.sso_start_view, name="sso_start"),
+    path("sso/<slug:slug>/callback/", sso_views.sso_callback_view, name="sso_callback"),
 ]

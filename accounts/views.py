@@ -26,6 +26,7 @@ from accounts.forms import (
     AccountDeleteForm,
     ApiKeyCreateForm,
     PasswordConfirmForm,
+    PasswordResetForm,
     SignupForm,
     ThrottledAuthenticationForm,
     UserSettingsForm,
@@ -33,9 +34,12 @@ from accounts.forms import (
 from accounts.hooks import account_export_files
 from accounts.metering import ADMITTED, metered
 from accounts.models import User
+from accounts.oidc import provider_list
 from accounts.selectors import (
     api_key_list_for_user,
     deployments_enabled_for_user,
+    linked_identities_list,
+    password_sign_in_allowed,
     recovery_codes_left,
     second_factor_enabled,
     second_factor_required,
@@ -62,7 +66,25 @@ from accounts.services import (
     user_sessions_end_others,
     user_settings_update,
 )
+from accounts.sessions import (
+    PENDING_S,
+    PENDING_SESSION,
+    SSO_REAUTHENTICATED_SESSION,
+    SSO_SIGNED_IN_SESSION,
+    reauthenticated_recently,
+)
 from chatsite.errors import ClientError
+
+
+def _sign_in_choices() -> dict:
+    """The providers' buttons, and whether passwords are on, for the sign-in and sign-up pages."""
+    return {"providers": provider_list(), "passwords_on": settings.PASSWORD_SIGN_IN == "on"}
+
+
+def _linked_providers(user: User) -> list:
+    """The configured providers this user has signed in through: where they can prove who they are."""
+    linked = set(linked_identities_list(user=user).values_list("provider", flat=True))
+    return [provider for provider in provider_list() if provider.slug in linked]
 
 
 @metered("request")
@@ -70,6 +92,9 @@ from chatsite.errors import ClientError
 def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
         return redirect("conversations:chat")
+    if settings.PASSWORD_SIGN_IN == "off":
+        # Accounts come from the identity provider: its first sign-in makes one.
+        return render(request, "accounts/signup.html", _sign_in_choices(), status=403)
     form = SignupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -77,7 +102,7 @@ def signup(request: HttpRequest) -> HttpResponse:
             signup_admit(address=request.META.get("REMOTE_ADDR", ""))
         except ClientError as exc:
             form.add_error(None, exc.message)
-            response = render(request, "accounts/signup.html", {"form": form}, status=exc.status)
+            response = render(request, "accounts/signup.html", {"form": form} | _sign_in_choices(), status=exc.status)
             response["Retry-After"] = str(exc.retry_after)
             return response
         user = user_create(
@@ -91,7 +116,7 @@ def signup(request: HttpRequest) -> HttpResponse:
             return render(request, "accounts/verify_email.html", {"email": user.email, "sent": True})
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
         return redirect("conversations:chat")
-    return render(request, "accounts/signup.html", {"form": form})
+    return render(request, "accounts/signup.html", {"form": form} | _sign_in_choices())
 
 
 # --- verifying an email address -------------------------------------------------------------------
@@ -151,6 +176,9 @@ class LoginView(auth_views.LoginView):
         """The password is right. With a second factor on (or required of this user), the sign-in
         waits for it (`two_factor_view`); the session is not signed in until then."""
         user = form.get_user()
+        if not password_sign_in_allowed(user=user):
+            form.add_error(None, "Passwords are turned off here. Sign in with your organisation's account below.")
+            return self.render_to_response(self.get_context_data(form=form), status=403)
         if settings.EMAIL_VERIFICATION == "required" and not user.email_verified:
             self.request.session[UNVERIFIED_SESSION] = user.pk
             return render(self.request, "accounts/verify_email.html", {"email": user.email, "needed": True}, status=403)
@@ -164,6 +192,9 @@ class LoginView(auth_views.LoginView):
             return redirect("accounts:two_factor")
         return super().form_valid(form)
 
+    def get_context_data(self, **kwargs):
+        return super().get_context_data(**kwargs) | _sign_in_choices()
+
     def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
         response = super().form_invalid(form)
         if isinstance(form, ThrottledAuthenticationForm) and form.locked is not None:
@@ -174,10 +205,6 @@ class LoginView(auth_views.LoginView):
 
 # --- the second factor ----------------------------------------------------------------------------
 
-# A sign-in whose password was right and whose second factor is awaited: in the (not signed-in)
-# session, for PENDING_S at most.
-PENDING_SESSION = "accounts.second_factor_pending"
-PENDING_S = 300
 SETUP_SESSION = "accounts.totp_setup_secret"
 
 
@@ -216,6 +243,9 @@ def _finish_sign_in(request: HttpRequest, user: User, pending: dict) -> None:
     request.session.pop(PENDING_SESSION, None)
     request.session.pop(SETUP_SESSION, None)
     login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+    if isinstance(pending.get("sso"), str):
+        request.session[SSO_SIGNED_IN_SESSION] = pending["sso"]
+        request.session[SSO_REAUTHENTICATED_SESSION] = time.time()
 
 
 @metered("request")
@@ -295,13 +325,19 @@ def two_factor_disable_view(request: AuthenticatedHttpRequest) -> HttpResponse:
     operator requires it of this user."""
     if second_factor_required(user=request.user):
         return render(request, "accounts/two_factor_disable.html", {"required": True}, status=403)
-    form = PasswordConfirmForm(request.POST or None, user=request.user, address=request.META.get("REMOTE_ADDR", ""))
+    form = PasswordConfirmForm(
+        request.POST or None,
+        user=request.user,
+        address=request.META.get("REMOTE_ADDR", ""),
+        reauthenticated=reauthenticated_recently(request),
+    )
     if request.method == "POST" and form.is_valid():
         totp_device_remove(user=request.user)
         messages.success(request, "Two-factor sign-in is off.")
         return redirect("accounts:settings")
     status = 200 if request.method == "GET" else (form.locked.status if form.locked is not None else 400)
-    return render(request, "accounts/two_factor_disable.html", {"form": form}, status=status)
+    context = {"form": form, "providers": _linked_providers(request.user)}
+    return render(request, "accounts/two_factor_disable.html", context, status=status)
 
 
 # --- passwords: reset by email, and change -------------------------------------------------------
@@ -314,6 +350,7 @@ class PasswordResetView(auth_views.PasswordResetView):
     and per email address (accounts.services.password_reset_admit)."""
 
     template_name = "accounts/password_reset.html"
+    form_class = PasswordResetForm
     email_template_name = "accounts/password_reset_email.txt"
     subject_template_name = "accounts/password_reset_subject.txt"
     success_url = reverse_lazy("accounts:password_reset_done")
@@ -361,6 +398,11 @@ class PasswordChangeView(auth_views.PasswordChangeView):
 
     template_name = "accounts/password_change.html"
     success_url = reverse_lazy("accounts:settings")
+
+    def dispatch(self, request, *args, **kwargs):
+        if request.user.is_authenticated and not password_sign_in_allowed(user=request.user):
+            return render(request, "accounts/password_change.html", {"passwords_off": True}, status=403)
+        return super().dispatch(request, *args, **kwargs)
 
     def form_valid(self, form):
         response = super().form_valid(form)
@@ -461,6 +503,8 @@ def settings_view(request: AuthenticatedHttpRequest) -> HttpResponse:
         "two_factor": second_factor_enabled(user=request.user),
         "two_factor_required": second_factor_required(user=request.user),
         "recovery_codes_left": recovery_codes_left(user=request.user),
+        "linked": linked_identities_list(user=request.user),
+        "passwords_allowed": password_sign_in_allowed(user=request.user),
     }
     return render(request, "accounts/settings.html", context, status=status)
 
@@ -514,7 +558,12 @@ def account_export_view(request: AuthenticatedHttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def account_delete_view(request: AuthenticatedHttpRequest) -> HttpResponse:
     """Delete the account, after its password and a tick; it cannot be undone (accounts.services.user_delete)."""
-    form = AccountDeleteForm(request.POST or None, user=request.user, address=request.META.get("REMOTE_ADDR", ""))
+    form = AccountDeleteForm(
+        request.POST or None,
+        user=request.user,
+        address=request.META.get("REMOTE_ADDR", ""),
+        reauthenticated=reauthenticated_recently(request),
+    )
     if request.method == "POST" and form.is_valid():
         username = request.user.username
         user_delete(user=request.user)
@@ -523,7 +572,9 @@ def account_delete_view(request: AuthenticatedHttpRequest) -> HttpResponse:
     status = 200
     if request.method == "POST":
         status = form.locked.status if form.locked is not None else 400
-    response = render(request, "accounts/delete.html", {"form": form}, status=status)
+    response = render(
+        request, "accounts/delete.html", {"form": form, "providers": _linked_providers(request.user)}, status=status
+    )
     if form.locked is not None:
         response["Retry-After"] = str(form.locked.retry_after)
     return response

@@ -149,3 +149,74 @@ def secret_key_from_env_or_file(name: str, path: Path, *, allow_file: bool) -> s
     with os.fdopen(fd, "w") as handle:
         handle.write(key)
     return key
+
+
+SSO_PRESETS = ("oidc", "google", "github", "microsoft")
+SSO_SLUG_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+
+
+def sso_url_problem(url: str) -> str:
+    """Why `url` cannot be an identity provider's address (empty when it can): it must be https, or
+    http on this machine's loopback (a provider run beside the service, as the tests do)."""
+    parts = urlsplit(url)
+    if parts.scheme == "https" and parts.hostname:
+        return ""
+    if parts.scheme == "http" and parts.hostname in LOOPBACK_HOSTS:
+        return ""
+    return f"{url!r} is not an https URL"
+
+
+def sso_tier_map(name: str, raw: str) -> list[tuple[str, str]]:
+    """`admins=enterprise,staff=pro`: a provider's group or role value, and the tier it maps to, in
+    order (the first value a person has wins)."""
+    pairs = []
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        value, sep, tier = item.rpartition("=")
+        if not sep or not value.strip() or not tier.strip():
+            raise ImproperlyConfigured(f"{name} takes value=tier pairs such as admins=enterprise, got {item!r}")
+        pairs.append((value.strip(), tier.strip()))
+    return pairs
+
+
+def sso_providers_from_env(name: str) -> list[dict[str, object]]:
+    """The identity providers `name` lists (`google,corp`), each from its `SSO_<NAME>_*` variables:
+    PRESET (oidc, google, github or microsoft; a preset's own name needs none), ISSUER (OpenID
+    Connect; a preset knows its own), TENANT (Microsoft Entra ID), CLIENT_ID, CLIENT_SECRET, LABEL,
+    SCOPES, TIER_CLAIM and TIER_MAP (a claim's values mapped to tiers at each sign-in),
+    CREATE_ACCOUNTS (default on)."""
+    providers: list[dict[str, object]] = []
+    for slug in (item.lower() for item in env_list(name, [])):
+        if not slug or not set(slug) <= SSO_SLUG_CHARS or len(slug) > 32:
+            raise ImproperlyConfigured(f"{name} takes names of letters, digits and -, got {slug!r}")
+        prefix = f"SSO_{slug.upper().replace('-', '_')}_"
+        preset = env_choice(prefix + "PRESET", slug if slug in SSO_PRESETS else "oidc", choices=SSO_PRESETS)
+        issuer = env_str(prefix + "ISSUER")
+        tenant = env_str(prefix + "TENANT")
+        client_id, client_secret = env_str(prefix + "CLIENT_ID"), env_str(prefix + "CLIENT_SECRET")
+        if not client_id or not client_secret:
+            raise ImproperlyConfigured(f"{prefix}CLIENT_ID and {prefix}CLIENT_SECRET are needed for {slug}")
+        if preset == "oidc" and not issuer:
+            raise ImproperlyConfigured(f"{prefix}ISSUER is needed: the provider's OpenID Connect issuer URL")
+        if preset == "microsoft" and not tenant and not issuer:
+            raise ImproperlyConfigured(f"{prefix}TENANT is needed: the Entra ID tenant's id (a GUID)")
+        if issuer and (problem := sso_url_problem(issuer)):
+            raise ImproperlyConfigured(f"{prefix}ISSUER: {problem}")
+        providers.append(
+            {
+                "slug": slug,
+                "preset": preset,
+                "label": env_str(prefix + "LABEL"),
+                "issuer": issuer,
+                "tenant": tenant,
+                "client_id": client_id,
+                "client_secret": client_secret,
+                "scopes": env_str(prefix + "SCOPES"),
+                "tier_claim": env_str(prefix + "TIER_CLAIM"),
+                "tier_map": sso_tier_map(prefix + "TIER_MAP", env_str(prefix + "TIER_MAP")),
+                "create_accounts": env_bool(prefix + "CREATE_ACCOUNTS", True),
+            }
+        )
+    return providers

@@ -27,6 +27,7 @@ from chatsite.env import (
     env_str,
     env_url,
     secret_key_from_env_or_file,
+    sso_providers_from_env,
 )
 from chatsite.origins import trusted_origin_valid
 from chatsite.redis_clients import REDIS_CONNECT_TIMEOUT_S, REDIS_HEALTH_CHECK_S, redis_connection_options
@@ -163,6 +164,21 @@ PASSWORD_RESETS_PER_EMAIL_PER_HOUR = env_int("PASSWORD_RESETS_PER_EMAIL_PER_HOUR
 # Who must sign in with a second factor (an authenticator app's code): "none", "staff" (the admin
 # and the review queue hold other people's data) or "everyone". Applied at each sign-in.
 TWO_FACTOR_REQUIRED = env_choice("TWO_FACTOR_REQUIRED", "none", choices=("none", "staff", "everyone"))
+
+# Sign-in through identity providers (docs/sso.md): SSO_PROVIDERS names them, each configured by
+# SSO_<NAME>_* variables (read by chatsite.env.sso_providers_from_env); more are added in the admin.
+SSO_PROVIDERS = sso_providers_from_env("SSO_PROVIDERS")
+# Passwords on ("on") or off ("off": sign-in through a provider only, except the accounts
+# PASSWORD_SIGN_IN_ALLOWED names; "superusers" there stands for every superuser: the break-glass way in).
+PASSWORD_SIGN_IN = env_choice("PASSWORD_SIGN_IN", "on", choices=("on", "off"))
+PASSWORD_SIGN_IN_ALLOWED = env_list("PASSWORD_SIGN_IN_ALLOWED", ["superusers"])
+# How long a sign-in through a provider counts as fresh enough to delete the account or remove a
+# second factor of an account that has no password.
+SSO_REAUTHENTICATE_S = env_int("SSO_REAUTHENTICATE_S", 600, minimum=60)
+# Passkeys (docs/passkeys.md): the relying party's id (the site's domain) and the origins a passkey's
+# signature may name; by default the request's own host and origin.
+PASSKEY_RP_ID = env_str("PASSKEY_RP_ID", "")
+PASSKEY_ORIGINS = env_list("PASSKEY_ORIGINS", [PUBLIC_ORIGIN] if PUBLIC_ORIGIN else [])
 
 # Verifying an account's email address (a signed link sent at sign-up): "optional" (sign-in does not
 # wait for it) or "required" (sign-up needs an address, and sign-in waits until it is verified).

@@ -9,7 +9,8 @@ The fixtures and helpers live in tests/helpers/, a module per subject, loaded he
 - `engines`: the scripted and real engines, in this process or in a real Celery worker;
 - `sockets`: the chat socket through the real ASGI stack, and reading its events;
 - `servers`: the ASGI app served by uvicorn, for the official clients and the browser;
-- `session`: what the run readies at its start and ends at its exit, and its loop's stalls.
+- `session`: what the run readies at its start and ends at its exit, and its loop's stalls;
+- `identity`: a real OpenID Connect provider on loopback, for signing in through one.
 
 Tests import helpers from their modules (`from tests.helpers.sockets import open_socket`).
 """
@@ -29,6 +30,7 @@ pytest_plugins = [
     "tests.helpers.servers",
     "tests.helpers.factories",
     "tests.helpers.session",
+    "tests.helpers.identity",
 ]
 # Their asserts are rewritten as a conftest's are, even in a module another of them imports first.
 pytest.register_assert_rewrite(*pytest_plugins)
