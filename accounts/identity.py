@@ -41,7 +41,7 @@ def sso_user_resolve(*, provider: Provider, identity: ProviderIdentity, address:
     found = linked.first()
     if found is not None:
         user = found.user
-        updates = {"last_used_at": timezone.now()}
+        updates: dict[str, object] = {"last_used_at": timezone.now()}
         if identity.email_verified:
             updates["email"] = identity.email
         ExternalIdentity.objects.filter(id=found.id).update(**updates)

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+from urllib.parse import urlsplit
 
 from authlib.common.errors import AuthlibBaseError
 from authlib.integrations.django_client import DjangoOAuth2App
@@ -183,6 +184,31 @@ def _client(provider: Provider) -> DjangoOAuth2App:
         api_base_url=provider.github_api,
         **common,
     )
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else ""
+
+
+def form_action_allow(response: HttpResponse, providers: list[Provider]) -> HttpResponse:
+    """Let the page's provider buttons post to the service and be redirected on to the providers:
+    a browser applies the page's CSP form-action to the redirect too. The authorization endpoint's
+    origin, where its discovery document was read already; otherwise the issuer's, where
+    providers keep it."""
+    origins = []
+    for provider in providers:
+        endpoint = _client(provider).server_metadata.get("authorization_endpoint") if provider.is_oidc else ""
+        origin = _origin(str(endpoint or "")) or _origin(
+            provider.issuer_url if provider.is_oidc else provider.github_web
+        )
+        if origin and origin not in origins:
+            origins.append(origin)
+    if origins:
+        update = dict(getattr(response, "_csp_update", None) or {})
+        update["form-action"] = [*update.get("form-action", []), *origins]
+        response._csp_update = update  # type: ignore[attr-defined]  # django-csp's per-response change
+    return response
 
 
 def _unavailable(provider: Provider) -> ClientError:

@@ -34,7 +34,7 @@ from accounts.forms import (
 from accounts.hooks import account_export_files
 from accounts.metering import ADMITTED, metered
 from accounts.models import User
-from accounts.oidc import provider_list
+from accounts.oidc import Provider, form_action_allow, provider_list
 from accounts.selectors import (
     api_key_list_for_user,
     deployments_enabled_for_user,
@@ -81,7 +81,7 @@ def _sign_in_choices() -> dict:
     return {"providers": provider_list(), "passwords_on": settings.PASSWORD_SIGN_IN == "on"}
 
 
-def _linked_providers(user: User) -> list:
+def _linked_providers(user: User) -> list[Provider]:
     """The configured providers this user has signed in through: where they can prove who they are."""
     linked = set(linked_identities_list(user=user).values_list("provider", flat=True))
     return [provider for provider in provider_list() if provider.slug in linked]
@@ -94,7 +94,8 @@ def signup(request: HttpRequest) -> HttpResponse:
         return redirect("conversations:chat")
     if settings.PASSWORD_SIGN_IN == "off":
         # Accounts come from the identity provider: its first sign-in makes one.
-        return render(request, "accounts/signup.html", _sign_in_choices(), status=403)
+        choices = _sign_in_choices()
+        return form_action_allow(render(request, "accounts/signup.html", choices, status=403), choices["providers"])
     form = SignupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -116,7 +117,8 @@ def signup(request: HttpRequest) -> HttpResponse:
             return render(request, "accounts/verify_email.html", {"email": user.email, "sent": True})
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
         return redirect("conversations:chat")
-    return render(request, "accounts/signup.html", {"form": form} | _sign_in_choices())
+    choices = _sign_in_choices()
+    return form_action_allow(render(request, "accounts/signup.html", {"form": form} | choices), choices["providers"])
 
 
 # --- verifying an email address -------------------------------------------------------------------
@@ -194,6 +196,9 @@ class LoginView(auth_views.LoginView):
 
     def get_context_data(self, **kwargs):
         return super().get_context_data(**kwargs) | _sign_in_choices()
+
+    def render_to_response(self, context, **kwargs):
+        return form_action_allow(super().render_to_response(context, **kwargs), context.get("providers", []))
 
     def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
         response = super().form_invalid(form)
@@ -336,8 +341,11 @@ def two_factor_disable_view(request: AuthenticatedHttpRequest) -> HttpResponse:
         messages.success(request, "Two-factor sign-in is off.")
         return redirect("accounts:settings")
     status = 200 if request.method == "GET" else (form.locked.status if form.locked is not None else 400)
-    context = {"form": form, "providers": _linked_providers(request.user)}
-    return render(request, "accounts/two_factor_disable.html", context, status=status)
+    providers = _linked_providers(request.user)
+    response = render(
+        request, "accounts/two_factor_disable.html", {"form": form, "providers": providers}, status=status
+    )
+    return form_action_allow(response, providers)
 
 
 # --- passwords: reset by email, and change -------------------------------------------------------
@@ -572,9 +580,9 @@ def account_delete_view(request: AuthenticatedHttpRequest) -> HttpResponse:
     status = 200
     if request.method == "POST":
         status = form.locked.status if form.locked is not None else 400
-    response = render(
-        request, "accounts/delete.html", {"form": form, "providers": _linked_providers(request.user)}, status=status
-    )
+    providers = _linked_providers(request.user)
+    response = render(request, "accounts/delete.html", {"form": form, "providers": providers}, status=status)
+    form_action_allow(response, providers)
     if form.locked is not None:
         response["Retry-After"] = str(form.locked.retry_after)
     return response

@@ -48,7 +48,9 @@ def identity_provider_server(tmp_path_factory):
     people = folder / "people.json"
     people.write_text("{}")
     port = free_port()
-    redirects = [f"http://{host}/accounts/sso/{slug}/callback/" for host in ("testserver", "127.0.0.1") for slug in SLUGS]
+    redirects = [
+        f"http://{host}/accounts/sso/{slug}/callback/" for host in ("testserver", "127.0.0.1") for slug in SLUGS
+    ]
     env = os.environ | {"OIDC_TEST_DATABASE": str(folder / "provider.sqlite3"), "OIDC_TEST_PEOPLE": str(people)}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     process = subprocess.Popen(
@@ -82,7 +84,14 @@ def provider_settings(provider: TestProvider, **overrides) -> list[dict]:
         "tier_map": [("chat-admins", "enterprise"), ("chat-pro", "pro")],
         "create_accounts": True,
     }
-    gh = corp | {"slug": "gh", "preset": "github", "label": "", "issuer": provider.url, "tier_claim": "", "tier_map": []}
+    gh = corp | {
+        "slug": "gh",
+        "preset": "github",
+        "label": "",
+        "issuer": provider.url,
+        "tier_claim": "",
+        "tier_map": [],
+    }
     return [corp | overrides, gh]
 
 
@@ -103,10 +112,12 @@ def at_provider(authorize_url: str, username: str, password: str = PROVIDER_PASS
     form = {
         "username": username,
         "password": password,
-        "csrfmiddlewaretoken": browser.cookies["csrftoken"],
+        "csrfmiddlewaretoken": browser.cookies["idp_csrftoken"],
         "next": parse_qs(urlsplit(login_page.url).query)["next"][0],
     }
-    response = browser.post(login_page.url, data=form, headers={"Referer": login_page.url}, allow_redirects=False, timeout=10)
+    response = browser.post(
+        login_page.url, data=form, headers={"Referer": login_page.url}, allow_redirects=False, timeout=10
+    )
     for _ in range(5):
         assert response.status_code == 302, response.text[:500]
         location = urljoin(response.url, response.headers["Location"])
@@ -116,7 +127,9 @@ def at_provider(authorize_url: str, username: str, password: str = PROVIDER_PASS
     raise AssertionError("the provider did not send the browser back")
 
 
-def sign_in_through(client, slug: str, username: str, *, password: str = PROVIDER_PASSWORD, next_url: str = "", tamper=None):
+def sign_in_through(
+    client, slug: str, username: str, *, password: str = PROVIDER_PASSWORD, next_url: str = "", tamper=None
+):
     """A whole sign-in through provider `slug` with Django's test client as the browser: the
     button's POST, the provider's login form, and back. `tamper(callback_url) -> url` changes the way
     back. Returns the service's answer to it."""

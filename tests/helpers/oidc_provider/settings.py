@@ -41,3 +41,7 @@ OAUTH2_PROVIDER = {
         "user:email": "GitHub's addresses",
     },
 }
+# Cookies are shared across ports: on 127.0.0.1 beside the service, the provider's must not
+# overwrite the service's session and CSRF cookies.
+SESSION_COOKIE_NAME = "idp_session"
+CSRF_COOKIE_NAME = "idp_csrftoken"
