@@ -25,7 +25,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from joserfc.errors import JoseError
 
-from accounts.models import IdentityProvider
+from accounts.models import ExternalIdentity, IdentityProvider, User
 from chatsite.env import sso_url_problem
 from chatsite.errors import ClientError
 
@@ -139,6 +139,12 @@ def provider_list() -> list[Provider]:
         if (provider := _from_row(row)) is not None:
             providers.append(provider)
     return providers
+
+
+def providers_linked_to(*, user: User) -> list[Provider]:
+    """The configured providers this user has signed in through: where they can prove who they are."""
+    linked = set(ExternalIdentity.objects.filter(user=user).values_list("provider", flat=True))
+    return [provider for provider in provider_list() if provider.slug in linked]
 
 
 def provider_get(*, slug: str) -> Provider | None:

@@ -340,6 +340,11 @@ def user_sessions_list(*, user: User) -> QuerySet[SignedInSession]:
 
 
 def second_factor_enabled(*, user: User) -> bool:
+    """An authenticator app or a passkey: either makes a sign-in's first step wait for it."""
+    return totp_enabled(user=user) or Passkey.objects.filter(user=user).exists()
+
+
+def totp_enabled(*, user: User) -> bool:
     return TotpDevice.objects.filter(user=user).exists()
 
 

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from accounts import sso_views, views
+from accounts import passkey_views, sso_views, views
 from accounts.metering import metered
 
 app_name = "accounts"
@@ -28,4 +28,15 @@ urlpatterns = [
     path("delete/", views.account_delete_view, name="delete"),
     path("sso/<slug:slug>/start/", sso_views.sso_start_view, name="sso_start"),
     path("sso/<slug:slug>/callback/", sso_views.sso_callback_view, name="sso_callback"),
+    path("passkeys/options/", passkey_views.passkey_register_options_view, name="passkey_register_options"),
+    path("passkeys/", passkey_views.passkey_register_view, name="passkey_register"),
+    path("passkeys/<int:passkey_id>/remove/", passkey_views.passkey_remove_view, name="passkey_remove"),
+    path(
+        "two-factor/passkey/options/",
+        passkey_views.passkey_second_factor_options_view,
+        name="passkey_second_factor_options",
+    ),
+    path("two-factor/passkey/", passkey_views.passkey_second_factor_view, name="passkey_second_factor"),
+    path("login/passkey/options/", passkey_views.passkey_sign_in_options_view, name="passkey_sign_in_options"),
+    path("login/passkey/", passkey_views.passkey_sign_in_view, name="passkey_sign_in"),
 ]

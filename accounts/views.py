@@ -34,15 +34,17 @@ from accounts.forms import (
 from accounts.hooks import account_export_files
 from accounts.metering import ADMITTED, metered
 from accounts.models import User
-from accounts.oidc import Provider, form_action_allow, provider_list
+from accounts.oidc import form_action_allow, provider_list, providers_linked_to
 from accounts.selectors import (
     api_key_list_for_user,
     deployments_enabled_for_user,
     linked_identities_list,
+    passkeys_list,
     password_sign_in_allowed,
     recovery_codes_left,
     second_factor_enabled,
     second_factor_required,
+    totp_enabled,
     user_sessions_list,
     user_settings_get,
 )
@@ -67,11 +69,11 @@ from accounts.services import (
     user_settings_update,
 )
 from accounts.sessions import (
-    PENDING_S,
     PENDING_SESSION,
-    SSO_REAUTHENTICATED_SESSION,
-    SSO_SIGNED_IN_SESSION,
+    SETUP_SESSION,
+    pending_sign_in,
     reauthenticated_recently,
+    sign_in_finish,
 )
 from chatsite.errors import ClientError
 
@@ -79,12 +81,6 @@ from chatsite.errors import ClientError
 def _sign_in_choices() -> dict:
     """The providers' buttons, and whether passwords are on, for the sign-in and sign-up pages."""
     return {"providers": provider_list(), "passwords_on": settings.PASSWORD_SIGN_IN == "on"}
-
-
-def _linked_providers(user: User) -> list[Provider]:
-    """The configured providers this user has signed in through: where they can prove who they are."""
-    linked = set(linked_identities_list(user=user).values_list("provider", flat=True))
-    return [provider for provider in provider_list() if provider.slug in linked]
 
 
 @metered("request")
@@ -210,21 +206,6 @@ class LoginView(auth_views.LoginView):
 
 # --- the second factor ----------------------------------------------------------------------------
 
-SETUP_SESSION = "accounts.totp_setup_secret"
-
-
-def _pending_user(request: HttpRequest) -> tuple[User, dict] | None:
-    pending = request.session.get(PENDING_SESSION)
-    if (
-        not isinstance(pending, dict)
-        or not isinstance(pending.get("user"), int)
-        or time.time() - pending.get("at", 0) > PENDING_S
-    ):
-        request.session.pop(PENDING_SESSION, None)
-        return None
-    user = User.objects.filter(id=pending["user"], is_active=True).first()
-    return (user, pending) if user is not None else None
-
 
 def _qr_svg(user: User, secret: str) -> str:
     """The authenticator app's QR code, as inline SVG markup made here from the secret (no image
@@ -244,42 +225,34 @@ def _setup_context(request: HttpRequest, user: User) -> dict:
     return {"qr": mark_safe(_qr_svg(user, secret)), "secret": secret}  # noqa: S308 - segno's own markup
 
 
-def _finish_sign_in(request: HttpRequest, user: User, pending: dict) -> None:
-    request.session.pop(PENDING_SESSION, None)
-    request.session.pop(SETUP_SESSION, None)
-    login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-    if isinstance(pending.get("sso"), str):
-        request.session[SSO_SIGNED_IN_SESSION] = pending["sso"]
-        request.session[SSO_REAUTHENTICATED_SESSION] = time.time()
-
-
 @metered("request")
 @never_cache
 @require_http_methods(["GET", "POST"])
 def two_factor_view(request: HttpRequest) -> HttpResponse:
     """The second step of a sign-in: a code from the authenticator app, or a recovery code. A user
     the operator requires a second factor of, and who has none yet, sets it up here first."""
-    found = _pending_user(request)
+    found = pending_sign_in(request)
     if found is None:
         return redirect("accounts:login")
     user, pending = found
     address = request.META.get("REMOTE_ADDR", "")
     enabled = second_factor_enabled(user=user)
     code = request.POST.get("code", "") if request.method == "POST" else ""
+    choices = {"totp": totp_enabled(user=user), "passkeys": passkeys_list(user=user).exists()}
     error, status = "", 200
     if request.method == "POST":
         try:
             charges = login_attempt_admit(username=user.get_username(), address=address)
         except ClientError as exc:
             response = render(
-                request, "accounts/two_factor.html", {"error": exc.message, "enabled": enabled}, status=429
+                request, "accounts/two_factor.html", {"error": exc.message, "enabled": enabled} | choices, status=429
             )
             response["Retry-After"] = str(exc.retry_after)
             return response
         if enabled:
             if second_factor_verify(user=user, code=code):
                 login_attempt_succeeded(charges=charges)
-                _finish_sign_in(request, user, pending)
+                sign_in_finish(request, user, pending)
                 return redirect(pending.get("next") or "conversations:chat")
             error, status = "That code does not work. Try the newest one, or a recovery code.", 400
         else:
@@ -289,9 +262,9 @@ def two_factor_view(request: HttpRequest) -> HttpResponse:
                 error, status = exc.message, exc.status
             else:
                 login_attempt_succeeded(charges=charges)
-                _finish_sign_in(request, user, pending)
+                sign_in_finish(request, user, pending)
                 return render(request, "accounts/recovery_codes.html", {"codes": codes, "next": pending.get("next")})
-    context = {"enabled": enabled, "error": error}
+    context = {"enabled": enabled, "error": error} | choices
     if not enabled:
         context |= _setup_context(request, user)
     return render(request, "accounts/two_factor.html", context, status=status)
@@ -341,7 +314,7 @@ def two_factor_disable_view(request: AuthenticatedHttpRequest) -> HttpResponse:
         messages.success(request, "Two-factor sign-in is off.")
         return redirect("accounts:settings")
     status = 200 if request.method == "GET" else (form.locked.status if form.locked is not None else 400)
-    providers = _linked_providers(request.user)
+    providers = providers_linked_to(user=request.user)
     response = render(
         request, "accounts/two_factor_disable.html", {"form": form, "providers": providers}, status=status
     )
@@ -508,7 +481,8 @@ def settings_view(request: AuthenticatedHttpRequest) -> HttpResponse:
     context = {
         "form": form,
         "sessions": user_sessions_list(user=request.user),
-        "two_factor": second_factor_enabled(user=request.user),
+        "two_factor": totp_enabled(user=request.user),
+        "passkeys": passkeys_list(user=request.user),
         "two_factor_required": second_factor_required(user=request.user),
         "recovery_codes_left": recovery_codes_left(user=request.user),
         "linked": linked_identities_list(user=request.user),
@@ -580,7 +554,7 @@ def account_delete_view(request: AuthenticatedHttpRequest) -> HttpResponse:
     status = 200
     if request.method == "POST":
         status = form.locked.status if form.locked is not None else 400
-    providers = _linked_providers(request.user)
+    providers = providers_linked_to(user=request.user)
     response = render(request, "accounts/delete.html", {"form": form, "providers": providers}, status=status)
     form_action_allow(response, providers)
     if form.locked is not None:
