@@ -47,6 +47,13 @@ env:
         name: {{ include "chatsite.secretName" . }}
         key: MODERATION_GUARD_API_KEY
         optional: true
+  {{- range $key := concat (keys .Values.secrets.extra | sortAlpha) .Values.secrets.extraKeys | uniq }}
+  - name: {{ $key }}
+    valueFrom:
+      secretKeyRef:
+        name: {{ include "chatsite.secretName" $ }}
+        key: {{ $key }}
+  {{- end }}
 {{- end -}}
 
 {{/* Waits until every migration is applied: the migration Job runs after install and before upgrades. */}}
