@@ -9,7 +9,7 @@ from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils import timezone
 
-from accounts.models import ApiKey, Tier, User
+from accounts.models import ApiKey, ExternalIdentity, IdentityProvider, Passkey, Tier, User
 from accounts.services import login_unlock
 
 
@@ -122,3 +122,31 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def revoke(self, request: HttpRequest, queryset) -> None:
         count = queryset.filter(revoked_at=None).update(revoked_at=timezone.now())
         self.message_user(request, f"Revoked {count} keys.")
+
+
+@admin.register(IdentityProvider)
+class IdentityProviderAdmin(admin.ModelAdmin):
+    """Identity providers added here beside the environment's (docs/sso.md); the client secret stays
+    in the environment, named by `client_secret_env`."""
+
+    list_display = ("slug", "label", "preset", "issuer", "enabled")
+    list_filter = ("preset", "enabled")
+
+
+class ExternalIdentityInline(admin.TabularInline):
+    model = ExternalIdentity
+    extra = 0
+    fields = ("provider", "subject", "email", "created_at", "last_used_at")
+    readonly_fields = fields
+    can_delete = True
+
+
+class PasskeyInline(admin.TabularInline):
+    model = Passkey
+    extra = 0
+    fields = ("name", "created_at", "last_used_at", "sign_count")
+    readonly_fields = fields
+    can_delete = True
+
+
+UserAdmin.inlines = [*UserAdmin.inlines, ExternalIdentityInline, PasskeyInline]

@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+from chatsite.env import sso_url_problem
 
 
 class Tier(models.Model):
@@ -310,6 +315,26 @@ class IdentityProvider(models.Model):
 
     def __str__(self) -> str:
         return self.label or self.slug
+
+    def clean(self) -> None:
+        errors = {}
+        if self.issuer and (problem := sso_url_problem(self.issuer)):
+            errors["issuer"] = problem
+        if self.preset == self.Preset.OIDC and not self.issuer:
+            errors["issuer"] = "OpenID Connect needs the provider's issuer URL."
+        if self.preset == self.Preset.MICROSOFT and not self.tenant and not self.issuer:
+            errors["tenant"] = "Microsoft Entra ID needs the tenant's id."
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", self.client_secret_env or ""):
+            errors["client_secret_env"] = "The name of an environment variable, e.g. SSO_CORP_CLIENT_SECRET."
+        if not isinstance(self.tier_map, list) or not all(
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(v, str) and v for v in pair)
+            for pair in self.tier_map
+        ):
+            errors["tier_map"] = 'A list of ["group", "tier"] pairs.'
+        elif unknown := {tier for _, tier in self.tier_map} - set(Tier.objects.values_list("name", flat=True)):
+            errors["tier_map"] = f"No such tier: {', '.join(sorted(unknown))}."
+        if errors:
+            raise ValidationError(errors)
 
 
 class ExternalIdentity(models.Model):

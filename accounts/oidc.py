@@ -273,7 +273,11 @@ def authorization_finish(*, request: HttpRequest, provider: Provider) -> Provide
     if not request.GET.get("code") or not request.GET.get("state"):
         raise _refused("That sign-in link is incomplete. Start again from the sign-in page.")
     try:
-        token = client.authorize_access_token(request)
+        options = {}
+        if provider.preset == "google" and not provider.issuer:
+            # Google documents both spellings of its issuer in ID tokens.
+            options["claims_options"] = {"iss": {"values": ["https://accounts.google.com", "accounts.google.com"]}}
+        token = client.authorize_access_token(request, **options)
         if provider.is_oidc:
             if "userinfo" not in token:
                 raise _refused(f"{provider.display_name} sent no ID token.")

@@ -9,11 +9,15 @@ import json
 import pytest
 from django.core import mail
 from django.test import Client
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from accounts.models import Passkey, User
 from accounts.passkeys import CHALLENGE_SESSION
 from accounts.services import LOGIN_FAILURES_PER_ACCOUNT
 from tests.helpers.authenticator import SoftAuthenticator, b64url
+from tests.helpers.databases import rate_limits_clear
 from tests.helpers.factories import PASSWORD
 
 pytestmark = pytest.mark.django_db
@@ -108,6 +112,7 @@ class TestRegistering:
 
 
 class TestTheSecondStep:
+    @pytest.mark.topology
     def test_a_passkey_is_the_second_factor(self, alice, alices_passkey):
         client = Client()
         _second_step(client)
@@ -121,6 +126,7 @@ class TestTheSecondStep:
         assert _signed_in_as(client) == alice
         assert Passkey.objects.get().sign_count == 1 and Passkey.objects.get().last_used_at is not None
 
+    @pytest.mark.topology
     def test_the_same_answer_twice_signs_in_once(self, alice, alices_passkey):
         client = Client()
         _second_step(client)
@@ -157,6 +163,7 @@ class TestTheSecondStep:
         assert _post(client, "/accounts/two-factor/passkey/options/").status_code == 401
         assert _post(client, "/accounts/two-factor/passkey/", {"credential": {}}).status_code == 401
 
+    @pytest.mark.topology
     def test_failures_count_against_the_account(self, alice, alices_passkey):
         client = Client()
         _second_step(client)
@@ -169,6 +176,7 @@ class TestTheSecondStep:
 
 
 class TestAlone:
+    @pytest.mark.topology
     def test_a_passkey_signs_in_by_itself(self, alice, alices_passkey):
         client = Client()
         options = _post(client, "/accounts/login/passkey/options/").json()
@@ -256,3 +264,43 @@ class TestEndpoints:
         client.force_login(alice)
         response = _post(client, "/accounts/passkeys/", {"name": "a", "credential": {"id": "x" * 100_000}})
         assert response.status_code == 413
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
+CREDENTIAL_FIELDS = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": JSON | st.text(max_size=60),
+        "rawId": JSON,
+        "type": JSON,
+        "response": st.dictionaries(
+            st.sampled_from(["clientDataJSON", "attestationObject", "authenticatorData", "signature", "userHandle"]),
+            JSON | st.text(alphabet="abcdefghijklmnopqrstuvwxyz-_0123456789", max_size=80),
+        )
+        | JSON,
+    },
+)
+
+
+@given(body=JSON | st.fixed_dictionaries({"credential": CREDENTIAL_FIELDS}, optional={"name": JSON}))
+@hypothesis_settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_no_body_is_a_server_error_or_signs_in(alice, alices_passkey, body):
+    rate_limits_clear()
+    for options, url in [
+        ("/accounts/passkeys/options/", "/accounts/passkeys/"),
+        ("/accounts/login/passkey/options/", "/accounts/login/passkey/"),
+        ("/accounts/two-factor/passkey/options/", "/accounts/two-factor/passkey/"),
+    ]:
+        client = Client()
+        if "/accounts/passkeys/" in url:
+            client.force_login(alice)
+        else:
+            _second_step(client)
+        _post(client, options)
+        response = _post(client, url, body)
+        assert 400 <= response.status_code < 500, (url, body, response.content[:300])
+    assert Passkey.objects.count() == 1

@@ -384,6 +384,7 @@ def test_a_declared_limit_refuses_the_request_past_it_before_the_view_runs(alice
 
 
 @pytest.mark.topology
+@pytest.mark.django_db  # the sign-in page lists the admin's identity providers
 def test_a_declared_limit_holds_on_a_class_based_page_and_for_visitors_by_address(monkeypatch):
     monkeypatch.setattr("accounts.services.ANONYMOUS_REQUESTS_PER_MINUTE", 2)
     client = Client()

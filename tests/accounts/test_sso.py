@@ -30,6 +30,7 @@ def _verified(user: User) -> User:
     return user
 
 
+@pytest.mark.topology
 def test_a_new_person_gets_an_account_and_lands_in_the_chat(identity_provider):
     identity_provider.people(carol={"email": "carol@corp.example", "email_verified": True})
     client = Client()
@@ -159,6 +160,7 @@ def test_an_id_token_with_another_nonce_is_refused(identity_provider):
     assert response.status_code == 400 and _signed_in_as(client) is None
 
 
+@pytest.mark.topology
 def test_groups_map_to_a_tier_at_each_sign_in(identity_provider):
     identity_provider.people(carol={"email": "carol@corp.example", "email_verified": True, "groups": ["chat-pro"]})
     sign_in_through(Client(), "corp", "carol")
@@ -222,6 +224,7 @@ def test_a_second_factor_is_asked_after_the_provider(identity_provider, alice):
     assert _signed_in_as(client) is None
 
 
+@pytest.mark.topology
 def test_a_locked_account_stays_locked_through_a_provider(identity_provider, alice):
     _verified(alice)
     identity_provider.people(alice_at_corp={"email": "alice@example.com", "email_verified": True})
@@ -233,6 +236,7 @@ def test_a_locked_account_stays_locked_through_a_provider(identity_provider, ali
     assert _signed_in_as(client) is None
 
 
+@pytest.mark.topology
 def test_callbacks_count_against_the_address_sign_in_limit(identity_provider):
     for _ in range(LOGIN_FAILURES_PER_ADDRESS):
         login_attempt_admit(username=None, address="127.0.0.1")
@@ -383,3 +387,40 @@ def test_settings_reject_a_provider_without_https(monkeypatch):
     monkeypatch.setenv("SSO_CORP_TIER_MAP", "admins=enterprise")
     assert sso_providers_from_env("SSO_PROVIDERS")[0]["tier_map"] == [("admins", "enterprise")]
     assert django_settings.PASSWORD_SIGN_IN in ("on", "off")
+
+
+def test_the_admin_refuses_a_provider_it_could_not_use(admin_client):
+    from accounts.models import IdentityProvider
+
+    form = {
+        "slug": "corp",
+        "label": "Corp",
+        "preset": "oidc",
+        "issuer": "http://idp.example.com",
+        "tenant": "",
+        "client_id": "chat",
+        "client_secret_env": "not a variable",
+        "scopes": "",
+        "tier_claim": "groups",
+        "tier_map": '[["admins", "no-such-tier"]]',
+        "create_accounts": "on",
+        "enabled": "on",
+    }
+    response = admin_client.post("/admin/accounts/identityprovider/add/", form)
+    assert response.status_code == 200 and not IdentityProvider.objects.exists()
+    page = response.content.decode()
+    assert "is not an https URL" in page and "environment variable" in page and "No such tier" in page
+
+    form |= {
+        "issuer": "https://idp.example.com",
+        "client_secret_env": "SSO_CORP_SECRET",
+        "tier_map": '[["admins", "pro"]]',
+    }
+    assert admin_client.post("/admin/accounts/identityprovider/add/", form).status_code == 302
+    assert IdentityProvider.objects.get().tier_map == [["admins", "pro"]]
+
+
+def test_the_admin_shows_a_users_linked_sign_ins_and_passkeys(admin_client, alice):
+    ExternalIdentity.objects.create(user=alice, provider="corp", subject="s-1", email=alice.email)
+    page = admin_client.get(f"/admin/accounts/user/{alice.id}/change/")
+    assert page.status_code == 200 and b"s-1" in page.content
