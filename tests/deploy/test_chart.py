@@ -351,3 +351,19 @@ def test_bundled_redis_keeps_its_data(objects):
     for redis in [s for s in of_kind(objects, "StatefulSet") if s["metadata"]["name"].endswith("-redis")]:
         args = redis["spec"]["template"]["spec"]["containers"][0]["args"]
         assert args[args.index("--appendonly") + 1] == "yes"
+
+
+def test_further_credentials_reach_every_pod_from_the_secret(chart):
+    """An identity provider's client secret (docs/sso.md): in the chart's Secret, or named in a site's own."""
+    objects = render(chart, {"secrets": {"extra": {"SSO_CORP_CLIENT_SECRET": "s3cret"}}})
+    (secret,) = of_kind(objects, "Secret")
+    assert secret["stringData"]["SSO_CORP_CLIENT_SECRET"] == "s3cret"
+    web = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"].endswith("-web"))
+    for container in containers(web):
+        assert env_of(container)["SSO_CORP_CLIENT_SECRET"]["secretKeyRef"]["key"] == "SSO_CORP_CLIENT_SECRET"
+    own = render(chart, {"secrets": {"existingSecret": "chat-credentials", "extraKeys": ["SSO_CORP_CLIENT_SECRET"]}})
+    for deployment in of_kind(own, "Deployment"):
+        for container in containers(deployment):
+            if container["image"].startswith("registry.example.com/chatsite"):
+                ref = env_of(container)["SSO_CORP_CLIENT_SECRET"]["secretKeyRef"]
+                assert ref == {"name": "chat-credentials", "key": "SSO_CORP_CLIENT_SECRET"}
