@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import time
 
+from django.contrib import messages
 from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -15,7 +17,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from accounts.identity import sso_user_resolve
+from accounts.authentication import AuthenticatedHttpRequest
+from accounts.identity import linked_identity_remove, sso_user_resolve
 from accounts.metering import metered
 from accounts.oidc import Provider, authorization_finish, authorization_redirect, provider_get
 from accounts.selectors import second_factor_enabled, second_factor_required
@@ -115,3 +118,17 @@ def sso_callback_view(request: HttpRequest, slug: str) -> HttpResponse:
     request.session[SSO_SIGNED_IN_SESSION] = provider.slug
     request.session[SSO_REAUTHENTICATED_SESSION] = time.time()
     return redirect(next_url)
+
+
+@metered("request")
+@login_required
+@require_POST
+def linked_identity_remove_view(request: AuthenticatedHttpRequest, identity_id: int) -> HttpResponse:
+    """Unlink one of the person's provider sign-ins from the settings page (another's is a 404; the
+    account's only way in is refused with 409). The account's address is told."""
+    try:
+        removed = linked_identity_remove(user=request.user, identity_id=identity_id)
+    except ClientError as exc:
+        return HttpResponse(exc.message, status=exc.status, content_type="text/plain")
+    messages.success(request, f"Signing in with {removed.provider} is unlinked.")
+    return redirect("accounts:settings")

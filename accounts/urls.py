@@ -28,6 +28,7 @@ urlpatterns = [
     path("delete/", views.account_delete_view, name="delete"),
     path("sso/<slug:slug>/start/", sso_views.sso_start_view, name="sso_start"),
     path("sso/<slug:slug>/callback/", sso_views.sso_callback_view, name="sso_callback"),
+    path("sso/linked/<int:identity_id>/remove/", sso_views.linked_identity_remove_view, name="linked_identity_remove"),
     path("passkeys/options/", passkey_views.passkey_register_options_view, name="passkey_register_options"),
     path("passkeys/", passkey_views.passkey_register_view, name="passkey_register"),
     path("passkeys/<int:passkey_id>/remove/", passkey_views.passkey_remove_view, name="passkey_remove"),

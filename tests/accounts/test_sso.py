@@ -424,3 +424,37 @@ def test_the_admin_shows_a_users_linked_sign_ins_and_passkeys(admin_client, alic
     ExternalIdentity.objects.create(user=alice, provider="corp", subject="s-1", email=alice.email)
     page = admin_client.get(f"/admin/accounts/user/{alice.id}/change/")
     assert page.status_code == 200 and b"s-1" in page.content
+
+
+class TestUnlinking:
+    def test_a_person_unlinks_a_provider_and_is_told(self, alice, client, django_capture_on_commit_callbacks):
+        identity = ExternalIdentity.objects.create(user=alice, provider="corp", subject="s-1", email=alice.email)
+        client.force_login(alice)
+        with django_capture_on_commit_callbacks(execute=True):
+            response = client.post(f"/accounts/sso/linked/{identity.id}/remove/")
+        assert response["Location"] == "/accounts/settings/" and not ExternalIdentity.objects.exists()
+        assert any("unlinked" in message.subject.lower() for message in mail.outbox)
+
+    def test_another_persons_link_is_a_404(self, alice, bob, client):
+        identity = ExternalIdentity.objects.create(user=alice, provider="corp", subject="s-1")
+        client.force_login(bob)
+        assert client.post(f"/accounts/sso/linked/{identity.id}/remove/").status_code == 404
+        assert ExternalIdentity.objects.exists()
+
+    def test_the_only_way_in_stays(self, identity_provider):
+        identity_provider.people(carol={"email": "carol@corp.example", "email_verified": True})
+        client = Client()
+        sign_in_through(client, "corp", "carol")
+        identity = ExternalIdentity.objects.get()
+        assert client.post(f"/accounts/sso/linked/{identity.id}/remove/").status_code == 409
+        assert ExternalIdentity.objects.exists()
+
+    def test_it_needs_a_signed_in_person_a_post_and_a_csrf_token(self, alice):
+        identity = ExternalIdentity.objects.create(user=alice, provider="corp", subject="s-1")
+        url = f"/accounts/sso/linked/{identity.id}/remove/"
+        assert Client().post(url)["Location"].startswith("/accounts/login/")
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(alice)
+        assert client.get(url).status_code == 405
+        assert client.post(url).status_code == 403
+        assert ExternalIdentity.objects.exists()
