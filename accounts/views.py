@@ -99,9 +99,10 @@ def signup(request: HttpRequest) -> HttpResponse:
             signup_admit(address=request.META.get("REMOTE_ADDR", ""))
         except ClientError as exc:
             form.add_error(None, exc.message)
-            response = render(request, "accounts/signup.html", {"form": form} | _sign_in_choices(), status=exc.status)
+            choices = _sign_in_choices()
+            response = render(request, "accounts/signup.html", {"form": form} | choices, status=exc.status)
             response["Retry-After"] = str(exc.retry_after)
-            return response
+            return form_action_allow(response, choices["providers"])
         user = user_create(
             username=form.cleaned_data["username"],
             email=form.cleaned_data.get("email", ""),
