@@ -11,8 +11,8 @@ from django.db.models import Count, Q, QuerySet, Sum
 from accounts.models import User
 from documents.models import Document
 
-# Every column but the file's bytes: lists and pages never need them.
-LISTED = ("data",)
+# Every column but the file's bytes (and an image's thumbnail): lists and pages never need them.
+LISTED = ("data", "thumbnail")
 
 
 def document_list_for_user(*, user: User) -> QuerySet[Document]:
