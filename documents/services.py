@@ -29,8 +29,9 @@ from documents.imaging import CleanImage, ImageRefused
 from documents.index import embedding_bytes, pgvector_add
 from documents.models import Chunk, Document, TierDocumentLimits
 from documents.parsing import ParseLimits, bad_file, check_readable, kind_of
-from documents.sandbox import ProcessingStopped, image_clean_bounded, parse_bounded
+from documents.sandbox import ProcessingStopped, image_clean_bounded, image_read_bounded, parse_bounded
 from inference.defaults import EMBEDDING_DEPLOYMENT_NAME
+from inference.hooks import ImageRead
 from inference.models import ModelDeployment
 from inference.selectors import deployment_get
 from moderation.services import passages_moderate, sentence_embeddings, sentence_token_counts
@@ -126,6 +127,33 @@ def image_clean(*, user: User, data: bytes, limits: DocumentLimits | None = None
 
 def _megabytes(size: int) -> str:
     return f"{size / (1024 * 1024):.1f} MB"
+
+
+def image_read_for_request(*, user: User, data: bytes) -> ImageRead:
+    """An image sent with a request (not stored as a file): cleaned as `image_clean` cleans one and
+    its text read by OCR, both in one bounded child process; a 400/413 for one the plan does not take."""
+    limits = document_limits_for(user=user)
+    if len(data) > limits.max_image_bytes:
+        raise ClientError(
+            f"An image is {_megabytes(len(data))}; your plan takes images of up to {_megabytes(limits.max_image_bytes)}.",
+            code="image_too_large",
+            status=413,
+            param="messages",
+        )
+    try:
+        cleaned, reading = image_read_bounded(
+            data=data,
+            max_pixels=limits.parse.max_image_pixels,
+            seconds=limits.processing_seconds,
+            memory_bytes=limits.processing_memory_mb * 1024 * 1024,
+        )
+    except ImageRefused as refused:
+        raise ClientError(f"An image: {refused}", code=refused.code, param="messages") from None
+    except ProcessingStopped as stopped:
+        raise ClientError(
+            f"An image: {stopped.reason or 'it could not be read.'}", code="unreadable_file", param="messages"
+        ) from None
+    return ImageRead(cleaned.content_type, cleaned.data, reading.text, reading.confidence)
 
 
 def document_upload(
