@@ -27,6 +27,16 @@ def document_get_for_user(*, user: User, document_id: int) -> Document | None:
     return document_list_for_user(user=user).filter(id=document_id).first()
 
 
+def images_for_user(*, user: User, ids: list[int], with_data: bool = False) -> list[Document]:
+    """The user's own images among `ids`, in the order asked; another user's, or a file that is no
+    image, is simply not among them."""
+    found = Document.objects.filter(owner=user, kind=Document.Kind.IMAGE, id__in=ids).defer(
+        *(("thumbnail",) if with_data else LISTED)
+    )
+    by_id = {document.id: document for document in found}
+    return [by_id[i] for i in ids if i in by_id]
+
+
 def documents_of_conversation(*, user: User, conversation_id: int) -> QuerySet[Document]:
     return document_list_for_user(user=user).filter(conversation=conversation_id)
 
