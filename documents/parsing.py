@@ -19,7 +19,16 @@ from html.parser import HTMLParser
 from pathlib import PurePath
 
 from chatsite.errors import ClientError
-from documents.imaging import IMAGE_EXTENSIONS, ImageRefused, OcrUnavailable, Reading, image_format, ocr_note
+from documents.imaging import (
+    IMAGE_EXTENSIONS,
+    ImageRefused,
+    OcrUnavailable,
+    Reading,
+    decode,
+    image_format,
+    ocr,
+    ocr_note,
+)
 
 EXTENSIONS = {
     ".txt": "text",
@@ -198,8 +207,6 @@ def _mean_confidence(readings: list[Reading]) -> float | None:
 
 def _image(data: bytes, limits: ParseLimits) -> Parsed:
     """An image's text, read by OCR: one section, its heading saying so and how sure it is."""
-    from documents.imaging import decode, ocr
-
     try:
         reading = ocr(decode(data, max_pixels=limits.max_image_pixels))
     except (ImageRefused, OcrUnavailable) as exc:
@@ -310,8 +317,6 @@ def _scanned_page(data: bytes, index: int, limits: ParseLimits) -> Reading:
     import math
 
     import pypdfium2
-
-    from documents.imaging import ocr
 
     document = pypdfium2.PdfDocument(data)
     try:

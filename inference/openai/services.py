@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 
 from accounts.models import ApiKey, User
 from accounts.selectors import tier_for_user
@@ -56,11 +57,18 @@ def newest_user_text(request: JsonObject) -> str:
 
 
 def images_accepted_check(*, model: str) -> None:
-    """A 400 for images sent to a model that takes none (by its own name; `auto` and other routed
-    names are checked once routed), before any image is fetched or decoded."""
-    deployment = ModelDeployment.objects.filter(name=model, is_enabled=True).only("accepts_images").first()
-    if deployment is not None and not deployment.accepts_images:
+    """Before any image is fetched or decoded: a 404 for a model no deployment answers to, a 400 for
+    images sent to a model none of whose deployments takes them (routing checks the one it picks)."""
+    named = ModelDeployment.objects.filter(Q(public_name=model) | Q(name=model), is_enabled=True)
+    if not named.exists():
+        if model != AUTO_MODEL:
+            raise ClientError(f"The model '{model}' does not exist.", code="model_not_found", param="model", status=404)
+    elif not named.filter(accepts_images=True).exists():
         raise _images_refused(model)
+
+
+# The name that asks the router to choose (orchestration.routing), which sits above this layer.
+AUTO_MODEL = "auto"
 
 
 def _images_refused(model: str) -> ClientError:

@@ -87,6 +87,22 @@ def test_another_user_cannot_fetch_an_image_or_its_thumbnail(alice, bob):
         assert response.content != b"" and b"PNG" not in response.content
 
 
+def test_an_image_needs_a_signed_in_owner_with_the_read_scope(alice):
+    from django.test import Client
+
+    from accounts.models import ApiKey
+    from tests.helpers.factories import PASSWORD
+
+    body = upload(client_for(alice), "sign.png", encoded(text_image(SIGN), "PNG")).json()
+    for url in (body["image_url"], body["thumbnail_url"]):
+        assert Client().get(url).status_code in (401, 403)  # nobody signed in
+        assert client_for(alice, scopes=[ApiKey.Scope.CHAT]).get(url).status_code == 403
+        assert client_for(alice, scopes=[ApiKey.Scope.CONVERSATIONS_READ]).get(url).status_code == 200
+        page = Client()
+        page.login(username="alice", password=PASSWORD)  # the chat page's <img>: the session
+        assert page.get(url).status_code == 200
+
+
 def test_an_image_url_of_a_file_that_is_not_an_image_is_a_404(alice):
     client = client_for(alice)
     body = upload(client, "notes.md", b"# Notes\n\nhello").json()
