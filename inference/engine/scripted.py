@@ -17,6 +17,10 @@ What it writes:
   make it write the passage again, as does `[write on]` in the newest user turn (a long answer, as
   a person asking for a story gets: it ends only at `max_tokens`).
 
+Each request's input is kept exactly as vLLM would be given it (`inputs`, by request id: the
+prompt's token ids and, for a vision deployment, its images under `multi_modal_data`), for tests to
+read; each image counts IMAGE_TOKENS prompt tokens in what it reports, as a vision model's expand.
+
 It loads only the tokenizer (well under a second for the default model) and imports nothing of vLLM.
 """
 
