@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 
 from accounts.models import ApiKey, User
@@ -83,11 +83,16 @@ def images_read(*, user: User, sources: list[ImageSource]) -> list[ImageRead]:
     """Each image of a request, fetched where it is an address (inference.images), cleaned within the
     user's plan and its text read (the layer above's reader, `inference.hooks`)."""
     read = []
-    for source in sources:
-        data = source.data
-        if data is None:
-            data = image_fetch(source.url, max_bytes=tier_for_user(user=user).max_image_bytes)
-        read.append(image_read(user=user, data=data))
+    try:
+        for source in sources:
+            data = source.data
+            if data is None:
+                data = image_fetch(source.url, max_bytes=tier_for_user(user=user).max_image_bytes)
+            read.append(image_read(user=user, data=data))
+    finally:
+        # Called in a thread of its own (the reading takes seconds, which no database thread should
+        # wait out): the connection its reads opened is closed with it.
+        connection.close()
     return read
 
 
