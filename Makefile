@@ -80,6 +80,9 @@ test: install-dev model
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 		&& (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) ; } \
 		|| echo "chromium is not installed: the browser tests will be skipped"
+	@command -v tesseract >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& (apt-get update -qq && apt-get install -y -qq tesseract-ocr tesseract-ocr-eng fonts-dejavu-core >/dev/null) ; } \
+		|| echo "tesseract is not installed: the OCR tests will be skipped (and fail under CI)"
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

@@ -45,6 +45,15 @@ DEFAULT_TIERS: dict[str, dict[str, Any]] = {
 # The longest system prompt a conversation's settings may give, per plan (added after the first tiers).
 DEFAULT_CONVERSATION_PROMPT_CHARS: dict[str, int] = {"free": 1000, "pro": 4000, "enterprise": 8000, "admin": 8000}
 
+# The largest image (bytes as sent, pixels decoded) each plan takes, in a message or as a file (added
+# after the first tiers). Pillow refuses past twice its own default of ~89 million pixels; these stay below.
+DEFAULT_IMAGE_LIMITS: dict[str, dict[str, int]] = {
+    "free": {"max_image_bytes": 5 * 1024 * 1024, "max_image_pixels": 16_000_000},
+    "pro": {"max_image_bytes": 10 * 1024 * 1024, "max_image_pixels": 40_000_000},
+    "enterprise": {"max_image_bytes": 20 * 1024 * 1024, "max_image_pixels": 80_000_000},
+    "admin": {"max_image_bytes": 20 * 1024 * 1024, "max_image_pixels": 80_000_000},
+}
+
 # The per-user limits of the lighter endpoints (added after the first tiers, so apart from them:
 # the migration that made the tiers knows nothing of these fields).
 DEFAULT_ENDPOINT_LIMITS: dict[str, dict[str, int | None]] = {
@@ -141,6 +150,7 @@ def create_default_tiers(*, tier_model: Any, price_model: Any, deployment: Any |
             **DEFAULT_ENDPOINT_LIMITS[name],
             **DEFAULT_FILE_AND_REQUEST_LIMITS[name],
             "conversation_prompt_chars": DEFAULT_CONVERSATION_PROMPT_CHARS[name],
+            **DEFAULT_IMAGE_LIMITS[name],
         }
         limits = {field: value for field, value in every_limit.items() if field in known}
         tier, _ = tier_model.objects.get_or_create(name=name, defaults={**fields, **limits})

@@ -86,6 +86,17 @@ class Tier(models.Model):
         default=2000,
         help_text="The longest system prompt a conversation's settings may give (characters).",
     )
+    # Every plan has an image bound: it protects the service (decoding), not only the plan's storage.
+    max_image_bytes = models.PositiveIntegerField(
+        default=10 * 1024 * 1024,
+        validators=[MinValueValidator(1024)],
+        help_text="The largest image a message or file may carry, as sent (bytes).",
+    )
+    max_image_pixels = models.PositiveIntegerField(
+        default=25_000_000,
+        validators=[MinValueValidator(10_000)],
+        help_text="The most pixels (width × height) an image may decode to; more is refused unread.",
+    )
     other_requests_per_minute = models.PositiveIntegerField(
         null=True,
         blank=True,

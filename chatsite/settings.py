@@ -473,6 +473,14 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
 }
 API_MAX_PROMPT_CHARS = env_int("API_MAX_PROMPT_CHARS", 200_000, minimum=1000)
+# Images in one chat completion or one message (docs/documents.md, "Images"), and whether an
+# `image_url` part may name an http(s) address for the service to fetch (off: data URLs only). A
+# fetch refuses private, loopback and link-local addresses, follows at most
+# API_IMAGE_URL_REDIRECTS redirects and reads at most the plan's image size.
+API_MAX_IMAGES = env_int("API_MAX_IMAGES", 4, minimum=1, maximum=32)
+API_IMAGE_URLS = env_bool("API_IMAGE_URLS", False)
+API_IMAGE_URL_REDIRECTS = env_int("API_IMAGE_URL_REDIRECTS", 3, minimum=0, maximum=10)
+API_IMAGE_URL_TIMEOUT_S = env_float("API_IMAGE_URL_TIMEOUT_S", 10.0, minimum=1.0)
 # A /v1 request field nobody knows is a 400 naming it; off, it is ignored (docs/api.md, the field table).
 OPENAI_API_STRICT_FIELDS = env_bool("OPENAI_API_STRICT_FIELDS", True)
 

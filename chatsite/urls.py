@@ -23,7 +23,13 @@ from conversations.project_apis import (
     ProjectFileApi,
     ProjectListCreateApi,
 )
-from documents.apis import DocumentDetailApi, DocumentListCreateApi, DocumentSearchApi
+from documents.apis import (
+    DocumentDetailApi,
+    DocumentImageApi,
+    DocumentListCreateApi,
+    DocumentSearchApi,
+    DocumentThumbnailApi,
+)
 from inference.openai.apis import ModelListApi, chat_completions
 from inference.openai.completions import completions
 from inference.openai.embeddings import EmbeddingApi
@@ -100,6 +106,8 @@ urlpatterns = [
     path("api/files/", DocumentListCreateApi.as_view(), name="api-files"),
     path("api/files/search/", DocumentSearchApi.as_view(), name="api-files-search"),
     path("api/files/<int:document_id>/", DocumentDetailApi.as_view(), name="api-file"),
+    path("api/files/<int:document_id>/image/", DocumentImageApi.as_view(), name="api-file-image"),
+    path("api/files/<int:document_id>/thumbnail/", DocumentThumbnailApi.as_view(), name="api-file-thumbnail"),
     path("files/", include("documents.urls")),
     path("api/schema/", metered("request")(SpectacularAPIView.as_view()), name="schema"),
     # The split view serves Swagger UI's start-up script as a file of its own: the CSP refuses inline scripts.

@@ -44,6 +44,7 @@ from accounts.selectors import conversation_settings_limits
 from chatsite.errors import INVALID_API_KEY, ClientError, error_body
 from chatsite.parsers import request_body, validated_json_body
 from conversations.citations import citation_json, citations_for_messages, cited_numbers
+from conversations.images import images_shown
 from conversations.models import Conversation, Message
 from conversations.requests import PROMPT_TEXT_CHARS, ConversationSettingsRequest, SavedPromptRequest, SendRequest
 from conversations.selectors import (
@@ -165,6 +166,14 @@ class MessageOutputSerializer(serializers.Serializer):
         "left out (`withheld`)."
     )
 
+    images = serializers.SerializerMethodField(
+        help_text="A user message's images: {id, name, thumbnail_url, image_url, ocr_text, ocr_confidence, "
+        "sent_as}, `sent_as` saying whether the model saw the image or the text OCR read in it."
+    )
+
+    def get_images(self, message: Message) -> list[dict[str, Any]]:
+        return self.context.get("images", {}).get(message.id, []) if message.image_count else []
+
     def get_citations(self, message: Message) -> list[dict[str, Any]]:
         # The branch's citations, read in one query by `_with_branch`.
         cited = cited_numbers(message.content)
@@ -198,7 +207,11 @@ def _with_branch(conversation: Conversation, through: Any = None) -> dict[str, A
     if branch is None:
         raise ClientError("That message is not in this conversation.", code="invalid_message", param="branch")
     sources = citations_for_messages(owner_id=conversation.user_id, message_ids=[m.id for m in branch.messages])
-    messages = MessageOutputSerializer(branch.messages, many=True, context={"citations": sources}).data
+    with_images = [m.id for m in branch.messages if m.image_count]
+    images = images_shown(message_ids=with_images) if with_images else {}
+    messages = MessageOutputSerializer(
+        branch.messages, many=True, context={"citations": sources, "images": images}
+    ).data
     summary = branch_summary(conversation=conversation, messages=branch.messages)
     return {
         **ConversationOutputSerializer(conversation).data,

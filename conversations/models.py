@@ -127,6 +127,7 @@ class Message(models.Model):
     content = models.TextField(blank=True, default="")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
     token_count = models.PositiveIntegerField(default=0, help_text="Tokens of the content alone.")
+    image_count = models.PositiveSmallIntegerField(default=0, help_text="Images it carries (MessageImage).")
     finish_reason = models.CharField(max_length=32, blank=True, default="")
     error_code = models.CharField(max_length=64, blank=True, default="")
     parent = models.ForeignKey(
@@ -191,6 +192,28 @@ class ConversationFile(models.Model):
 
     def __str__(self) -> str:
         return f"file {self.document_id} in conversation {self.conversation_id}"
+
+
+class MessageImage(models.Model):
+    """An image a user's message carries (a file of theirs, kept by documents), in the order it was
+    sent, and how the model that answered took it: as an image (a vision model) or as the text OCR
+    read in it (any other), which the page says."""
+
+    class SentAs(models.TextChoices):
+        IMAGE = "image"
+        TEXT = "text"
+
+    message = models.ForeignKey("Message", on_delete=models.CASCADE, related_name="image_links")
+    document = models.ForeignKey("documents.Document", on_delete=models.CASCADE, related_name="message_links")
+    ordinal = models.PositiveSmallIntegerField()
+    sent_as = models.CharField(max_length=8, choices=SentAs.choices, default=SentAs.TEXT)
+
+    class Meta:
+        ordering = ["message_id", "ordinal"]
+        constraints = [models.UniqueConstraint(fields=["message", "ordinal"], name="message_image_ordinal_unique")]
+
+    def __str__(self) -> str:
+        return f"image {self.document_id} of message {self.message_id}"
 
 
 class ProjectFile(models.Model):

@@ -112,9 +112,17 @@ class SendRequest:
     parent: Parent = ACTIVE_BRANCH
     retry: bool = False
     project_id: int | None = None
+    # The user's images (their files' ids) the message carries, in order.
+    images: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", message_content_clean(self.content))
+        if len(self.images) > settings.API_MAX_IMAGES or not all(is_row_id(i) for i in self.images):
+            raise ClientError(
+                f"'images' must be a list of at most {settings.API_MAX_IMAGES} image ids.",
+                code="invalid_request",
+                param="images",
+            )
         model_name_check(self.model)
         if self.parent is not ACTIVE_BRANCH and self.parent is not None and not is_row_id(self.parent):
             raise ClientError("'parent' must be a message id or null.", code="invalid_request", param="parent")
@@ -132,8 +140,8 @@ class SendRequest:
     @classmethod
     def parse(cls, fields: Mapping[str, object]) -> SendRequest:
         """From a `message.send` frame or the send API's body: `content`, and optionally
-        `conversation` (an id), `model`, `client_id` (a UUID), `parent` (an id or null), `retry` and
-        `project` (an id, for a new conversation)."""
+        `conversation` (an id), `model`, `client_id` (a UUID), `parent` (an id or null), `retry`,
+        `project` (an id, for a new conversation) and `images` (ids of the user's images)."""
         conversation = fields.get("conversation")
         if conversation is not None and not is_integer(conversation):
             raise ClientError("'conversation' must be a conversation id.", code="invalid_request", param="conversation")
@@ -147,7 +155,11 @@ class SendRequest:
         project = fields.get("project")
         if project is not None and not is_integer(project):
             raise ClientError("'project' must be a project id.", code="invalid_request", param="project")
+        images = fields.get("images", [])
+        if not isinstance(images, list) or not all(is_integer(i) for i in images):
+            raise ClientError("'images' must be a list of image ids.", code="invalid_request", param="images")
         return cls(
+            images=tuple(images),
             content=message_content_clean(fields.get("content")),
             project_id=project,
             conversation_id=conversation,

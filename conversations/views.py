@@ -25,6 +25,7 @@ from chatsite.errors import ClientError, error_body
 from conversations.branches import Tree
 from conversations.citations import citations_cited, citations_for_messages
 from conversations.costs import answer_usage_for_messages, conversation_usage_total
+from conversations.images import images_shown
 from conversations.models import Citation, Conversation, Message, Project
 from conversations.requests import PROMPT_TEXT_CHARS, SavedPromptRequest
 from conversations.selectors import (
@@ -113,6 +114,11 @@ def _chat_page(
         sources = citations_for_messages(owner_id=user.id, message_ids=[m.id for m in messages])
         for shown in messages:
             shown.citation_list = citations_cited(sources.get(shown.id, []), text=shown.content)
+        with_images = [m.id for m in messages if m.image_count]
+        if with_images:
+            images = images_shown(message_ids=with_images)
+            for shown in messages:
+                shown.images = images.get(shown.id, [])
         attached = list(documents_of_conversation(user=user, conversation_id=conversation.id))
         # Where the model's memory of the branch begins: the messages up to `through` are summarized.
         summary = branch_summary(conversation=conversation, messages=branch.messages)
@@ -171,6 +177,7 @@ class ShownMessage:
     writer: str = ""  # the deployment that wrote an answer, said under it
     citation_list: list[Citation] = field(default_factory=list)
     usage: GenerationUsage | None = None  # an answer's tokens and cost, for its owner's info panel
+    images: list[dict[str, object]] = field(default_factory=list)  # a user message's (conversations.images)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.message, name)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from django.http import HttpResponse
+from django.utils.http import content_disposition_header
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.parsers import MultiPartParser
@@ -49,14 +51,28 @@ class DocumentOutputSerializer(serializers.Serializer):
     withheld_count = serializers.IntegerField(
         help_text="Passages the prompt-injection check held back: they never go into a prompt."
     )
+    content_type = serializers.CharField(help_text="An image's type as stored (its metadata removed); else empty.")
+    width = serializers.IntegerField()
+    height = serializers.IntegerField()
+    ocr_pages = serializers.IntegerField(help_text="Pages (or the image) whose text was read by OCR.")
+    ocr_text = serializers.CharField(help_text="The text OCR read in an image or a PDF's scanned pages.")
+    ocr_confidence = serializers.FloatField(allow_null=True, help_text="OCR's mean word confidence, 0-100.")
+    image_url = serializers.SerializerMethodField()
+    thumbnail_url = serializers.SerializerMethodField()
     created_at = serializers.DateTimeField()
 
     class Meta:
         ref_name = "File"
 
+    def get_image_url(self, document: Document) -> str | None:
+        return f"/api/files/{document.id}/image/" if document.is_image else None
+
+    def get_thumbnail_url(self, document: Document) -> str | None:
+        return f"/api/files/{document.id}/thumbnail/" if document.is_image else None
+
 
 class FileUploadSerializer(serializers.Serializer):
-    file = serializers.FileField(help_text="Text, Markdown, PDF, HTML or DOCX.")
+    file = serializers.FileField(help_text="Text, Markdown, PDF, HTML, DOCX, or a PNG, JPEG, WebP or GIF image.")
 
     class Meta:
         ref_name = "FileUpload"
@@ -137,6 +153,68 @@ class DocumentDetailApi(ScopedApi):
     def delete(self, request: Request, document_id: int) -> Response:
         document_delete(document=_get_or_404(request, document_id))
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# An image is served as an image and nothing else: its stored type (always one this service encoded:
+# PNG, JPEG or WebP; a thumbnail is JPEG), never sniffed by the browser, never a document that could
+# run anything (no script, no plugin, sandboxed if opened on its own), and not kept by shared caches.
+IMAGE_CSP = "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; sandbox"
+SERVED_TYPES = {"image/png", "image/jpeg", "image/webp"}
+
+
+def image_response(*, body: bytes, content_type: str, filename: str) -> HttpResponse:
+    if content_type not in SERVED_TYPES:
+        raise ClientError("That file is not an image.", code="not_found", status=404)
+    response = HttpResponse(body, content_type=content_type)
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Content-Disposition"] = content_disposition_header(False, filename) or "inline"
+    response["Content-Security-Policy"] = IMAGE_CSP
+    response["Cross-Origin-Resource-Policy"] = "same-origin"
+    response["Cache-Control"] = "private, max-age=3600"
+    return response
+
+
+def _image_or_404(request: Request, document_id: int) -> Document:
+    document = _get_or_404(request, document_id)
+    if not document.is_image:
+        raise ClientError("That file is not an image.", code="not_found", status=404)
+    return document
+
+
+@metered("request")
+class DocumentImageApi(ScopedApi):
+    """GET one of your images, as stored: its pixels only (encoded again at upload, without EXIF or
+    any other metadata)."""
+
+    method_scopes = {"GET": READ, "HEAD": READ, "OPTIONS": READ}
+
+    @extend_schema(
+        operation_id="files_image",
+        summary="One of your images",
+        responses={(200, "image/*"): OpenApiResponse(description="The image (PNG, JPEG or WebP).")},
+    )
+    def get(self, request: Request, document_id: int) -> HttpResponse:
+        document = _image_or_404(request, document_id)
+        stored = Document.objects.filter(id=document.id).values_list("data", flat=True).first()
+        return image_response(body=bytes(stored or b""), content_type=document.content_type, filename=document.name)
+
+
+@metered("request")
+class DocumentThumbnailApi(ScopedApi):
+    """GET a small JPEG of one of your images (at most 320 pixels a side), as the conversation shows it."""
+
+    method_scopes = {"GET": READ, "HEAD": READ, "OPTIONS": READ}
+
+    @extend_schema(
+        operation_id="files_thumbnail",
+        summary="A thumbnail of one of your images",
+        responses={(200, "image/jpeg"): OpenApiResponse(description="The thumbnail (JPEG).")},
+    )
+    def get(self, request: Request, document_id: int) -> HttpResponse:
+        document = _image_or_404(request, document_id)
+        small = Document.objects.filter(id=document.id).values_list("thumbnail", flat=True).first()
+        stem = document.name.rsplit(".", 1)[0]
+        return image_response(body=bytes(small or b""), content_type="image/jpeg", filename=f"{stem}-thumbnail.jpg")
 
 
 @metered("file_search")

@@ -11,8 +11,10 @@ class DocumentsConfig(AppConfig):
         from documents import receivers  # noqa: F401
         from documents.background import document_process_dispatch
         from documents.selectors import documents_export_files, usage_storage_figures
-        from documents.services import document_processing_install
+        from documents.services import document_processing_install, image_read_for_request
+        from inference.hooks import image_reader_register
 
         USAGE_FIGURES.append(usage_storage_figures)
         account_export_register(documents_export_files)
         document_processing_install(document_process_dispatch)
+        image_reader_register(image_read_for_request)

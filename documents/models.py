@@ -23,6 +23,7 @@ class Document(models.Model):
         PDF = "pdf", "PDF"
         HTML = "html", "HTML"
         DOCX = "docx", "Word (DOCX)"
+        IMAGE = "image", "Image"
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="documents")
     # The conversation it was attached to (none for a library file) is kept by conversations, the
@@ -43,6 +44,18 @@ class Document(models.Model):
     withheld_count = models.PositiveIntegerField(
         default=0, help_text="Chunks the prompt-injection check held back: never put into a prompt."
     )
+    # An image's: kept as its pixels alone (encoded again, no metadata), its type and size as stored,
+    # and a small JPEG to show in the conversation.
+    content_type = models.CharField(max_length=32, blank=True, default="")
+    width = models.PositiveIntegerField(default=0)
+    height = models.PositiveIntegerField(default=0)
+    thumbnail = models.BinaryField(editable=False, blank=True, default=b"")
+    # What OCR read: an image's text, or a PDF's scanned pages' (those with no text of their own).
+    ocr_pages = models.PositiveIntegerField(default=0, help_text="Pages (or the image) whose text OCR read.")
+    ocr_text = models.TextField(blank=True, default="", help_text="The text OCR read, as read.")
+    ocr_confidence = models.FloatField(
+        null=True, blank=True, help_text="Tesseract's mean word confidence (0-100) over what it read."
+    )
     usage_charged = models.BooleanField(
         default=False, help_text="Its processing's tokens are on its owner's ledger (charged once, never again)."
     )
@@ -61,6 +74,10 @@ class Document(models.Model):
     @property
     def is_ready(self) -> bool:
         return self.status == self.Status.READY
+
+    @property
+    def is_image(self) -> bool:
+        return self.kind == self.Kind.IMAGE
 
     @property
     def conversation_id(self) -> int | None:

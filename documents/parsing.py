@@ -19,6 +19,16 @@ from html.parser import HTMLParser
 from pathlib import PurePath
 
 from chatsite.errors import ClientError
+from documents.imaging import (
+    IMAGE_EXTENSIONS,
+    ImageRefused,
+    OcrUnavailable,
+    Reading,
+    decode,
+    image_format,
+    ocr,
+    ocr_note,
+)
 
 EXTENSIONS = {
     ".txt": "text",
@@ -29,7 +39,10 @@ EXTENSIONS = {
     ".html": "html",
     ".htm": "html",
     ".docx": "docx",
+    **{suffix: "image" for suffix in IMAGE_EXTENSIONS},
 }
+# A scanned page is rendered for OCR at this resolution, or less where the plan's pixel bound says so.
+SCAN_DPI = 300
 # A chunk's target size: all-MiniLM reads 256 word pieces, about 1,000 characters of English.
 CHUNK_CHARS = 800
 CHUNK_OVERLAP = 120
@@ -70,12 +83,18 @@ class ParseLimits:
     max_pages: int | None = None
     max_paragraphs: int | None = None
     max_chunks: int | None = None
+    # Every plan has one: an image, or a scanned page rendered for OCR, decodes to at most this many.
+    max_image_pixels: int = 25_000_000
 
 
 @dataclass(frozen=True)
 class Parsed:
     passages: list[Passage]
     pages: int
+    # What OCR read (an image, a PDF's scanned pages): the pages it read, its text and confidence.
+    ocr_pages: int = 0
+    ocr_text: str = ""
+    ocr_confidence: float | None = None
 
 
 class TooLarge(Exception):
@@ -99,9 +118,13 @@ def kind_of(name: str, head: bytes) -> str:
         raise bad_file(f"Files of this type cannot be read here. Upload one of: {known}.", "unsupported_file_type")
     if kind == "pdf" and not head.startswith(b"%PDF-"):
         raise bad_file("This file is named .pdf but is not a PDF.", "unsupported_file_type")
+    if kind == "image" and image_format(head) is None:
+        raise bad_file("This file is named as an image but is not a PNG, JPEG, WebP or GIF.", "unsupported_file_type")
     if kind == "docx" and not head.startswith(b"PK"):
         raise bad_file("This file is named .docx but is not a Word document.", "unsupported_file_type")
-    if kind in ("text", "markdown", "html") and (head.startswith(b"%PDF-") or head.startswith(b"PK\x03\x04")):
+    if kind in ("text", "markdown", "html") and (
+        head.startswith(b"%PDF-") or head.startswith(b"PK\x03\x04") or image_format(head) is not None
+    ):
         raise bad_file("This file's name says text, but its contents are binary.", "unsupported_file_type")
     return kind
 
@@ -153,7 +176,10 @@ def parse(kind: str, data: bytes, limits: ParseLimits) -> Parsed:
         docx_paragraphs_check(data, limits)
     elif kind == "pdf":
         pdf_pages_check(data, limits)
-    sections = extract(kind, data)
+    if kind == "image":
+        return _image(data, limits)
+    readings: list[Reading] = []
+    sections = extract(kind, data, limits, readings)
     if limits.max_paragraphs is not None:
         count = sum(len(_BLANK_LINES.split(s.text)) for s in sections)
         if count > limits.max_paragraphs:
@@ -164,7 +190,29 @@ def parse(kind: str, data: bytes, limits: ParseLimits) -> Parsed:
             f"This file makes more than {limits.max_chunks:,} passages ({len(found):,}); your plan indexes "
             f"up to {limits.max_chunks:,} passages of one file. Split it into smaller files."
         )
-    return Parsed(found, max((s.page or 0 for s in sections), default=0))
+    return Parsed(
+        found,
+        max((s.page or 0 for s in sections), default=0),
+        ocr_pages=len(readings),
+        ocr_text="\n\n".join(r.text for r in readings if r.text),
+        ocr_confidence=_mean_confidence(readings),
+    )
+
+
+def _mean_confidence(readings: list[Reading]) -> float | None:
+    read = [(r.confidence, len(r.text)) for r in readings if r.confidence is not None and r.text]
+    total = sum(length for _, length in read)
+    return round(sum(c * length for c, length in read) / total, 1) if total else None
+
+
+def _image(data: bytes, limits: ParseLimits) -> Parsed:
+    """An image's text, read by OCR: one section, its heading saying so and how sure it is."""
+    try:
+        reading = ocr(decode(data, max_pixels=limits.max_image_pixels))
+    except (ImageRefused, OcrUnavailable) as exc:
+        raise TooLarge(str(exc)) from None
+    found = passages([Section(reading.text, heading=ocr_note(reading.confidence))])
+    return Parsed(found, 0, ocr_pages=1, ocr_text=reading.text, ocr_confidence=reading.confidence)
 
 
 def archive_check(data: bytes, limits: ParseLimits) -> None:
@@ -229,10 +277,13 @@ def _too_many_paragraphs(limit: int) -> str:
 # --- extraction ------------------------------------------------------------------------------------
 
 
-def extract(kind: str, data: bytes) -> list[Section]:
-    """The file's text, in order, cut where its page or heading changes."""
+def extract(
+    kind: str, data: bytes, limits: ParseLimits | None = None, readings: list[Reading] | None = None
+) -> list[Section]:
+    """The file's text, in order, cut where its page or heading changes. A PDF page with no text
+    (scanned) is read by OCR, its reading added to `readings`."""
     if kind == "pdf":
-        return _pdf(data)
+        return _pdf(data, limits or ParseLimits(), readings if readings is not None else [])
     if kind == "docx":
         return _docx(data)
     text = data.decode("utf-8-sig")
@@ -243,11 +294,42 @@ def extract(kind: str, data: bytes) -> list[Section]:
     return [Section(text)]
 
 
-def _pdf(data: bytes) -> list[Section]:
+def _pdf(data: bytes, limits: ParseLimits, readings: list[Reading]) -> list[Section]:
     from pypdf import PdfReader
 
     reader = PdfReader(io.BytesIO(data))
-    return [Section(page.extract_text() or "", page=number) for number, page in enumerate(reader.pages, start=1)]
+    sections = []
+    for number, page in enumerate(reader.pages, start=1):
+        text = page.extract_text() or ""
+        if text.strip():
+            sections.append(Section(text, page=number))
+            continue
+        reading = _scanned_page(data, number - 1, limits)
+        readings.append(reading)
+        sections.append(Section(reading.text, page=number, heading=ocr_note(reading.confidence, page=True)))
+    return sections
+
+
+def _scanned_page(data: bytes, index: int, limits: ParseLimits) -> Reading:
+    """A page with no text layer, rendered by PDFium and read by OCR. PDFium draws the page as a
+    viewer shows it (every image on it, in any of PDF's codecs, clipped and placed), which the page's
+    embedded images alone are not; at SCAN_DPI, or less where the plan's pixel bound says so."""
+    import math
+
+    import pypdfium2
+
+    document = pypdfium2.PdfDocument(data)
+    try:
+        page = document[index]
+        width, height = page.get_size()  # points: 1/72 inch
+        scale = min(SCAN_DPI / 72, math.sqrt(limits.max_image_pixels / max(1.0, width * height)))
+        image = page.render(scale=scale, grayscale=True).to_pil()
+    finally:
+        document.close()
+    try:
+        return ocr(image)
+    except OcrUnavailable as exc:
+        raise TooLarge(str(exc)) from None
 
 
 def _docx(data: bytes) -> list[Section]:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from documents.imaging import CleanImage, ImageRefused, Reading, clean, read
 from documents.parsing import Parsed, ParseLimits, TooLarge, parse
 
 # How often the parent looks at the child, the clock, and whether the file is still wanted.
@@ -44,10 +45,41 @@ def parse_bounded(
 ) -> Parsed:
     """`parsing.parse` in a child process: its result, or ProcessingStopped when it was over the
     time or memory, over one of `limits`, or stopped because `wanted()` turned false."""
+    parsed: Parsed = _run_bounded(
+        "parse", (kind, data, limits), seconds=seconds, memory_bytes=memory_bytes, wanted=wanted
+    )
+    return parsed
+
+
+def image_clean_bounded(*, data: bytes, max_pixels: int, seconds: float, memory_bytes: int) -> CleanImage:
+    """`imaging.clean` in a child process: the image without its metadata, and its thumbnail; or
+    ImageRefused (not an image taken, damaged, over the pixel bound), or ProcessingStopped."""
+    cleaned: CleanImage = _run_bounded("clean", (data, max_pixels), seconds=seconds, memory_bytes=memory_bytes)
+    return cleaned
+
+
+def image_read_bounded(
+    *, data: bytes, max_pixels: int, seconds: float, memory_bytes: int
+) -> tuple[CleanImage, Reading]:
+    """`imaging.read` in a child process: the clean image and the text OCR read in it."""
+    result: tuple[CleanImage, Reading] = _run_bounded(
+        "read", (data, max_pixels), seconds=seconds, memory_bytes=memory_bytes
+    )
+    return result
+
+
+def _run_bounded(
+    operation: str,
+    args: tuple[Any, ...],
+    *,
+    seconds: float,
+    memory_bytes: int,
+    wanted: Callable[[], bool] = lambda: True,
+) -> Any:
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
     child = context.Process(
-        target=_child, args=(sender, kind, data, limits, memory_bytes), name="documents-parse", daemon=True
+        target=_child, args=(sender, operation, args, memory_bytes), name=f"documents-{operation}", daemon=True
     )
     deadline = time.monotonic() + seconds
     child.start()
@@ -82,6 +114,8 @@ def parse_bounded(
         raise ProcessingStopped(_memory_reason(memory_bytes))
     if outcome == "too_large":
         raise ProcessingStopped(value)
+    if outcome == "refused":
+        raise ImageRefused(value[1], value[0])
     raise RuntimeError(f"parsing failed in the child: {value}")
 
 
@@ -105,7 +139,15 @@ def _address_space() -> int | None:
         return None
 
 
-def _child(sender: Any, kind: str, data: bytes, limits: ParseLimits, memory_bytes: int) -> None:
+# What a child can be asked to do; the arguments come from the parent, never from the file.
+_OPERATIONS: dict[str, Callable[..., Any]] = {
+    "parse": parse,
+    "clean": lambda data, max_pixels: clean(data, max_pixels=max_pixels),
+    "read": lambda data, max_pixels: read(data, max_pixels=max_pixels),
+}
+
+
+def _child(sender: Any, operation: str, args: tuple[Any, ...], memory_bytes: int) -> None:
     """The child: below chat in the scheduler's eyes, its address space capped, one answer sent."""
     import resource
 
@@ -114,13 +156,19 @@ def _child(sender: Any, kind: str, data: bytes, limits: ParseLimits, memory_byte
     if held is not None:
         # What the interpreter, the file's bytes and the parsers' modules hold already, plus the bound.
         import docx  # noqa: F401 - loaded before the cap, so the bound is the file's alone
+        import PIL.Image
         import pypdf  # noqa: F401
+        import pypdfium2  # noqa: F401
+
+        PIL.Image.init()  # every format's plugin, so none is imported under the cap
 
         held = _address_space() or held
         cap = held + memory_bytes
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     try:
-        answer: tuple[str, Any] = ("parsed", parse(kind, data, limits))
+        answer: tuple[str, Any] = ("parsed", _OPERATIONS[operation](*args))
+    except ImageRefused as exc:
+        answer = ("refused", (exc.code, str(exc)))
     except TooLarge as exc:
         answer = ("too_large", str(exc))
     except MemoryError:

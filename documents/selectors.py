@@ -11,8 +11,8 @@ from django.db.models import Count, Q, QuerySet, Sum
 from accounts.models import User
 from documents.models import Document
 
-# Every column but the file's bytes: lists and pages never need them.
-LISTED = ("data",)
+# Every column but the file's bytes (and an image's thumbnail): lists and pages never need them.
+LISTED = ("data", "thumbnail")
 
 
 def document_list_for_user(*, user: User) -> QuerySet[Document]:
@@ -25,6 +25,16 @@ def document_get_for_user(*, user: User, document_id: int) -> Document | None:
     if not isinstance(document_id, int) or isinstance(document_id, bool) or not 0 < document_id < 2**63:
         return None
     return document_list_for_user(user=user).filter(id=document_id).first()
+
+
+def images_for_user(*, user: User, ids: list[int], with_data: bool = False) -> list[Document]:
+    """The user's own images among `ids`, in the order asked; another user's, or a file that is no
+    image, is simply not among them."""
+    found = Document.objects.filter(owner=user, kind=Document.Kind.IMAGE, id__in=ids).defer(
+        *(("thumbnail",) if with_data else LISTED)
+    )
+    by_id = {document.id: document for document in found}
+    return [by_id[i] for i in ids if i in by_id]
 
 
 def documents_of_conversation(*, user: User, conversation_id: int) -> QuerySet[Document]:

@@ -25,11 +25,13 @@ from accounts.selectors import tier_for_user
 from accounts.services import moderation_tokens, quota_check
 from billing.services import processing_usage_record
 from chatsite.errors import ClientError
+from documents.imaging import CleanImage, ImageRefused
 from documents.index import embedding_bytes, pgvector_add
 from documents.models import Chunk, Document, TierDocumentLimits
 from documents.parsing import ParseLimits, bad_file, check_readable, kind_of
-from documents.sandbox import ProcessingStopped, parse_bounded
+from documents.sandbox import ProcessingStopped, image_clean_bounded, image_read_bounded, parse_bounded
 from inference.defaults import EMBEDDING_DEPLOYMENT_NAME
+from inference.hooks import ImageRead
 from inference.models import ModelDeployment
 from inference.selectors import deployment_get
 from moderation.services import passages_moderate, sentence_embeddings, sentence_token_counts
@@ -57,6 +59,7 @@ class DocumentLimits:
     parse: ParseLimits
     processing_seconds: int
     processing_memory_mb: int
+    max_image_bytes: int
 
 
 def document_limits_for(*, user: User) -> DocumentLimits:
@@ -67,9 +70,12 @@ def document_limits_for(*, user: User) -> DocumentLimits:
             row.max_file_bytes,
             row.max_files,
             row.max_total_bytes,
-            ParseLimits(row.max_unpacked_bytes, row.max_pages, row.max_paragraphs, row.max_chunks),
+            ParseLimits(
+                row.max_unpacked_bytes, row.max_pages, row.max_paragraphs, row.max_chunks, tier.max_image_pixels
+            ),
             row.processing_seconds,
             row.processing_memory_mb,
+            tier.max_image_bytes,
         )
     return DocumentLimits(
         settings.DOCUMENTS_MAX_FILE_BYTES or None,
@@ -80,14 +86,74 @@ def document_limits_for(*, user: User) -> DocumentLimits:
             _FALLBACK["max_pages"],
             _FALLBACK["max_paragraphs"],
             _FALLBACK["max_chunks"],
+            tier.max_image_pixels,
         ),
         _FALLBACK["processing_seconds"] or 60,
         _FALLBACK["processing_memory_mb"] or 512,
+        tier.max_image_bytes,
     )
+
+
+# Cleaning an image at upload (decoding and encoding it again) takes a fraction of a second; this
+# bounds a pathological one without holding the upload long.
+IMAGE_CLEAN_SECONDS = 20
+
+
+def image_clean(*, user: User, data: bytes, limits: DocumentLimits | None = None) -> CleanImage:
+    """An image as the service keeps it: checked against the plan's size, decoded in a bounded child
+    process within the plan's pixel bound and memory, and encoded again from its pixels alone (no
+    EXIF, GPS or other metadata). A 413 over the size, a 400 for anything that is not a whole PNG,
+    JPEG, WebP or GIF, or that decodes to more pixels than the plan takes."""
+    limits = limits or document_limits_for(user=user)
+    if len(data) > limits.max_image_bytes:
+        raise ClientError(
+            f"The image is {_megabytes(len(data))}; your plan takes images of up to {_megabytes(limits.max_image_bytes)}.",
+            code="image_too_large",
+            status=413,
+            param="file",
+        )
+    try:
+        return image_clean_bounded(
+            data=data,
+            max_pixels=limits.parse.max_image_pixels,
+            seconds=IMAGE_CLEAN_SECONDS,
+            memory_bytes=limits.processing_memory_mb * 1024 * 1024,
+        )
+    except ImageRefused as refused:
+        raise bad_file(str(refused), refused.code) from None
+    except ProcessingStopped as stopped:
+        raise bad_file(stopped.reason or "The image could not be read.", "unreadable_file") from None
 
 
 def _megabytes(size: int) -> str:
     return f"{size / (1024 * 1024):.1f} MB"
+
+
+def image_read_for_request(*, user: User, data: bytes) -> ImageRead:
+    """An image sent with a request (not stored as a file): cleaned as `image_clean` cleans one and
+    its text read by OCR, both in one bounded child process; a 400/413 for one the plan does not take."""
+    limits = document_limits_for(user=user)
+    if len(data) > limits.max_image_bytes:
+        raise ClientError(
+            f"An image is {_megabytes(len(data))}; your plan takes images of up to {_megabytes(limits.max_image_bytes)}.",
+            code="image_too_large",
+            status=413,
+            param="messages",
+        )
+    try:
+        cleaned, reading = image_read_bounded(
+            data=data,
+            max_pixels=limits.parse.max_image_pixels,
+            seconds=limits.processing_seconds,
+            memory_bytes=limits.processing_memory_mb * 1024 * 1024,
+        )
+    except ImageRefused as refused:
+        raise ClientError(f"An image: {refused}", code=refused.code, param="messages") from None
+    except ProcessingStopped as stopped:
+        raise ClientError(
+            f"An image: {stopped.reason or 'it could not be read.'}", code="unreadable_file", param="messages"
+        ) from None
+    return ImageRead(cleaned.content_type, cleaned.data, reading.text, reading.confidence)
 
 
 def document_upload(
@@ -119,8 +185,11 @@ def document_upload(
             status=413,
             param="file",
         )
-    kind = kind_of(name, data[:8])
+    kind = kind_of(name, data[:16])
     check_readable(kind, data)
+    cleaned = image_clean(user=user, data=data, limits=limits) if kind == Document.Kind.IMAGE else None
+    if cleaned is not None:
+        data = cleaned.data
     with transaction.atomic():
         get_user_model().objects.select_for_update().filter(pk=user.pk).first()
         held = Document.objects.filter(owner=user).aggregate(files=Count("id"), bytes=Sum("size"))
@@ -144,6 +213,16 @@ def document_upload(
             size=len(data),
             sha256=hashlib.sha256(data).hexdigest(),
             data=data,
+            **(
+                {
+                    "content_type": cleaned.content_type,
+                    "width": cleaned.width,
+                    "height": cleaned.height,
+                    "thumbnail": cleaned.thumbnail,
+                }
+                if cleaned is not None
+                else {}
+            ),
         )
         if conversation_id is not None:
             # Attached through the conversation's own list of files (conversations.ConversationFile).
@@ -275,8 +354,20 @@ def _process(document: Document) -> str:
     except ProcessingStopped as stopped:
         return _fail(document.id, stopped.reason) if stopped.reason else "deleted"
     found = parsed.passages
+    if not found and document.is_image:
+        # A picture without words is still a picture: it is shown, and a vision model sees it.
+        Document.objects.filter(id=document.id, status=Document.Status.PROCESSING).update(
+            status=Document.Status.READY,
+            progress=100,
+            ocr_pages=parsed.ocr_pages,
+            ocr_text="",
+            ocr_confidence=None,
+            error="",
+            updated_at=timezone.now(),
+        )
+        return "ready"
     if not found:
-        return _fail(document.id, "No text could be read from this file (a scanned PDF has none).")
+        return _fail(document.id, "No text could be read from this file, not even by OCR.")
     if not _progress(document.id, 10):
         return "deleted"
     # The heading goes with its passage into the embedding and the checks: it says what the passage is about.
@@ -338,6 +429,9 @@ def _process(document: Document) -> str:
             status=Document.Status.READY,
             progress=100,
             pages=parsed.pages,
+            ocr_pages=parsed.ocr_pages,
+            ocr_text=parsed.ocr_text,
+            ocr_confidence=parsed.ocr_confidence,
             chunk_count=len(chunks),
             withheld_count=sum(injection),
             error="",

@@ -115,6 +115,17 @@ class ModelDeployment(models.Model):
         help_text="Answer first messages without personal context from the semantic response cache "
         "(orchestration.cache) when a close enough one was answered before.",
     )
+    accepts_images = models.BooleanField(
+        default=False,
+        help_text="A vision model: images in a message go to the engine as images (vLLM's multimodal input). "
+        "Otherwise the model gets the text OCR read in them, and is told so.",
+    )
+    image_tokens = models.PositiveIntegerField(
+        default=576,
+        validators=[MinValueValidator(1)],
+        help_text="About how many prompt tokens one image takes in this model, held against the window "
+        "and the plan's limits before the engine reports the exact count (which is what is charged).",
+    )
     # Declared here, pointing down at accounts' tiers; the table is the one accounts made when it held
     # the list (`tier.deployments` reads it from the tier's side).
     tiers = models.ManyToManyField(
@@ -233,6 +244,9 @@ class Generation(models.Model):
         default=False,
         help_text="Answered from the semantic response cache: `text` is an earlier answer, played back; no engine ran.",
     )
+    image_count = models.PositiveSmallIntegerField(
+        default=0, help_text="Images that go to the engine with the prompt (GenerationImage), in order."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -250,6 +264,26 @@ class Generation(models.Model):
     @property
     def group_name(self) -> str:
         return f"generation.{self.id}"
+
+
+class GenerationImage(models.Model):
+    """An image a generation's prompt shows a vision model, as the service cleaned it (decoded within
+    its sender's plan and encoded again: no metadata); the worker that runs the generation reads it
+    from here, so the image needs nothing but the database to reach a worker on another host."""
+
+    generation = models.ForeignKey(Generation, on_delete=models.CASCADE, related_name="images")
+    ordinal = models.PositiveSmallIntegerField()
+    content_type = models.CharField(max_length=32)
+    data = models.BinaryField()
+
+    class Meta:
+        ordering = ["generation_id", "ordinal"]
+        constraints = [
+            models.UniqueConstraint(fields=["generation", "ordinal"], name="generation_image_ordinal_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"image {self.ordinal} of generation {self.generation_id}"
 
 
 class ProcessHeartbeat(models.Model):

@@ -16,7 +16,8 @@ from chatsite.parsers import JsonObject
 from chatsite.queries import update_returning
 from inference.backend import generation_abort, generation_dispatch
 from inference.caching import CachedAnswer
-from inference.models import Generation, GenerationId, ModelDeployment
+from inference.engine.base import PromptImage
+from inference.models import Generation, GenerationId, GenerationImage, ModelDeployment
 from inference.scheduling import effective_priority
 from inference.selectors import deployment_get_cached, generation_queued_count
 from inference.signals import generation_finished, generation_started
@@ -56,8 +57,12 @@ def generation_create(
     purpose: str = Generation.Purpose.ANSWER,
     routing_reason: str = "",
     cached: CachedAnswer | None = None,
+    images: Sequence[PromptImage] = (),
 ) -> Generation:
     """A queued generation; dispatched to an engine once the caller's transaction commits.
+
+    `images`: what a vision deployment's prompt shows, in the order of its image placeholders, each
+    already cleaned by the service (documents.imaging); kept beside the row for the worker to read.
 
     `awaiting_verdict`: hold its text until input moderation's verdict on its message is in. It is
     dispatched all the same, so the engine computes the answer while the message is scored; the
@@ -84,7 +89,13 @@ def generation_create(
         cached=cached is not None,
         text=cached.text if cached is not None else "",
         completion_tokens=cached.completion_tokens if cached is not None else 0,
+        image_count=len(images),
     )
+    if images:
+        GenerationImage.objects.bulk_create(
+            GenerationImage(generation=generation, ordinal=i, content_type=image.content_type, data=image.data)
+            for i, image in enumerate(images)
+        )
     order = generation_order(generation, tier_id=tier_id)
     transaction.on_commit(
         lambda: generation_dispatch(
@@ -150,6 +161,8 @@ def generation_order(generation: Generation, *, tier_id: int | None = None) -> J
     }
     if generation.cached:
         order["cached"] = {"text": generation.text, "completion_tokens": generation.completion_tokens}
+    if generation.image_count:
+        order["image_count"] = generation.image_count
     return order
 
 
@@ -168,7 +181,16 @@ def generation_from_order(*, generation_id: GenerationId, order: JsonObject) -> 
         cached="cached" in order,
         text=order["cached"]["text"] if "cached" in order else "",
         completion_tokens=order["cached"]["completion_tokens"] if "cached" in order else 0,
+        image_count=int(order.get("image_count") or 0),
     )
+
+
+def generation_images(*, generation_id: GenerationId) -> list[bytes]:
+    """The images a generation's prompt shows its engine, in order."""
+    return [
+        bytes(data)
+        for data in GenerationImage.objects.filter(generation_id=generation_id).values_list("data", flat=True)
+    ]
 
 
 def generation_claim(*, generation_id: GenerationId, worker: str, again: bool = False) -> Generation | None:

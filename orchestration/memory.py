@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatsite.errors import ClientError
+from inference.engine.tokenizers import image_parts
 
 # How a project's instructions are marked inside the system turn: the person's words for the chats
 # of one project, read after their custom instructions (which hold for every chat).
@@ -52,7 +53,7 @@ SUMMARY_TEMPERATURE = 0.3
 # How a conversation's own system prompt is marked inside the system turn: the person's words.
 CONVERSATION_PROMPT_HEADING = "For this conversation, the user asks you to follow these instructions:"
 
-Render = Callable[[list[dict[str, str]]], list[int]]
+Render = Callable[[list[dict[str, Any]]], list[int]]
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,11 @@ class Turn:
     token_count: int = 0
     # The caller's name for the turn (a message's id): what a summary says it runs to.
     key: Any = None
+    # Images the turn shows a vision model, as placeholders before its text (`image_parts`).
+    images: int = 0
+
+    def message(self) -> dict[str, Any]:
+        return {"role": self.role, "content": image_parts(self.content, self.images)}
 
 
 @dataclass(frozen=True)
@@ -158,7 +164,7 @@ def prompt_assemble(
     if not turns:
         raise ValueError("a prompt needs at least one turn")
     reserve = max(min(max_output, max_context // 4), min_output)
-    newest = [{"role": turns[-1].role, "content": turns[-1].content}]
+    newest = [turns[-1].message()]
     last = len(turns) - 1
     # The summary may stand only for turns before the newest one.
     if memory is not None and not (memory.text.strip() and 0 < memory.covers <= last):
@@ -200,7 +206,7 @@ def prompt_assemble(
     floor = memory.covers if memory is not None and kept["summary"] else 0
 
     def ids_from(start: int) -> list[int]:
-        return render(system + [{"role": t.role, "content": t.content} for t in turns[start:]])
+        return render(system + [t.message() for t in turns[start:]])
 
     newest_only = ids_from(last)
     if len(newest_only) + min_output > max_context:

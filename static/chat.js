@@ -99,6 +99,35 @@
     return el;
   }
 
+  // A user message's images: each a thumbnail (its owner's only, served as an image and nothing else)
+  // and what OCR read in it, as text. The server renders the same on a reload.
+  function withImages(el, images) {
+    if (!images || !images.length) return el;
+    const box = document.createElement("div");
+    box.className = "message-images";
+    images.forEach(function (image) {
+      const figure = document.createElement("figure");
+      figure.className = "message-image";
+      figure.dataset.document = image.id;
+      const img = document.createElement("img");
+      img.src = "/api/files/" + encodeURIComponent(image.id) + "/thumbnail/";
+      img.alt = image.name;
+      img.loading = "lazy";
+      const caption = document.createElement("figcaption");
+      caption.textContent = imageCaption(image);
+      figure.append(img, caption);
+      box.appendChild(figure);
+    });
+    el.insertBefore(box, el.querySelector(".content"));
+    return el;
+  }
+
+  function imageCaption(image) {
+    if (!image.ocr_text) return image.name + " · no text found in it";
+    const sure = image.ocr_confidence === null || image.ocr_confidence === undefined ? "" : ", confidence " + Math.round(image.ocr_confidence) + "%";
+    return image.name + " · read from the image (OCR" + sure + "): " + image.ocr_text;
+  }
+
   function addNote(el, text, isError, kind) {
     const note = document.createElement("div");
     note.className = "note" + (isError ? " error" : "") + (kind ? " " + kind : "");
@@ -440,7 +469,14 @@
   function sendFrom(parent, text, replacing) {
     if (sending || regenerating || streams.size > 0) return false;
     showError("");
+    // The images attached for this message (static/chat/files.js): sent once each has been read.
+    const images = window.chatPage.imagesForSend ? window.chatPage.imagesForSend() : {ready: [], waiting: false};
+    if (images.waiting) {
+      showError("An image is still being read. Send the message once it shows as ready.");
+      return false;
+    }
     const payload = {type: "message.send", content: text, conversation: conversationId, client_id: newClientId()};
+    if (images.ready.length) payload.images = images.ready.map(function (image) { return image.id; });
     if (modelSelect) payload.model = modelSelect.value;  // another model: from this message on
     if (!conversationId && chat.dataset.project) payload.project = parseInt(chat.dataset.project, 10);  // a project's page
     if (conversationId && parent !== undefined) payload.parent = parent;
@@ -450,7 +486,7 @@
     sending = {
       payload: payload,
       removed: removed,
-      userEl: addMessage("user", text, "complete"),
+      userEl: withImages(addMessage("user", text, "complete"), images.ready),
       assistantEl: addMessage("assistant", "", "pending"),
     };
     setBusy(true);
@@ -467,7 +503,7 @@
   }
 
   // What the page's other scripts ask of this one (static/chat/tree.js: edits, Continue), loaded after it.
-  window.chatPage = {sendFrom: sendFrom, requestAnswer: requestAnswer, csrfToken: csrfToken};
+  window.chatPage = {sendFrom: sendFrom, requestAnswer: requestAnswer, csrfToken: csrfToken, imageCaption: imageCaption};
 
   input.addEventListener("keydown", function (event) {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {

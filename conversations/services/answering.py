@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from django.conf import settings
 from django.db import transaction
@@ -17,6 +18,7 @@ from accounts.services import (
     request_limits,
 )
 from conversations.citations import citations_record
+from conversations.images import content_with_image_text, image_blocks_of
 from conversations.models import Conversation, Message
 from conversations.prompts import AssembledPrompt, Memory, Turn, assemble_prompt
 from conversations.requests import is_row_id
@@ -29,6 +31,7 @@ from documents.retrieval import (
     retrieve_for_message,
 )
 from inference.caching import response_cache_probe
+from inference.engine.base import PromptImage
 from inference.engine.tokenizers import (
     continuation_ids,
     render_chat,
@@ -85,6 +88,7 @@ def answer_queue(
     text_before: str = "",
     routing_reason: str = "",
     cacheable: str = "",
+    images: list[PromptImage] | None = None,
 ) -> tuple[Generation, Admission]:
     """Pass the plan's gate, queue the answer's generation, and save `answer` pending. `prompt` is
     the one assembled for it. `touch_conversation`: move the conversation to the top of its owner's
@@ -102,7 +106,7 @@ def answer_queue(
         user=user,
         api_key=api_key,
         deployment=deployment,
-        prompt_tokens=len(prompt.token_ids),
+        prompt_tokens=len(prompt.token_ids) + len(images or ()) * deployment.image_tokens,
         max_tokens=prompt.max_tokens,
         limits=limits,
     )
@@ -133,6 +137,7 @@ def answer_queue(
         tier_id=limits.tier.id,
         routing_reason=routing_reason,
         cached=cache.hit if cache is not None else None,
+        images=images or (),
     )
     if cache is not None:
         cache.keep(generation_id=generation.id)
@@ -172,6 +177,14 @@ def prompt_for(
     instructions. `project_id`: the conversation's project, whose instructions follow the person's own."""
     tokenizer = tokenizer_for(deployment.model_path)
     turns = _turns_of(path)
+    if any(m.image_count for m in path):
+        # Earlier messages' images go as the text OCR read in them, whatever the model: only the
+        # message being answered shows a vision model its images.
+        blocks = image_blocks_of(message_ids=[m.id for m in path if m.image_count])
+        turns = [
+            replace(t, content=content_with_image_text(t.content, blocks[t.key])) if t.key in blocks else t
+            for t in turns
+        ]
     if new_turn is not None:
         turns.append(new_turn)
     tail = continuation_ids(tokenizer, continuing) if continuing else []

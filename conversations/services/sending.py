@@ -18,7 +18,15 @@ from accounts.services import (
 from chatsite.database import DatabaseCall
 from chatsite.errors import ClientError
 from conversations.branches import Tree
-from conversations.models import Conversation, Message
+from conversations.images import (
+    AttachedImage,
+    content_with_image_text,
+    image_block,
+    message_images_link,
+    message_images_resolve,
+    text_with_images,
+)
+from conversations.models import Conversation, Message, MessageImage
 from conversations.prompts import Turn
 from conversations.requests import ACTIVE_BRANCH, Parent, SendRequest
 from conversations.selectors import (
@@ -143,15 +151,19 @@ def message_send(
         earlier = _message_sent_earlier(user=user, client_id=client_id, conversation_id=conversation_id)
         if earlier is not None:
             return earlier
+    # The user's own images, read (their text known) before anything is saved; a clear refusal otherwise.
+    images = message_images_resolve(user=user, ids=request.images)
     if check is None:
         # Classified before the transaction opens, so no lock is held while the classifier runs.
-        check = InputCheck.decided(input_moderate(user=user, text=request.content))
+        check = InputCheck.decided(input_moderate(user=user, text=text_with_images(request.content, images)))
     # Before the transaction too: the search reads only the user's own files, whatever the id names.
     retrieved = passages_for(
         user_id=user.id, conversation_id=conversation_id, project_id=request.project_id, text=request.content
     )
     try:
-        return _message_save(user=user, request=request, check=check, api_key=api_key, retrieved=retrieved)
+        return _message_save(
+            user=user, request=request, check=check, api_key=api_key, retrieved=retrieved, images=images
+        )
     except IntegrityError:
         # The same id in a send that committed first (PostgreSQL made this one wait for it).
         if client_id is None:
@@ -180,7 +192,9 @@ async def message_send_checked(
         sent = await call(message_send)(user=user, request=request, api_key=api_key, check=check)
         return sent if sent.pending is None else await sent.pending.settled(call, check)
 
-    return await with_input_check(request.content, send)
+    # What the message's images say is judged with it.
+    images = await call(message_images_resolve)(user=user, ids=request.images) if request.images else []
+    return await with_input_check(text_with_images(request.content, images), send)
 
 
 def _parent_resolve(*, tree: Tree, conversation: Conversation, parent: Parent) -> int | None:
@@ -304,7 +318,13 @@ class _Blocked(Exception):
 
 
 def _message_save(
-    *, user: User, request: SendRequest, check: InputCheck, api_key: ApiKey | None, retrieved: Retrieved
+    *,
+    user: User,
+    request: SendRequest,
+    check: InputCheck,
+    api_key: ApiKey | None,
+    retrieved: Retrieved,
+    images: list[AttachedImage],
 ) -> SentMessage:
     # What an allowed message needs (its prompt, its rows, its generation and its charge on the rate
     # limits) does not depend on the verdict, so it is done while the scores may still be coming. A
@@ -312,14 +332,22 @@ def _message_save(
     # flagged in a second transaction: the rare path pays for the block, instead of every send paying
     # a savepoint's two round trips on the way to its first token.
     try:
-        return _message_save_allowed(user=user, request=request, check=check, api_key=api_key, retrieved=retrieved)
+        return _message_save_allowed(
+            user=user, request=request, check=check, api_key=api_key, retrieved=retrieved, images=images
+        )
     except _Blocked as blocked:
-        return _message_save_blocked(user=user, request=request, blocked=blocked)
+        return _message_save_blocked(user=user, request=request, blocked=blocked, images=images)
 
 
 @transaction.atomic
 def _message_save_allowed(
-    *, user: User, request: SendRequest, check: InputCheck, api_key: ApiKey | None, retrieved: Retrieved
+    *,
+    user: User,
+    request: SendRequest,
+    check: InputCheck,
+    api_key: ApiKey | None,
+    retrieved: Retrieved,
+    images: list[AttachedImage],
 ) -> SentMessage:
     """The message saved and its answer queued; raises `_Blocked` (after giving its charge back) when
     the verdict blocks it. A refusal (too long for the window, a limit reached) waits for the verdict
@@ -399,6 +427,7 @@ def _message_save_allowed(
                 parent_id=parent_id,
                 routing_reason=routed.reason,
                 retrieved=retrieved,
+                images=images,
             )
         except ClientError as exc:
             refused = exc
@@ -407,7 +436,7 @@ def _message_save_allowed(
             sent = queued.sent(conversation, created)
             held = HeldMessage(
                 user=user,
-                text=content,
+                text=text_with_images(content, images),
                 generations=[queued.generation],
                 admissions=[queued.admission],
                 tier_id=limits.tier.id,
@@ -431,7 +460,9 @@ def _message_save_allowed(
 
 
 @transaction.atomic
-def _message_save_blocked(*, user: User, request: SendRequest, blocked: _Blocked) -> SentMessage:
+def _message_save_blocked(
+    *, user: User, request: SendRequest, blocked: _Blocked, images: list[AttachedImage]
+) -> SentMessage:
     """A message input moderation blocked, saved flagged with its flag, and no answer. A conversation
     the message was to start is created here: the one its first transaction created was rolled back."""
     conversation, content = blocked.conversation, request.content
@@ -453,8 +484,12 @@ def _message_save_blocked(*, user: User, request: SendRequest, blocked: _Blocked
         status=Message.Status.FLAGGED,
         client_id=request.client_id,
         parent_id=None if created else blocked.parent_id,
+        image_count=len(images),
     )
-    flag_create(user=user, message=user_message, source="input", text=content, verdict=blocked.verdict)
+    message_images_link(message=user_message, images=images, sent_as=MessageImage.SentAs.TEXT)
+    flag_create(
+        user=user, message=user_message, source="input", text=text_with_images(content, images), verdict=blocked.verdict
+    )
     if not created:
         Conversation.objects.filter(id=conversation.id).update(updated_at=timezone.now(), active_leaf=user_message)
     return SentMessage(conversation, created, user_message, None, None, blocked_reason=blocked.verdict.explanation())
@@ -501,12 +536,30 @@ def _message_queue(
     parent_id: int | None,
     routing_reason: str = "",
     retrieved: Retrieved = NOTHING,
+    images: list[AttachedImage] | None = None,
 ) -> _QueuedAnswer:
     """The user's message saved after `parent_id`, and its answer queued, as if moderation lets it
-    through (`held`: shown only once the verdict lets it through, `inference.held`)."""
+    through (`held`: shown only once the verdict lets it through, `inference.held`).
+
+    Its `images` go to a vision deployment as images (each held against the window at the
+    deployment's `image_tokens` until the engine counts it), to any other as the text OCR read in
+    them, said to be that (`conversations.images.image_block`)."""
     content = request.content
+    images = images or []
     tokenizer = tokenizer_for(deployment.model_path)
-    new_turn = Turn(role=Message.Role.USER, content=content, token_count=count_tokens(tokenizer, content))
+    seen = bool(images) and deployment.accepts_images
+    turn_text = content_with_image_text(
+        content,
+        [] if seen else [image_block(name=i.name, ocr_text=i.ocr_text, confidence=i.ocr_confidence) for i in images],
+    )
+    new_turn = Turn(
+        role=Message.Role.USER,
+        content=turn_text,
+        token_count=count_tokens(tokenizer, turn_text),
+        images=len(images) if seen else 0,
+    )
+    if seen:
+        limits = replace(limits, max_context=limits.max_context - len(images) * deployment.image_tokens)
     path = tree.path_to(parent_id) if history else []
     prompt = prompt_for(
         user_id=conversation.user_id,
@@ -525,7 +578,11 @@ def _message_queue(
         token_count=new_turn.token_count,
         client_id=request.client_id,
         parent_id=parent_id,
+        image_count=len(images),
     )
+    if images:
+        sent_as = MessageImage.SentAs.IMAGE if seen else MessageImage.SentAs.TEXT
+        message_images_link(message=user_message, images=images, sent_as=sent_as)
     siblings = (*tree.children.get(parent_id, []), user_message.id)
     answer = Message(conversation=conversation, role=Message.Role.ASSISTANT, parent=user_message)
     generation, admission = answer_queue(
@@ -539,6 +596,7 @@ def _message_queue(
         touch_conversation=history,
         held=held,
         routing_reason=routing_reason,
+        images=[image.prompt_image() for image in images] if seen else [],
         # A first message with nothing personal in its prompt or sampling (no history, instructions,
         # project, conversation settings or files).
         cacheable=content
@@ -548,6 +606,7 @@ def _message_queue(
             or prompt.project_instructions_kept
             or _has_settings(conversation)
             or not retrieved.empty
+            or images
         )
         else "",
     )

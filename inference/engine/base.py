@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import io
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+import warnings
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +117,44 @@ class Delta:
 StateListener = Callable[[str, EngineState], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class PromptImage:
+    """An image a prompt shows a vision model: its bytes as the service encoded them, and their type."""
+
+    content_type: str
+    data: bytes
+
+
+# Images reach an engine host already cleaned by the service (decoded in a bounded child within the
+# sender's plan, encoded again); this bound only keeps a row edited by hand from becoming a bomb here.
+ENGINE_IMAGE_MAX_PIXELS = 100_000_000
+
+
+def engine_prompt(*, prompt_token_ids: list[int], images: Sequence[bytes] = ()) -> dict[str, Any]:
+    """What a request gives the engine, in vLLM's input format (`vllm.inputs.TokensPrompt`): the
+    prompt's token ids and, for a vision model, its images as PIL images under
+    `multi_modal_data["image"]`, in the order of the image placeholders the chat template wrote.
+    vLLM's processor expands each placeholder into the model's image tokens."""
+    prompt: dict[str, Any] = {"prompt_token_ids": prompt_token_ids}
+    if images:
+        prompt["multi_modal_data"] = {"image": [_decoded(data) for data in images]}
+    return prompt
+
+
+def _decoded(data: bytes) -> Any:
+    from PIL import Image
+
+    Image.MAX_IMAGE_PIXELS = ENGINE_IMAGE_MAX_PIXELS
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=["PNG", "JPEG", "WEBP"])
+            image.load()
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError, OSError, ValueError) as exc:
+        raise EngineRequestError(f"an image of the request could not be read: {type(exc).__name__}") from None
+    return image.convert("RGB")
+
+
 class EngineHostBase:
     """Loading, readiness and state listeners; a subclass opens its engine (`_open`) and streams."""
 
@@ -193,8 +233,10 @@ class EngineHostBase:
         prompt_token_ids: list[int],
         sampling: dict[str, Any],
         priority: int = 0,
+        images: Sequence[bytes] = (),
     ) -> AsyncGenerator[Delta, None]:
-        """Stream one request. Cancelling the consuming task aborts the request inside the engine."""
+        """Stream one request (`engine_prompt`'s input). Cancelling the consuming task aborts the
+        request inside the engine."""
         raise NotImplementedError
 
     def unfinished_requests(self) -> int:

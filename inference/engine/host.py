@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from chatsite.cpu import cpu_has_native_bf16
@@ -24,6 +24,7 @@ from inference.engine.base import (
     EngineState,
     EngineUnavailable,
     StateListener,
+    engine_prompt,
 )
 from inference.engine.sampling import sampling_params
 from inference.engine.scripted import ScriptedEngineHost
@@ -89,8 +90,10 @@ class EngineHost(EngineHostBase):
         prompt_token_ids: list[int],
         sampling: dict[str, Any],
         priority: int = 0,
+        images: Sequence[bytes] = (),
     ) -> AsyncGenerator[Delta, None]:
-        """Stream one request. Cancelling the consuming task aborts the request inside the engine."""
+        """Stream one request. Cancelling the consuming task aborts the request inside the engine.
+        The prompt's tokens are the count vLLM reports (a vision model's images expand into many)."""
         from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
 
@@ -103,10 +106,10 @@ class EngineHost(EngineHostBase):
         top_logprobs = sampling.get("logprobs")
         completion_tokens = 0
         prompt_tokens = len(prompt_token_ids)
+        prompt = TokensPrompt(**engine_prompt(prompt_token_ids=prompt_token_ids, images=images))  # type: ignore[typeddict-item]
         try:
-            async for output in self._engine.generate(
-                TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id, **kwargs
-            ):
+            async for output in self._engine.generate(prompt, params, request_id, **kwargs):
+                prompt_tokens = len(output.prompt_token_ids or ()) or prompt_tokens
                 choice = output.outputs[0]
                 completion_tokens += len(choice.token_ids)
                 yield Delta(

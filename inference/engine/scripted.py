@@ -17,6 +17,10 @@ What it writes:
   make it write the passage again, as does `[write on]` in the newest user turn (a long answer, as
   a person asking for a story gets: it ends only at `max_tokens`).
 
+Each request's input is kept exactly as vLLM would be given it (`inputs`, by request id: the
+prompt's token ids and, for a vision deployment, its images under `multi_modal_data`), for tests to
+read; each image counts IMAGE_TOKENS prompt tokens in what it reports, as a vision model's expand.
+
 It loads only the tokenizer (well under a second for the default model) and imports nothing of vLLM.
 """
 
@@ -26,10 +30,11 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import Any
 
-from inference.engine.base import Delta, EngineHostBase, EngineRequestError, EngineSpec
+from inference.engine.base import Delta, EngineHostBase, EngineRequestError, EngineSpec, engine_prompt
 from inference.engine.tokenizers import tokenizer_for
 
 PASSAGE = (
@@ -42,6 +47,11 @@ CALL_REQUEST = re.compile(r"\[call ([A-Za-z0-9_-]{1,64})\]")
 # In a user's turn, asks for an answer that goes on until `max_tokens`.
 WRITE_ON = "[write on]"
 QUOTED_CHARS = 80
+# What the scripted engine says one image took of the prompt, as vLLM reports a vision model's
+# expanded image tokens (a model's own figure is hundreds).
+IMAGE_TOKENS = 64
+# The engine inputs kept for a test to read (`inputs`), newest last.
+INPUTS_KEPT = 64
 SENTINEL = "\u2063scripted-user-turn\u2063"
 
 
@@ -53,6 +63,8 @@ class ScriptedEngineHost(EngineHostBase):
         self._tokenizer: Any = None
         self._user_turn: tuple[str, str] | None = None
         self._live: set[str] = set()
+        # Each request's input exactly as vLLM would be given it (`engine_prompt`), by request id.
+        self.inputs: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
     async def _open(self) -> None:
         self._tokenizer = await asyncio.to_thread(tokenizer_for, self.spec.model_path)
@@ -66,13 +78,17 @@ class ScriptedEngineHost(EngineHostBase):
         prompt_token_ids: list[int],
         sampling: dict[str, Any],
         priority: int = 0,
+        images: Sequence[bytes] = (),
     ) -> AsyncGenerator[Delta, None]:
         await self.wait_ready()
         request = ScriptedRequest.parse(sampling)
+        self.inputs[request_id] = engine_prompt(prompt_token_ids=prompt_token_ids, images=images)
+        while len(self.inputs) > INPUTS_KEPT:
+            self.inputs.popitem(last=False)
         if request.max_tokens is None:  # as vLLM: the rest of the window
             request.max_tokens = max(1, self.spec.max_context - len(prompt_token_ids))
         text, ended = self._answer(prompt_token_ids, request)
-        prompt_tokens = len(prompt_token_ids)
+        prompt_tokens = len(prompt_token_ids) + IMAGE_TOKENS * len(images)
         writer = StopWriter(request.stop, keep=request.include_stop)
         started = time.monotonic()
         self._live.add(request_id)

@@ -47,6 +47,8 @@ def render_chat(
     """Token ids of `messages` in the model's chat template, ending with the assistant's cue.
 
     `chat_template`: a deployment's own template (`chat_template_text`), in place of the model's.
+    A message's `content` may be a list of parts (`image_parts`) for a vision model: its template
+    writes each `{"type": "image"}` part as the model's image placeholder.
     `tools`: OpenAI function tools, which the template renders (the system turn, for most). An
     assistant turn's `tool_calls` reach the template with their arguments as objects, as vLLM gives
     them, since templates write them with `tojson`.
@@ -69,7 +71,16 @@ def render_chat(
 
 
 def _defused_message(message: dict[str, Any], specials: tuple[str, ...]) -> dict[str, Any]:
-    defused = {**message, "content": _defuse(message["content"] or "", specials)}
+    content = message["content"]
+    if isinstance(content, list):
+        # Content parts (a vision model's turn): its text parts defused, its image placeholders kept.
+        content = [
+            {**part, "text": _defuse(part["text"], specials)} if part.get("type") == "text" else part
+            for part in content
+        ]
+    else:
+        content = _defuse(content or "", specials)
+    defused = {**message, "content": content}
     if message.get("tool_calls"):
         # A special spelling can only sit inside a JSON string, so the JSON stays valid.
         defused["tool_calls"] = [
@@ -83,6 +94,14 @@ def _defused_message(message: dict[str, Any], specials: tuple[str, ...]) -> dict
             for call in message["tool_calls"]
         ]
     return defused
+
+
+def image_parts(text: str, images: int) -> list[dict[str, Any]] | str:
+    """A user turn's content for a vision model's chat template: an image part (its placeholder) for
+    each image, then the text, as Hugging Face's multimodal templates take them; plain text without images."""
+    if not images:
+        return text
+    return [*({"type": "image"} for _ in range(images)), {"type": "text", "text": text}]
 
 
 CHAT_TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "chat_templates"

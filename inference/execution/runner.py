@@ -28,7 +28,13 @@ from inference.execution.replay import replay_stream
 from inference.held import AnswerWithdrawn, HeldGates, held_verdict_wait
 from inference.models import Generation
 from inference.selectors import deployment_cached, deployment_get_cached, engine_spec_for
-from inference.services import generation_claim, generation_finish, generation_from_order, generation_mark_started
+from inference.services import (
+    generation_claim,
+    generation_finish,
+    generation_from_order,
+    generation_images,
+    generation_mark_started,
+)
 from inference.signals import generation_first_token
 from inference.streaming.streams import StreamPublisher, usage
 from moderation.services import CONTENT_FILTER, ContentFiltered, output_flag_create, output_monitor_for
@@ -287,6 +293,7 @@ class GenerationRun:
                 prompt_token_ids=generation.prompt_token_ids,
                 sampling=generation.sampling,
                 priority=generation.priority,
+                images=await db_async(generation_images)(generation_id=generation.id) if generation.image_count else (),
             )
         )
         async with aclosing(source) as deltas:
@@ -294,6 +301,8 @@ class GenerationRun:
             async for delta in deltas:
                 if monitor is None:
                     monitor = await self._first_text_may_show()
+                # As the engine counts them: a vision model's images expand into tokens of their own.
+                self.progress["prompt_tokens"] = max(self.progress["prompt_tokens"], delta.prompt_tokens)
                 self.progress["completion_tokens"] = delta.completion_tokens
                 self.progress["cached_tokens"] = max(self.progress["cached_tokens"], delta.cached_tokens)
                 await monitor.feed(delta.text, final=delta.finished)

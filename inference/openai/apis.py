@@ -29,10 +29,17 @@ from accounts.selectors import deployments_allowed_for_user
 from chatsite.database import db_async
 from chatsite.errors import ClientError
 from chatsite.parsers import request_body, validated_json_body
+from inference.images import image_part_parse
 from inference.openai import responding, wire
 from inference.openai.fields import SamplingFieldsSerializer, StopAndStreamOptions
 from inference.openai.ratelimits import with_rate_limits
-from inference.openai.services import completion_create_checked, newest_user_text
+from inference.openai.services import (
+    completion_create_checked,
+    content_text,
+    images_accepted_check,
+    images_read,
+    newest_user_text,
+)
 from inference.openai.tools import (
     ToolFieldsSerializer,
     tool_call_readers,
@@ -71,25 +78,58 @@ class ChatCompletionInputSerializer(StopAndStreamOptions, SamplingFieldsSerializ
             if content is None and calls.get("tool_calls"):  # an assistant's turn that only called tools
                 cleaned.append({"role": role, "content": None, **calls})
                 continue
-            if isinstance(content, list):  # content parts: text only
-                if not all(
-                    isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
-                ):
-                    raise serializers.ValidationError("Only text content parts are supported.")
-                content = "".join(p["text"] for p in content)
-            if not isinstance(content, str):
-                raise serializers.ValidationError("Each message's content must be a string or a list of text parts.")
-            if "\x00" in content:
+            if isinstance(content, list):  # content parts: text, and images in a user's turn
+                content = _content_parts(content, role=role)
+            if not isinstance(content, str | list):
+                raise serializers.ValidationError(
+                    "Each message's content must be a string or a list of text and image_url parts."
+                )
+            if "\x00" in (content if isinstance(content, str) else "".join(p.get("text", "") for p in content)):
                 raise serializers.ValidationError("Message content cannot contain NUL characters.")
             cleaned.append({"role": "system" if role == "developer" else role, "content": content, **calls})
-        if sum(len(m["content"] or "") for m in cleaned) > settings.API_MAX_PROMPT_CHARS:
+        if sum(len(content_text(m["content"])) for m in cleaned) > settings.API_MAX_PROMPT_CHARS:
             raise serializers.ValidationError(
                 f"The messages are longer than {settings.API_MAX_PROMPT_CHARS} characters."
             )
         return cleaned
 
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:
-        return tool_fields_check(super().validate(data))
+        data = tool_fields_check(super().validate(data))
+        # The images' sources come out of the messages, in order; each part stays as its placeholder.
+        sources = [
+            part.pop("source")
+            for m in data["messages"]
+            if isinstance(m["content"], list)
+            for part in m["content"]
+            if "source" in part
+        ]
+        if len(sources) > settings.API_MAX_IMAGES:
+            raise serializers.ValidationError({"messages": f"At most {settings.API_MAX_IMAGES} images a request."})
+        if sources:  # absent otherwise: a request without images is exactly what it was
+            data["images"] = sources
+        return data
+
+
+def _content_parts(parts: list[Any], *, role: str) -> str | list[dict[str, Any]]:
+    """A message's content parts: text parts joined (as before), or, where it holds images (a user's
+    turn only), the parts in order, each image an `{"type": "image"}` placeholder with its source."""
+    if not all(isinstance(p, dict) and p.get("type") in ("text", "image_url") for p in parts):
+        raise serializers.ValidationError("Content parts must be of type text or image_url.")
+    if not all(isinstance(p.get("text"), str) for p in parts if p["type"] == "text"):
+        raise serializers.ValidationError("A text part needs its 'text'.")
+    if not any(p["type"] == "image_url" for p in parts):
+        return "".join(p["text"] for p in parts)
+    if role != "user":
+        raise serializers.ValidationError("Images can be sent in a user's message only.")
+    try:
+        return [
+            {"type": "text", "text": p["text"]}
+            if p["type"] == "text"
+            else {"type": "image", "source": image_part_parse(p)}
+            for p in parts
+        ]
+    except ClientError as exc:
+        raise serializers.ValidationError(exc.message) from None
 
 
 def _error(exc: ClientError) -> JsonResponse:
@@ -110,6 +150,10 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     try:
         user, api_key = await db_async(api_key_caller)(request, scope="chat")
         data = validated_json_body(request_body(request), ChatCompletionInputSerializer)
+        if data.get("images"):
+            # A model that takes no images is refused before any image is fetched or decoded.
+            await db_async(images_accepted_check)(model=data["model"])
+            data["images"] = await asyncio.to_thread(images_read, user=user, sources=data["images"])
         # Scored once the completion is committed held: the engine starts on it meanwhile.
         generations = await completion_create_checked(
             db_async, user=user, api_key=api_key, request=data, text=newest_user_text(data)

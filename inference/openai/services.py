@@ -11,16 +11,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Q
 
 from accounts.models import ApiKey, User
+from accounts.selectors import tier_for_user
 from accounts.services import Admission, RequestLimits, request_admit, request_limits, request_size_check
 from chatsite.database import DatabaseCall
 from chatsite.errors import ClientError
 from chatsite.parsers import JsonObject
 from inference.caching import CacheProbe, response_cache_probe
+from inference.engine.base import PromptImage
 from inference.engine.tokenizers import Tokenizer, render_chat, tokenizer_for
 from inference.held import HeldAnswer, with_input_check
+from inference.hooks import ImageRead, image_read
+from inference.images import ImageSource, image_fetch
 from inference.models import Generation, ModelDeployment
 from inference.openai.fields import choice_seed, completion_sampling, token_ids_check
 from inference.openai.tools import tool_sampling, tools_check, tools_in_prompt
@@ -29,18 +34,66 @@ from inference.services import generation_admit, generation_create
 from moderation.services import InputCheck, Verdict, input_moderate
 
 
+def content_text(content: str | list[JsonObject] | None) -> str:
+    """A message's text: its content, or its text parts' (a turn with images)."""
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content)
+    return content or ""
+
+
 def newest_user_text(request: JsonObject) -> str:
     """What input moderation judges in a chat completion: its newest user message and the tool
-    results after it, the turn's new input from the client's tools. A conversation with no user
-    message (a system prompt alone, which vLLM answers too) is judged whole: its text is all the
-    input there is."""
+    results after it, the turn's new input from the client's tools, and what its images say (the
+    text OCR read in them). A conversation with no user message (a system prompt alone, which vLLM
+    answers too) is judged whole: its text is all the input there is."""
     texts: list[str] = []
+    read = [image.text for image in request.get("images") or () if isinstance(image, ImageRead) and image.text]
     for message in reversed(request["messages"]):
         if message["role"] == "user":
-            return "\n\n".join([message["content"], *reversed(texts)])
+            return "\n\n".join([content_text(message["content"]), *reversed(texts), *read])
         if message["role"] == "tool":
             texts.append(message["content"])
-    return "\n\n".join(m["content"] for m in request["messages"] if m["content"])
+    return "\n\n".join([*(content_text(m["content"]) for m in request["messages"] if m["content"]), *read])
+
+
+def images_accepted_check(*, model: str) -> None:
+    """Before any image is fetched or decoded: a 404 for a model no deployment answers to, a 400 for
+    images sent to a model none of whose deployments takes them (routing checks the one it picks)."""
+    named = ModelDeployment.objects.filter(Q(public_name=model) | Q(name=model), is_enabled=True)
+    if not named.exists():
+        if model != AUTO_MODEL:
+            raise ClientError(f"The model '{model}' does not exist.", code="model_not_found", param="model", status=404)
+    elif not named.filter(accepts_images=True).exists():
+        raise _images_refused(model)
+
+
+# The name that asks the router to choose (orchestration.routing), which sits above this layer.
+AUTO_MODEL = "auto"
+
+
+def _images_refused(model: str) -> ClientError:
+    return ClientError(
+        f"The model '{model}' does not accept images: send text content parts only, or choose a vision model.",
+        code="images_not_supported",
+        param="messages",
+    )
+
+
+def images_read(*, user: User, sources: list[ImageSource]) -> list[ImageRead]:
+    """Each image of a request, fetched where it is an address (inference.images), cleaned within the
+    user's plan and its text read (the layer above's reader, `inference.hooks`)."""
+    read = []
+    try:
+        for source in sources:
+            data = source.data
+            if data is None:
+                data = image_fetch(source.url, max_bytes=tier_for_user(user=user).max_image_bytes)
+            read.append(image_read(user=user, data=data))
+    finally:
+        # Called in a thread of its own (the reading takes seconds, which no database thread should
+        # wait out): the connection its reads opened is closed with it.
+        connection.close()
+    return read
 
 
 @dataclass(frozen=True)
@@ -132,6 +185,8 @@ def _completion_queue(*, user: User, api_key: ApiKey | None, request: JsonObject
     # orchestration.routing: 404 model_not_found, 403 model_not_allowed, 503 when none can take it.
     routed = deployment_route(user=user, model=request["model"], prompt_tokens=prompt_tokens)
     deployment = routed.deployment
+    if request.get("images") and not deployment.accepts_images:
+        raise _images_refused(deployment.name)
     tools_check(request, deployment=deployment)
     limits = request_limits(user=user, deployment=deployment, api_key=api_key)
     # Before the prompt is tokenized or its verdict asked for (which starts the scoring).
@@ -178,7 +233,7 @@ def _prompt_chars(request: JsonObject) -> int:
     if "prompt" in request:  # a text completion (/v1/completions): its prompt is text or token ids
         return len(request["prompt"])
     calls = (c["function"]["arguments"] for m in request["messages"] for c in m.get("tool_calls") or ())
-    return sum(len(m["content"] or "") for m in request["messages"]) + sum(len(a) for a in calls)
+    return sum(len(content_text(m["content"])) for m in request["messages"]) + sum(len(a) for a in calls)
 
 
 def _prompt_ids(tokenizer: Tokenizer, request: JsonObject, *, deployment: ModelDeployment) -> list[int]:
@@ -217,7 +272,10 @@ def _completion_generations(
     Without `max_tokens`, the answer may use the rest of the window, within the plan's output cap,
     as OpenAI and vLLM allow (the chat page's shorter default budget is for people, not clients)."""
     asked = request.get("max_completion_tokens") or request.get("max_tokens")
-    needed = len(prompt) + (asked or settings.INFERENCE_MIN_OUTPUT_TOKENS)
+    images = [PromptImage(image.content_type, image.data) for image in request.get("images") or ()]
+    # An image's tokens are the engine's to count (that count is charged); until then, the model's estimate.
+    image_tokens = len(images) * deployment.image_tokens
+    needed = len(prompt) + image_tokens + (asked or settings.INFERENCE_MIN_OUTPUT_TOKENS)
     if needed > limits.max_context:
         _tools_fit_check(
             request,
@@ -234,7 +292,7 @@ def _completion_generations(
             code="context_length_exceeded",
             param="max_tokens" if asked and len(prompt) < limits.max_context else "messages",
         )
-    max_tokens = asked or min(limits.output_cap, limits.max_context - len(prompt))
+    max_tokens = asked or min(limits.output_cap, limits.max_context - len(prompt) - image_tokens)
     token_ids_check(request, vocab_size=len(tokenizer), max_tokens=max_tokens)
     generation_admit(deployment=deployment)
     sampling = completion_sampling(request=request, deployment=deployment)
@@ -247,7 +305,7 @@ def _completion_generations(
             user=user,
             api_key=api_key,
             deployment=deployment,
-            prompt_tokens=len(prompt),
+            prompt_tokens=len(prompt) + image_tokens,
             max_tokens=max_tokens,
             limits=limits,
         )
@@ -264,6 +322,7 @@ def _completion_generations(
                 tier_id=limits.tier.id,
                 routing_reason=routing_reason,
                 cached=cache.hit if cache is not None else None,
+                images=images,
             )
         )
         if cache is not None:

@@ -26,6 +26,7 @@
   }
 
   function chipFor(file) {
+    if (file.kind === "image") pendingImages.set(file.id, file);
     let chip = attachments.querySelector('.chip[data-document="' + file.id + '"]');
     if (!chip) {
       chip = document.createElement("span");
@@ -40,8 +41,10 @@
     chip.dataset.document = file.id;
     chip.dataset.status = file.status;
     chip.querySelector(".chip-name").textContent = file.name + (file.library ? " (library)" : "");
+    if (file.kind === "image") chip.classList.add("image");
     chip.querySelector(".chip-status").textContent =
-      file.status === "ready" ? "ready" + (file.withheld_count ? " · " + file.withheld_count + " passage(s) held back" : "")
+      file.status === "ready" && file.kind === "image" ? "ready · " + window.chatPage.imageCaption(file)
+        : file.status === "ready" ? "ready" + (file.withheld_count ? " · " + file.withheld_count + " passage(s) held back" : "")
         : file.status === "failed" ? "failed: " + file.error
         : "processing " + (file.progress || 0) + "%";
     return chip;
@@ -55,10 +58,34 @@
       })
       .then(function (file) {
         if (!file) return;
+        if (file.kind === "image" && !pendingImages.has(file.id)) return;  // sent with a message meanwhile
         chipFor(file);
         if (file.status === "queued" || file.status === "processing") setTimeout(function () { follow(id); }, 700);
       }, function () { setTimeout(function () { follow(id); }, 2000); });
   }
+
+  // Images attached for the next message, by id, with what the server said of each.
+  const IMAGE_TYPES = ["image/png", "image/jpeg", "image/webp", "image/gif"];
+  const pendingImages = new Map();
+
+  function isImage(file) {
+    return IMAGE_TYPES.indexOf(file.type) >= 0 || /\.(png|jpe?g|webp|gif)$/i.test(file.name || "");
+  }
+
+  // What chat.js sends with a message: the images read so far, or that one is still being read.
+  // Once taken, they belong to the message and leave the attachments.
+  window.chatPage.imagesForSend = function () {
+    const images = Array.from(pendingImages.values());
+    const waiting = images.some(function (file) { return file.status !== "ready" && file.status !== "failed"; });
+    if (waiting) return {ready: [], waiting: true};
+    const ready = images.filter(function (file) { return file.status === "ready"; });
+    ready.forEach(function (file) {
+      pendingImages.delete(file.id);
+      const chip = attachments.querySelector('.chip[data-document="' + file.id + '"]');
+      if (chip) chip.remove();
+    });
+    return {ready: ready, waiting: false};
+  };
 
   function upload(file) {
     if (!file) return;
@@ -95,6 +122,13 @@
   });
   chat.addEventListener("dragleave", function (event) {
     if (event.target === chat) chat.classList.remove("drop-active");
+  });
+  // A pasted image (a screenshot) is attached as a dropped one is; pasted text stays the browser's.
+  document.addEventListener("paste", function (event) {
+    const files = event.clipboardData ? Array.from(event.clipboardData.files || []).filter(isImage) : [];
+    if (!files.length) return;
+    event.preventDefault();
+    files.forEach(upload);
   });
   chat.addEventListener("drop", function (event) {
     if (!event.dataTransfer || !event.dataTransfer.files.length) return;

@@ -46,6 +46,8 @@ ENDPOINTS = {
     "api/files/": ("GET", None),
     "api/files/search/": ("GET", None),
     "api/files/<int:document_id>/": ("GET", None),
+    "api/files/<int:document_id>/image/": ("GET", None),
+    "api/files/<int:document_id>/thumbnail/": ("GET", None),
 }
 # Served without a key, by design: the API's own description.
 OPEN = {"api/schema/", "api/docs/"}

@@ -75,7 +75,19 @@ def valid_or(*valid: Any) -> st.SearchStrategy[Any]:
 chat_messages = st.lists(
     fields(
         {"role": valid_or("user", "system", "assistant", "developer")},
-        {"content": valid_or("Hello", "", [{"type": "text", "text": "Hi"}])},
+        {
+            "content": valid_or(
+                "Hello",
+                "",
+                [{"type": "text", "text": "Hi"}],
+                # Images: a data URL that is no image, an address (off by default, and a private one).
+                [
+                    {"type": "text", "text": "Hi"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                ],
+                [{"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/meta-data"}}],
+            )
+        },
     ),
     max_size=3,
 )

@@ -107,7 +107,7 @@ INFERENCE_LAYERS = {
     "core": [
         *("inference.models", "inference.signals", "inference.selectors", "inference.services", "inference.held"),
         *("inference.heartbeats", "inference.backend", "inference.caching", "inference.scheduling"),
-        "inference.defaults",
+        *("inference.defaults", "inference.hooks", "inference.images"),
     ],
     "streaming": ["inference.streaming"],
     "execution": ["inference.execution"],

@@ -36,6 +36,14 @@ def test_the_runtime_runs_as_an_unprivileged_user_with_a_health_check():
     assert 'ENTRYPOINT ["/app/deploy/entrypoint.sh"]' in runtime
 
 
+def test_every_image_has_tesseract_for_ocr_and_the_makefile_installs_it_for_the_tests():
+    # In the base stage, so the web and documents roles alike can read images and scanned pages.
+    assert re.search(r"apt-get install[^&]*tesseract-ocr tesseract-ocr-eng", stages()["base"])
+    makefile = (ROOT / "Makefile").read_text()
+    test_target = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    assert "apt-get install -y -qq tesseract-ocr tesseract-ocr-eng" in test_target
+
+
 def test_static_files_and_the_default_model_are_prepared_at_build_time():
     build = stages()["build"]
     assert "manage.py collectstatic --noinput" in build

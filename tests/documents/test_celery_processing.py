@@ -14,6 +14,7 @@ from documents.models import Chunk, Document
 from tests.documents.test_answering import FACT
 from tests.documents.test_apis import a_file, client_for
 from tests.helpers.engines import CeleryWorker
+from tests.helpers.images import encoded, needs_tesseract, scanned_pdf, text_image
 
 pytestmark = [
     pytest.mark.topology,
@@ -45,11 +46,47 @@ def test_a_file_uploaded_through_the_api_is_processed_by_a_documents_worker(alic
         time.sleep(0.5)
 
     detail = client.get(f"/api/files/{document_id}/").json()
-    assert (detail["status"], detail["progress"], detail["chunk_count"]) == ("ready", 100, 1)
+    assert (detail["status"], detail["progress"], detail["chunk_count"]) == ("ready", 100, 1), detail["error"]
     assert Chunk.objects.filter(document_id=document_id, owner=alice).count() == 1
     found = client.get("/api/files/search/", {"q": "harbour master"}).json()["results"]
     assert [r["file"] for r in found] == ["harbour.md"] and found[0]["passage"] == FACT
     assert client_for(bob).get("/api/files/search/", {"q": "harbour master"}).json() == {"results": []}
+
+
+@needs_tesseract
+def test_an_image_and_a_scanned_pdf_are_read_by_ocr_on_a_documents_worker(alice, bob, documents_worker):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from accounts.models import Tier
+    from documents.models import TierDocumentLimits
+
+    # The worker's first file loads the embedding model as well: on a busy machine that alone can
+    # take the free plan's minute.
+    TierDocumentLimits.objects.update_or_create(
+        tier=Tier.objects.get(name="free"), defaults={"processing_seconds": 600}
+    )
+    client = client_for(alice)
+    ids = []
+    for name, data in (
+        ("sign.png", encoded(text_image(["HARBOUR MASTER 1903", "ELIZA QUENNELL"]), "PNG")),
+        ("scan.pdf", scanned_pdf(["TIDE TABLES KEPT", "BY THE HARBOUR OFFICE"])),
+    ):
+        response = client.post("/api/files/", {"file": SimpleUploadedFile(name, data)}, format="multipart")
+        assert response.status_code == 201, response.json()
+        ids.append(response.json()["id"])
+    deadline = time.monotonic() + 240
+    while Document.objects.filter(id__in=ids, status__in=("queued", "processing")).exists():
+        assert documents_worker.process.poll() is None, f"the worker exited; see {documents_worker.log.name}"
+        assert time.monotonic() < deadline, f"not processed in 240 s; see {documents_worker.log.name}"
+        time.sleep(0.5)
+    image, scan = (client.get(f"/api/files/{i}/").json() for i in ids)
+    assert image["status"] == "ready", image["error"]
+    assert "ELIZA QUENNELL" in image["ocr_text"] and image["ocr_confidence"] > 70
+    assert scan["status"] == "ready", scan["error"]
+    assert scan["ocr_pages"] == 1 and "TIDE TABLES" in scan["ocr_text"]
+    found = client.get("/api/files/search/", {"q": "harbour master 1903"}).json()["results"]
+    assert found[0]["file"] == "sign.png" and found[0]["heading"].startswith("Read from the image by OCR")
+    assert client_for(bob).get(image["thumbnail_url"]).status_code == 404
 
 
 def test_on_the_worker_a_users_slow_file_holds_up_no_one_and_deleting_it_stops_it(alice, bob, documents_worker):
