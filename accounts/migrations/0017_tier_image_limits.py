@@ -13,7 +13,7 @@ def set_image_limits(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("accounts", "0015_verified_email"),
+        ("accounts", "0016_identity_providers_and_passkeys"),
     ]
 
     operations = [
