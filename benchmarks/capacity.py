@@ -4,10 +4,11 @@ N users, each sending a message and following its answer to the end, then the ne
 loop), while the engine is replaced by a token source that writes --rate tokens a second
 (benchmarks/token_source.py: its first token says it is not a model). The point is the web tier's
 cost: the socket or event stream, the consumer, the channel layer, the runner where it runs in the
-web process. Moderation is off for the benchmark's tier (its cost is `benchmark-moderation`'s), as
-are its limits. The clients run in --client-processes processes of their own
-(`benchmarks/capacity_clients.py`), over --protocol: the chat socket (`ws`), `/v1/chat/completions`'
-server-sent events (`sse`) or the conversations API's (`conversations`).
+web process. Moderation is off for the benchmark's tier (input moderation's cost is
+`benchmark-moderation`'s; --moderate-output scores the answers), as are its limits. The clients run
+in --client-processes processes of their own (`benchmarks/capacity_clients.py`), over --protocol:
+the chat socket (`ws`), `/v1/chat/completions`' server-sent events (`sse`) or the conversations
+API's (`conversations`).
 
 N starts at --start and grows by --factor each stage until the delivery lag's p99 (a token made →
 its text received by the client) passes --lag-ms, or a web process uses --cpu-limit of a core; or
@@ -57,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--protocol", choices=["ws", "sse", "conversations"], default="ws", help="the way out")
     parser.add_argument("--web-processes", type=int, default=1, help="web processes behind the streams (redis)")
     parser.add_argument("--client-processes", type=int, default=2, help="processes running the clients")
+    parser.add_argument(
+        "--moderate-output", action="store_true", help="score the answers as they stream (output moderation's cost)"
+    )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -80,6 +84,8 @@ def _run_layer_process(layer: str, args: argparse.Namespace) -> dict:
         argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if args.streams:
         argv += ["--streams", args.streams]
+    if args.moderate_output:
+        argv.append("--moderate-output")
     env = _layer_environment(layer)
     process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     last = {}
@@ -142,7 +148,12 @@ def _prepare(args: argparse.Namespace) -> dict[str, list[int]]:
     ModerationPolicy.objects.filter(id__in=policies).update(is_active=False)
     ModerationPolicy.objects.update_or_create(
         name="capacity-benchmark",
-        defaults={"tier": enterprise, "is_active": True, "moderate_input": False, "moderate_output": False},
+        defaults={
+            "tier": enterprise,
+            "is_active": True,
+            "moderate_input": False,
+            "moderate_output": args.moderate_output,
+        },
     )
     policy_cache_invalidate()
     return {"deployments": others, "policies": policies}
