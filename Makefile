@@ -53,7 +53,7 @@ migrate: install
 # DJANGO_BEHIND_PROXY (chatsite/proxies.py). The Procfile's web process is started the same way.
 run: model migrate
 	@echo "Serving on http://$(HOST):$(PORT)/ (the model loads in the background; the page says when it is ready)"
-	$(VENV)/bin/uvicorn chatsite.asgi:application --host $(HOST) --port $(PORT) --lifespan on --ws websockets --timeout-graceful-shutdown 10 --no-proxy-headers
+	$(VENV)/bin/uvicorn chatsite.asgi:application --host $(HOST) --port $(PORT) --lifespan on --ws websockets --ws-per-message-deflate false --timeout-graceful-shutdown 10 --no-proxy-headers
 
 # The production topology on one machine: a web process and a GPU worker, joined by the local
 # PostgreSQL and Redis. Scale out with more of each (honcho start -c web=2,worker=1 or separate hosts).

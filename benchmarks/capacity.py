@@ -1,24 +1,30 @@
-"""How many live answer streams one web process carries.
+"""How many live answer streams one web process carries, and what each process spends a token.
 
-N chat sockets, each sending a message and following its answer to the end, then the next (a
-closed loop), while the engine is replaced by a token source that writes --rate tokens a second
+N users, each sending a message and following its answer to the end, then the next (a closed
+loop), while the engine is replaced by a token source that writes --rate tokens a second
 (benchmarks/token_source.py: its first token says it is not a model). The point is the web tier's
-cost: the socket, the consumer, the channel layer, the runner where it runs in the web process.
-Moderation is off for the benchmark's tier (its cost is `benchmark-moderation`'s), as are its limits.
+cost: the socket or event stream, the consumer, the channel layer, the runner where it runs in the
+web process. Moderation is off for the benchmark's tier (input moderation's cost is
+`benchmark-moderation`'s; --moderate-output scores the answers), as are its limits. The clients run
+in --client-processes processes of their own (`benchmarks/capacity_clients.py`), over --protocol:
+the chat socket (`ws`), `/v1/chat/completions`' server-sent events (`sse`) or the conversations
+API's (`conversations`).
 
 N starts at --start and grows by --factor each stage until the delivery lag's p99 (a token made →
-its text received by the client) passes --lag-ms, or the web process uses --cpu-limit of a core;
-each stage is measured over --stage-s after its sockets are all streaming. Printed per stage: N, lag
-p50/p99, the web process's CPU (share of one core) and its CPU per stream, the client's own CPU
-(it shares the machine), then `RESULT` with the N reached per layer.
+its text received by the client) passes --lag-ms, or a web process uses --cpu-limit of a core; or
+--streams names the stages (`1,100,500`), each measured whatever the one before it showed. Each
+stage is measured over --stage-s after its streams are all under way. Printed per stage: N, lag
+p50/p90/p99, the busiest web process's share of a core, the web processes' and the worker's CPU
+per token received (ms), the tokens received a second; then `RESULT` per layer.
 
 Layers: `memory` is the embedded default (SQLite, in-memory channel layer, the runner in the web
 process, in a temporary data folder); `redis` is the production topology (DATABASE_URL's PostgreSQL,
-REDIS_URL's Redis, the runner in a Celery worker: the web process only follows). `both` runs each
-in a process of its own.
+REDIS_URL's Redis, the runner in a Celery worker: --web-processes web processes only follow, each
+stream on one of them in turn). `both` runs each in a process of its own.
 
     python -m benchmarks capacity --layer both
-    DATABASE_URL=postgres://… REDIS_URL=redis://…/N python -m benchmarks capacity --layer redis
+    DATABASE_URL=postgres://… REDIS_URL=redis://…/N python -m benchmarks capacity --layer redis \
+        --streams 1,100,500 --protocol sse --web-processes 2
 """
 
 from __future__ import annotations
@@ -27,19 +33,15 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 from benchmarks.harness import ROOT, pct, result
-from benchmarks.token_source import TICKS_MODULO, TICKS_PER_S, ticks_now
 
 DEPLOYMENT = "capacity-token-source"
-TICK = re.compile(r"t(\d+)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stage-s", type=float, default=8, help="seconds measured per stage (default 8)")
     parser.add_argument("--lag-ms", type=float, default=100, help="the p99 delivery lag that ends the run")
     parser.add_argument("--cpu-limit", type=float, default=0.9, help="the web process's share of a core that ends it")
+    parser.add_argument("--streams", default="", help="measure exactly these N, comma-separated (e.g. 1,100,500)")
+    parser.add_argument("--protocol", choices=["ws", "sse", "conversations"], default="ws", help="the way out")
+    parser.add_argument("--web-processes", type=int, default=1, help="web processes behind the streams (redis)")
+    parser.add_argument("--client-processes", type=int, default=2, help="processes running the clients")
+    parser.add_argument(
+        "--moderate-output", action="store_true", help="score the answers as they stream (output moderation's cost)"
+    )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -70,8 +79,13 @@ def run(args: argparse.Namespace) -> None:
 
 def _run_layer_process(layer: str, args: argparse.Namespace) -> dict:
     argv = [sys.executable, "-m", "benchmarks", "capacity", "--json", "--layer", layer]
-    for name in ("rate", "tokens", "start", "factor", "max_streams", "stage_s", "lag_ms", "cpu_limit"):
+    names = ("rate", "tokens", "start", "factor", "max_streams", "stage_s", "lag_ms", "cpu_limit", "protocol")
+    for name in (*names, "web_processes", "client_processes"):
         argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    if args.streams:
+        argv += ["--streams", args.streams]
+    if args.moderate_output:
+        argv.append("--moderate-output")
     env = _layer_environment(layer)
     process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     last = {}
@@ -134,7 +148,12 @@ def _prepare(args: argparse.Namespace) -> dict[str, list[int]]:
     ModerationPolicy.objects.filter(id__in=policies).update(is_active=False)
     ModerationPolicy.objects.update_or_create(
         name="capacity-benchmark",
-        defaults={"tier": enterprise, "is_active": True, "moderate_input": False, "moderate_output": False},
+        defaults={
+            "tier": enterprise,
+            "is_active": True,
+            "moderate_input": False,
+            "moderate_output": args.moderate_output,
+        },
     )
     policy_cache_invalidate()
     return {"deployments": others, "policies": policies}
@@ -171,7 +190,9 @@ def _sessions(count: int) -> list[str]:
     return cookies
 
 
-def _start(layer: str, port: int, workers: int, logs: Path) -> list[subprocess.Popen]:
+def _start(layer: str, ports: list[int], workers: int, logs: Path) -> list[subprocess.Popen]:
+    """The web processes, one a port, then (on Redis) the worker."""
+
     def spawn(argv: list[str], log: str) -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "-m", "benchmarks.token_source", *argv],
@@ -181,7 +202,7 @@ def _start(layer: str, port: int, workers: int, logs: Path) -> list[subprocess.P
             start_new_session=True,
         )
 
-    processes = [spawn(["web", "--port", str(port)], "capacity-web.log")]
+    processes = [spawn(["web", "--port", str(port)], f"capacity-web-{i}.log") for i, port in enumerate(ports)]
     if layer == "redis":
         processes.append(
             spawn(["worker", "--queue", f"gpu.{DEPLOYMENT}", "--concurrency", str(workers)], "capacity-worker.log")
@@ -189,52 +210,45 @@ def _start(layer: str, port: int, workers: int, logs: Path) -> list[subprocess.P
     return processes
 
 
-class Stream:
-    """One user's socket: a message, its answer followed to the end, the next message."""
+def _credentials(protocol: str, count: int) -> list[str]:
+    """`count` users of the benchmark's tier: a session cookie each for the socket, an API key each for
+    the event streams (made anew each run: a key is shown only once)."""
+    if protocol == "ws":
+        return _sessions(count)
+    from django.contrib.auth import get_user_model
 
-    def __init__(self, url: str, cookie: str, origin: str) -> None:
-        self.url, self.cookie, self.origin = url, cookie, origin
-        self.lags_ms: list[tuple[float, float]] = []  # (when received, lag)
-        self.streaming = asyncio.Event()
-        self.errors = 0
+    from accounts.models import ApiKey, Tier
+    from accounts.services import api_key_create
 
-    async def run(self, stop: asyncio.Event) -> None:
-        import websockets
+    users = get_user_model()
+    enterprise = Tier.objects.get(name="enterprise")
+    keys = []
+    for i in range(count):
+        user, _ = users.objects.get_or_create(username=f"capacity-{i}", defaults={"tier": enterprise})
+        if user.tier_id != enterprise.id:
+            users.objects.filter(id=user.id).update(tier=enterprise)
+        ApiKey.objects.filter(user=user, name="capacity").delete()
+        scopes = [ApiKey.Scope.CHAT, ApiKey.Scope.CONVERSATIONS_WRITE]
+        keys.append(api_key_create(user=user, name="capacity", scopes=scopes).key)
+    return keys
 
-        headers = {"Cookie": self.cookie, "Origin": self.origin}
-        async with websockets.connect(self.url, additional_headers=headers, max_queue=None) as ws:
-            await ws.recv()  # engine.status
-            while not stop.is_set():
-                await ws.send(
-                    json.dumps(
-                        {
-                            "type": "message.send",
-                            "model": DEPLOYMENT,
-                            "content": "Stream please.",
-                            "client_id": str(uuid.uuid4()),
-                        }
-                    )
-                )
-                while True:
-                    event = json.loads(await ws.recv())
-                    kind = event["type"]
-                    if kind == "generation.delta":
-                        now, received = ticks_now(), time.monotonic()
-                        for made in TICK.findall(event.get("text", "")):
-                            lag = ((now - int(made)) % TICKS_MODULO) / TICKS_PER_S * 1000
-                            self.lags_ms.append((received, lag))
-                        self.streaming.set()
-                    elif kind == "generation.done":
-                        break
-                    elif kind in ("generation.error", "error"):
-                        self.errors += 1
-                        await asyncio.sleep(1)
-                        break
+
+def _stages(args: argparse.Namespace) -> list[int]:
+    if args.streams:
+        return [int(n) for n in args.streams.split(",")]
+    stages, n = [], args.start
+    while n <= args.max_streams:
+        stages.append(n)
+        n = max(n + 1, round(n * args.factor))
+    return stages
 
 
 async def _measure(args: argparse.Namespace) -> None:
+    import multiprocessing
+
     import psutil
 
+    from benchmarks.capacity_clients import Target, client_process
     from benchmarks.harness import django_setup
     from benchmarks.stack import free_port
 
@@ -242,68 +256,94 @@ async def _measure(args: argparse.Namespace) -> None:
     from django.conf import settings
 
     layer = "redis" if settings.REDIS_URL else "memory"
+    webs = args.web_processes if layer == "redis" else 1
+    stages = _stages(args)
     disabled = await asyncio.to_thread(_prepare, args)
-    cookies = await asyncio.to_thread(_sessions, args.max_streams)
-    port = free_port()
+    credentials = await asyncio.to_thread(_credentials, args.protocol, max(stages))
+    ports = [free_port() for _ in range(webs)]
     logs = Path(settings.DATA_DIR)
-    processes = _start(layer, port, args.max_streams + 8, logs)
-    web = psutil.Process(processes[0].pid)
-    me = psutil.Process()
-    stop = asyncio.Event()
-    tasks: list[asyncio.Task] = []
-    streams: list[Stream] = []
-    reached, stages = 0, []
+    processes = _start(layer, ports, max(stages) + 8, logs)
+    web = [psutil.Process(p.pid) for p in processes[:webs]]
+    worker = psutil.Process(processes[webs].pid) if layer == "redis" else None
+    bases = [f"http://127.0.0.1:{port}" for port in ports]
+    # Stream i goes to web process i mod W, and is run by client process i mod K.
+    targets = [Target(bases[i % webs], credential) for i, credential in enumerate(credentials)]
+    spawn = multiprocessing.get_context("spawn")
+    clients = []
+    reached, results = 0, []
     try:
-        code = await asyncio.to_thread(
-            subprocess.call,
-            [
-                sys.executable,
-                str(ROOT / "scripts" / "wait_ready.py"),
-                f"http://127.0.0.1:{port}/readyz",
-                "--timeout",
-                "600",
-            ],
-        )
-        if code != 0:
-            sys.exit(f"the service did not become ready; see {logs}/capacity-*.log")
-        print(f"== {layer}: {args.rate:g} tokens/s per answer, {args.tokens} tokens each ==", flush=True)
+        for port in ports:
+            code = await asyncio.to_thread(
+                subprocess.call,
+                [sys.executable, str(ROOT / "scripts" / "wait_ready.py"), f"http://127.0.0.1:{port}/readyz", "--timeout", "600"],
+            )  # fmt: skip
+            if code != 0:
+                sys.exit(f"the service did not become ready; see {logs}/capacity-*.log")
+        for k in range(args.client_processes):
+            parent, child = spawn.Pipe()
+            mine = targets[k :: args.client_processes]
+            process = spawn.Process(target=client_process, args=(child, mine, args.protocol, DEPLOYMENT), daemon=True)
+            process.start()
+            clients.append((process, parent))
         print(
-            f"{'N':>5} {'lag p50':>8} {'lag p99':>8} {'web CPU':>8} {'per stream':>10} {'client CPU':>10} {'errors':>6}"
+            f"== {layer}, {args.protocol}: {args.rate:g} tokens/s per answer, {args.tokens} tokens each, "
+            f"{webs} web process(es), {args.client_processes} client process(es) ==",
+            flush=True,
         )
-        n = args.start
-        while n <= args.max_streams:
-            while len(streams) < n:
-                stream = Stream(f"ws://127.0.0.1:{port}/ws/chat/", cookies[len(streams)], f"http://127.0.0.1:{port}")
-                streams.append(stream)
-                tasks.append(asyncio.create_task(stream.run(stop)))
-            await asyncio.wait_for(asyncio.gather(*(s.streaming.wait() for s in streams)), timeout=120)
-            await asyncio.sleep(1)  # past the burst of the new streams' first messages
-            began, web_cpu, my_cpu = time.monotonic(), _cpu(web), _cpu(me)
+        print(
+            f"{'N':>5} {'lag p50':>8} {'p90':>7} {'p99':>7} {'web CPU':>8} {'web ms/tok':>10} {'worker':>7} "
+            f"{'wkr ms/tok':>10} {'tokens/s':>8} {'errors':>6}"
+        )
+        for n in stages:
+            for k, (_, conn) in enumerate(clients):
+                conn.send(("grow", len(range(k, n, args.client_processes))))
+            for _, conn in clients:
+                await asyncio.to_thread(conn.recv)
+            await asyncio.sleep(2)  # past the burst of the new streams' first messages
+            began = time.monotonic()
+            web_cpu, worker_cpu = [_cpu(w) for w in web], _cpu(worker) if worker else 0.0
             await asyncio.sleep(args.stage_s)
             ended = time.monotonic()
-            web_share = (_cpu(web) - web_cpu) / (ended - began)
-            my_share = (_cpu(me) - my_cpu) / (ended - began)
-            lags = [lag for s in streams for when, lag in s.lags_ms if began <= when <= ended]
-            errors = sum(s.errors for s in streams)
+            web_used = [_cpu(w) - c for w, c in zip(web, web_cpu, strict=True)]
+            worker_used = (_cpu(worker) - worker_cpu) if worker else 0.0
+            lags: list[float] = []
+            errors = 0
+            for _, conn in clients:
+                conn.send(("report", began, ended))
+            for _, conn in clients:
+                _, got, errs = await asyncio.to_thread(conn.recv)
+                lags += got
+                errors += errs
             if not lags:
                 sys.exit("no token arrived during the stage")
-            p50, p99 = pct(lags, 50), pct(lags, 99)
-            stages.append({"n": n, "p50": p50, "p99": p99, "cpu": web_share})
+            seconds, tokens = ended - began, len(lags)
+            p50, p90, p99 = pct(lags, 50), pct(lags, 90), pct(lags, 99)
+            web_share = max(web_used) / seconds  # the busiest web process's share of a core
+            web_ms = 1000 * sum(web_used) / tokens
+            worker_ms = 1000 * worker_used / tokens
+            stage = {"n": n, "p50": round(p50, 1), "p90": round(p90, 1), "p99": round(p99, 1)}
+            stage |= {"web_cpu": round(web_share, 3), "web_ms_per_token": round(web_ms, 4)}
+            stage |= {"worker_cpu": round(worker_used / seconds, 3), "worker_ms_per_token": round(worker_ms, 4)}
+            stage |= {"tokens_per_s": round(tokens / seconds, 1), "errors": errors}
+            results.append(stage)
             print(
-                f"{n:>5} {p50:>6.1f}ms {p99:>6.1f}ms {web_share:>8.0%} {web_share / n:>10.2%} {my_share:>10.0%} {errors:>6}",
+                f"{n:>5} {p50:>6.1f}ms {p90:>5.1f}ms {p99:>5.1f}ms {web_share:>8.0%} {web_ms:>10.3f} "
+                f"{worker_used / seconds:>7.0%} {worker_ms:>10.3f} {tokens / seconds:>8.0f} {errors:>6}",
                 flush=True,
             )
-            if p99 > args.lag_ms or web_share >= args.cpu_limit:
+            if not args.streams and (p99 > args.lag_ms or web_share >= args.cpu_limit):
                 why = f"lag p99 {p99:.0f} ms > {args.lag_ms:g}" if p99 > args.lag_ms else f"web CPU {web_share:.0%}"
                 print(f"stopped at N={n}: {why}", flush=True)
                 break
-            reached = n
-            n = max(n + 1, round(n * args.factor))
+            if p99 <= args.lag_ms and web_share < args.cpu_limit:
+                reached = n
     finally:
-        stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for _, conn in clients:
+            conn.send(("stop",))
+        for process, _ in clients:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
         for process in processes:
             process.terminate()
         for process in processes:
@@ -312,11 +352,13 @@ async def _measure(args: argparse.Namespace) -> None:
             except subprocess.TimeoutExpired:
                 process.kill()
         await asyncio.to_thread(_restore, disabled)
-    per_stream = [s["cpu"] / s["n"] for s in stages if s["n"] <= max(reached, stages[0]["n"])]
+    within = [s for s in results if s["n"] <= max(reached, results[0]["n"] if results else 0)]
     result(
         **{
             f"{layer}_streams": reached,
-            f"{layer}_cpu_per_stream_pct": round(100 * min(per_stream), 2) if per_stream else 0,
+            f"{layer}_web_ms_per_token": min((s["web_ms_per_token"] for s in within), default=0),
+            f"{layer}_worker_ms_per_token": min((s["worker_ms_per_token"] for s in within), default=0),
+            f"{layer}_stages": json.dumps(results, separators=(",", ":")),
         }
     )
 

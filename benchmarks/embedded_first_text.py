@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> None:
         log = Path(data_dir) / "server.log"
         server = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "chatsite.asgi:application", "--port", str(args.port)]
-            + ["--lifespan", "on", "--ws", "websockets", "--log-level", "warning"],
+            + ["--lifespan", "on", "--ws", "websockets", "--ws-per-message-deflate", "false", "--log-level", "warning"],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=log.open("w"),

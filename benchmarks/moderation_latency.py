@@ -9,6 +9,12 @@ It also times the whole check while another thread of the process runs Python, a
 process's database thread does while a message is scored beside its send transaction: a check
 that needs the GIL back often waits for the interpreter's switch interval each time.
 
+Then output moderation: what an answer's checks cost per streamed token, in CPU (every thread of
+the process): `OutputMonitor` fed a prose answer a word at a time under the built-in policy, one
+stream alone and eight on one loop, whose sentences share the batched scorer's passes, as a
+worker's streams do.
+  RESULT ... output_moderation_ms_per_token=<alone> output_moderation_ms_per_token_8=<eight>
+
 Run with `make benchmark-moderation` (or `python -m benchmarks moderation`).
 Nothing else should be using the CPU: the figure is the classifier's, not the machine's load.
 """
@@ -16,6 +22,7 @@ Nothing else should be using the CPU: the figure is the classifier's, not the ma
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import threading
 import time
@@ -85,7 +92,43 @@ def run(args: argparse.Namespace) -> None:
     for name, timings in rows:
         print(f"{name:13} {statistics.median(timings):7.2f} {percentile(timings, 0.99):7.2f}")
     whole = rows[0][1]
+    per_token = {streams: asyncio.run(output_cpu_per_token(streams)) for streams in (1, 8)}
+    for streams, figures in per_token.items():
+        print(f"output, {streams} stream(s): " + " ".join(f"{f:.3f}" for f in figures) + " ms of CPU a token")
     result(
         input_moderation_p50_ms=round(statistics.median(whole), 2),
         input_moderation_p99_ms=round(percentile(whole, 0.99), 2),
+        output_moderation_ms_per_token=round(statistics.median(per_token[1]), 3),
+        output_moderation_ms_per_token_8=round(statistics.median(per_token[8]), 3),
     )
+
+
+ANSWER = (
+    "The water cycle moves water between the land, the sea and the sky. Heat from the sun evaporates water "
+    "from oceans and lakes, and plants release vapour from their leaves. As the warm, moist air rises it "
+    "cools, and the vapour condenses into the droplets that form clouds. When the droplets grow heavy enough "
+    "they fall as rain, snow or hail. Some of that water runs off into rivers, some soaks into the ground and "
+    "refills aquifers, and some is taken up by plants again. Over time the same water travels this loop many "
+    "times, which is why fresh water keeps being renewed even though its total amount barely changes. "
+) * 2
+
+
+async def output_cpu_per_token(streams: int) -> list[float]:
+    """CPU seconds of the process per token fed, in ms, over three rounds of `streams` answers at once."""
+    from moderation.selectors import policy_built_in
+    from moderation.services import OutputMonitor
+
+    words = [word + " " for word in ANSWER.split(" ")]
+
+    async def answer() -> None:
+        monitor = OutputMonitor(policy_built_in())
+        for i, word in enumerate(words):
+            await monitor.feed(word, final=i == len(words) - 1)
+
+    await answer()  # untimed: the scorer's first pass on this loop
+    figures = []
+    for _ in range(3):
+        started = time.process_time()
+        await asyncio.gather(*(answer() for _ in range(streams)))
+        figures.append((time.process_time() - started) * 1000 / (streams * len(words)))
+    return figures

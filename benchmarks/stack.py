@@ -191,6 +191,8 @@ async def whole_stack(deployment) -> AsyncIterator[Stack]:
             "warning",
             "--ws",
             "websockets",
+            "--ws-per-message-deflate",
+            "false",
         ],
         logs / "bench-web.log",
     )

@@ -87,7 +87,7 @@ def main() -> None:
 
         uvicorn.run(
             "chatsite.asgi:application", host="127.0.0.1", port=args.port, lifespan="on", ws="websockets",
-            log_level="warning",
+            ws_per_message_deflate=False, log_level="warning",
         )  # fmt: skip
         return
     from chatsite.celery import app

@@ -176,6 +176,34 @@ async def test_streams_on_one_loop_share_pipelines_and_each_keeps_its_order(redi
     assert counting.pipelines <= 10, f"{counting.pipelines} pipelines for 40 events of 8 streams"
 
 
+async def test_a_buffer_expires_its_ttl_after_its_end_and_is_renewed_seldom_while_it_streams(redis_url):
+    """A list keeps its expiry as it grows: it is set at the first event, not again for the next few,
+    and set afresh at the end; a stream past a tenth of the TTL since it was set renews it."""
+    import redis.asyncio as redis
+
+    buffer = streaming.RedisReplayBuffer(redis_url, ttl_s=100)
+    client = redis.Redis.from_url(redis_url)
+    generation_id = str(uuid.uuid4())
+    key = f"chatsite:stream:{generation_id}"
+    try:
+        await buffer.append(generation_id, {"type": "generation.delta", "text": "a", "seq": 1})
+        assert 99 <= await client.ttl(key) <= 100
+        await client.expire(key, 50)  # as if time had passed; the next delta leaves it be
+        await buffer.append(generation_id, {"type": "generation.delta", "text": "b", "seq": 2})
+        assert await client.ttl(key) <= 50
+        buffer._renewed[generation_id] -= 11  # a tenth of the TTL and more since it was set
+        await buffer.append(generation_id, {"type": "generation.delta", "text": "c", "seq": 3})
+        assert await client.ttl(key) >= 99
+        await client.expire(key, 50)
+        await buffer.append(generation_id, {"type": "generation.done", "seq": 4})
+        assert await client.ttl(key) >= 99
+        assert generation_id not in buffer._renewed
+        assert [e["seq"] for e in await buffer.read(generation_id, 0)] == [1, 2, 3, 4]
+    finally:
+        await client.delete(key)
+        await client.aclose()
+
+
 async def test_a_stopped_stream_still_sends_the_event_it_had_handed_over(redis_url):
     """An event has its `seq` once handed over: a stop that cancels the stream meanwhile must not
     leave a hole in the buffer that followers would wait on."""
