@@ -389,6 +389,31 @@ DOCUMENTS_WORKERS = env_int("DOCUMENTS_WORKERS", 2, minimum=1, maximum=16)
 # How many passages of a user's files a message's prompt may quote, at most.
 DOCUMENTS_TOP_K = env_int("DOCUMENTS_TOP_K", 4, minimum=1, maximum=20)
 
+# --- tools the service runs itself (docs/tools.md) ------------------------------------------------
+# The limits of one answer's tool loop: model calls (steps), tool calls, and each call's time and output.
+TOOLS_MAX_STEPS = env_int("TOOLS_MAX_STEPS", 4, minimum=1, maximum=16)
+TOOLS_MAX_CALLS = env_int("TOOLS_MAX_CALLS", 4, minimum=1, maximum=32)
+TOOLS_TIMEOUT_S = env_float("TOOLS_TIMEOUT_S", 20.0, minimum=0.1)
+TOOLS_MAX_OUTPUT_CHARS = env_int("TOOLS_MAX_OUTPUT_CHARS", 4000, minimum=200, maximum=100_000)
+# How long a call with side effects waits for the person's answer before it counts as refused.
+TOOLS_APPROVAL_TIMEOUT_S = env_float("TOOLS_APPROVAL_TIMEOUT_S", 300.0, minimum=1)
+# Web search: a SearXNG instance's JSON API (…/search), or a generic search API that takes `q` and
+# answers JSON results, with its key sent as a bearer token. Unset: no web search tool.
+TOOLS_SEARCH_URL = env_url("TOOLS_SEARCH_URL", ("http", "https"))
+TOOLS_SEARCH_KIND = env_choice("TOOLS_SEARCH_KIND", "searxng", choices=("searxng", "generic"))
+TOOLS_SEARCH_API_KEY = env_str("TOOLS_SEARCH_API_KEY", "")
+# What one search costs the service (the provider's fee), charged to the person in the ledger's currency.
+TOOLS_SEARCH_COST = env_str("TOOLS_SEARCH_COST", "0")
+if not re.fullmatch(r"\d{1,6}(\.\d{1,8})?", TOOLS_SEARCH_COST):
+    raise ImproperlyConfigured(f"TOOLS_SEARCH_COST must be a non-negative decimal, got {TOOLS_SEARCH_COST!r}")
+# Fetching a page the model names: off unless the operator turns it on.
+TOOLS_FETCH_ENABLED = env_bool("TOOLS_FETCH_ENABLED", False)
+TOOLS_FETCH_MAX_BYTES = env_int("TOOLS_FETCH_MAX_BYTES", 1024 * 1024, minimum=1024)
+TOOLS_FETCH_MAX_REDIRECTS = env_int("TOOLS_FETCH_MAX_REDIRECTS", 3, minimum=0, maximum=10)
+# Private, loopback and link-local addresses are refused unless the operator allows them (an
+# intranet search engine, say); the search provider's own address is the operator's and always allowed.
+TOOLS_FETCH_ALLOW_PRIVATE = env_bool("TOOLS_FETCH_ALLOW_PRIVATE", False)
+
 # --- celery --------------------------------------------------------------------------------------
 # Deliberate choices, explained in docs/production.md:
 # - acks late + reject on worker lost: a task whose worker dies is delivered again, so a queued

@@ -20,6 +20,7 @@ from typing import Final, TypeGuard
 from django.conf import settings
 
 from chatsite.errors import ClientError
+from orchestration.tools.base import TOOL_NAME
 
 
 class ActiveBranch(enum.Enum):
@@ -112,9 +113,15 @@ class SendRequest:
     parent: Parent = ACTIVE_BRANCH
     retry: bool = False
     project_id: int | None = None
+    # The conversation's tools switched on or off with this message (None: as they are), and a tool
+    # the person asked for by name, which the answer's first step must call (docs/tools.md).
+    tools: bool | None = None
+    tool: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", message_content_clean(self.content))
+        if self.tool is not None and not TOOL_NAME.match(self.tool):
+            raise ClientError("'tool' must be a tool's name.", code="invalid_request", param="tool")
         model_name_check(self.model)
         if self.parent is not ACTIVE_BRANCH and self.parent is not None and not is_row_id(self.parent):
             raise ClientError("'parent' must be a message id or null.", code="invalid_request", param="parent")
@@ -132,8 +139,9 @@ class SendRequest:
     @classmethod
     def parse(cls, fields: Mapping[str, object]) -> SendRequest:
         """From a `message.send` frame or the send API's body: `content`, and optionally
-        `conversation` (an id), `model`, `client_id` (a UUID), `parent` (an id or null), `retry` and
-        `project` (an id, for a new conversation)."""
+        `conversation` (an id), `model`, `client_id` (a UUID), `parent` (an id or null), `retry`,
+        `project` (an id, for a new conversation), `tools` (true or false: the conversation's tools on
+        or off) and `tool` (the name of a tool the answer must call first)."""
         conversation = fields.get("conversation")
         if conversation is not None and not is_integer(conversation):
             raise ClientError("'conversation' must be a conversation id.", code="invalid_request", param="conversation")
@@ -147,6 +155,12 @@ class SendRequest:
         project = fields.get("project")
         if project is not None and not is_integer(project):
             raise ClientError("'project' must be a project id.", code="invalid_request", param="project")
+        tools = fields.get("tools")
+        if tools is not None and not isinstance(tools, bool):
+            raise ClientError("'tools' must be true or false.", code="invalid_request", param="tools")
+        tool = fields.get("tool")
+        if tool is not None and not (isinstance(tool, str) and TOOL_NAME.match(tool)):
+            raise ClientError("'tool' must be a tool's name.", code="invalid_request", param="tool")
         return cls(
             content=message_content_clean(fields.get("content")),
             project_id=project,
@@ -155,6 +169,8 @@ class SendRequest:
             client_id=uuid_parse(fields.get("client_id"), param="client_id"),
             parent=parent,
             retry=retry,
+            tools=tools,
+            tool=tool,
         )
 
 

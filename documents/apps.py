@@ -12,7 +12,10 @@ class DocumentsConfig(AppConfig):
         from documents.background import document_process_dispatch
         from documents.selectors import documents_export_files, usage_storage_figures
         from documents.services import document_processing_install
+        from documents.tools import SearchFiles
+        from orchestration.tools.registry import tool_register
 
         USAGE_FIGURES.append(usage_storage_figures)
         account_export_register(documents_export_files)
         document_processing_install(document_process_dispatch)
+        tool_register(SearchFiles())

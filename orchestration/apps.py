@@ -17,3 +17,9 @@ class OrchestrationConfig(AppConfig):
         from orchestration.cache import cache_probe
 
         response_cache_register(cache_probe)
+
+        from orchestration.tools.registry import tool_register
+        from orchestration.tools.web import FetchPage, WebSearch, fetch_page_enabled, web_search_enabled
+
+        tool_register(WebSearch(), enabled=web_search_enabled)
+        tool_register(FetchPage(), enabled=fetch_page_enabled)

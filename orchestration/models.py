@@ -32,3 +32,33 @@ class CachedResponse(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prompt[:40]} ({self.hits} hits)"
+
+
+class ToolGrant(models.Model):
+    """A tool the service runs itself that a deployment's model may call, for one plan or for all
+    (`tier` empty). A tool is offered to an answer when a grant names its deployment and the person's
+    plan, the tool is registered (orchestration.tools.registry) and its configuration is present."""
+
+    deployment = models.ForeignKey("inference.ModelDeployment", on_delete=models.CASCADE, related_name="tool_grants")
+    tier = models.ForeignKey(
+        "accounts.Tier",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="tool_grants",
+        help_text="Empty: every plan.",
+    )
+    tool = models.CharField(
+        max_length=64, help_text="The tool's name, as the registry knows it (search_files, web_search…)."
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "tier", "tool"], name="tool_grant_unique"),
+            models.UniqueConstraint(
+                fields=["deployment", "tool"], condition=models.Q(tier=None), name="tool_grant_unique_all_tiers"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool} on {self.deployment_id} ({self.tier_id or 'every plan'})"

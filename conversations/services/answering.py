@@ -16,6 +16,7 @@ from accounts.services import (
     request_admit,
     request_limits,
 )
+from chatsite.parsers import JsonObject
 from conversations.citations import citations_record
 from conversations.models import Conversation, Message
 from conversations.prompts import AssembledPrompt, Memory, Turn, assemble_prompt
@@ -85,6 +86,7 @@ def answer_queue(
     text_before: str = "",
     routing_reason: str = "",
     cacheable: str = "",
+    tool_sampling: JsonObject | None = None,
 ) -> tuple[Generation, Admission]:
     """Pass the plan's gate, queue the answer's generation, and save `answer` pending. `prompt` is
     the one assembled for it. `touch_conversation`: move the conversation to the top of its owner's
@@ -93,7 +95,8 @@ def answer_queue(
     `held`: its text is held until its message's verdict is in. `text_before`: the answer is
     continued, and keeps what it has; its new text goes after it. `cacheable`: the message, when the
     prompt holds nothing personal (a first message without instructions): the deployment's response
-    cache may answer it (orchestration.cache)."""
+    cache may answer it (orchestration.cache). `tool_sampling`: the structured output that holds a
+    tool step's calls to their tools' schemas (and forces a call the person asked for)."""
     limits = limits or request_limits(user=user, deployment=deployment, api_key=api_key)
     # Refuse before anything is queued: a full queue first (so it costs no rate-limit budget), then
     # the plan's quotas and rate limits.
@@ -112,6 +115,7 @@ def answer_queue(
         "top_p": deployment.top_p,
         "repetition_penalty": deployment.repetition_penalty,
         "max_tokens": admission.max_tokens,
+        **(tool_sampling or {}),
     }
     cache = None
     if cacheable:
@@ -161,6 +165,8 @@ def prompt_for(
     retrieved: Retrieved = NOTHING,
     conversation_prompt: str = "",
     project_id: int | None = None,
+    tools: list[JsonObject] | None = None,
+    tail: list[JsonObject] | None = None,
 ) -> AssembledPrompt:
     """The prompt for an answer on a branch: `path` (the branch's messages, root first, up to the
     question or to the answer the new message follows; never another branch's) and `new_turn`, not
@@ -169,12 +175,14 @@ def prompt_for(
     a prompt. `retrieved`: passages of the person's files for the newest question, quoted in the
     system turn as far as the window's policy lets them (`conversations.prompts.context_budget`).
     `conversation_prompt`: the conversation's own system prompt (its settings), after the project's
-    instructions. `project_id`: the conversation's project, whose instructions follow the person's own."""
+    instructions. `project_id`: the conversation's project, whose instructions follow the person's own.
+    `tools`: the tools the answer is offered (OpenAI's shape), which the chat template renders; `tail`:
+    the answer's tool steps so far, after the newest turn (orchestration.tools.loop)."""
     tokenizer = tokenizer_for(deployment.model_path)
     turns = _turns_of(path)
     if new_turn is not None:
         turns.append(new_turn)
-    tail = continuation_ids(tokenizer, continuing) if continuing else []
+    continued = continuation_ids(tokenizer, continuing) if continuing else []
     quoted = passages_quoted(retrieved.passages)
     return assemble_prompt(
         system_prompt=deployment.system_prompt,
@@ -182,7 +190,9 @@ def prompt_for(
         conversation_prompt=conversation_prompt,
         project_instructions=project_instructions_for_prompt(project_id=project_id),
         turns=turns,
-        render=lambda messages: render_chat(tokenizer, messages, chat_template=deployment.chat_template) + tail,
+        render=lambda messages: (
+            render_chat(tokenizer, messages, tools=tools, chat_template=deployment.chat_template) + continued
+        ),
         max_context=limits.max_context,
         max_output=limits.max_output,
         min_output=settings.INFERENCE_MIN_OUTPUT_TOKENS,
@@ -191,6 +201,7 @@ def prompt_for(
         context=[special_tokens_defused(tokenizer, p) for p in quoted.passages],
         context_header=quoted.header,
         memory=_memory_of(path, turns, max_context=limits.max_context),
+        tail=tail or (),
     )
 
 
@@ -200,6 +211,8 @@ def _turns_of(path: list[Message]) -> list[Turn]:
         for m in path
         if m.role in (Message.Role.USER, Message.Role.ASSISTANT)
         and m.status != Message.Status.FLAGGED
+        # An answer's tool steps are its own; later turns see the answer they led to.
+        and not m.tool_calls
         and not (m.role == Message.Role.ASSISTANT and not m.content)
     ]
 
