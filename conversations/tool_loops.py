@@ -9,7 +9,7 @@ never the text of its calls):
   with `tool.approve` {generation, call, decision: "once" | "chat" | "deny"};
 - `tool.running` {generation, call}, then `tool.result` {generation, message, call, name, outcome,
   output, truncated, details}: one call ran (or did not: `outcome` says why);
-- `tool.step` {assistant_message {id, parent}, generation, model, step, note?}: the next step is
+- `tool.step` {previous, assistant_message {id, parent}, generation, model, step, note?}: the next step is
   queued and followed, as a send's answer is;
 - `tool.stopped` {generation}: Stop ended the answer between its steps.
 The answer in words ends with its step's `generation.done`, as any answer does.
@@ -124,10 +124,12 @@ class ToolLoops:
         loop = self._loops.get(event.get("generation", ""))
         if loop is None:
             return event
+        if loop.task is not None:  # its calls are running: a replay of its end (a resync) says nothing new
+            return None
         if event["type"] == "generation.delta" and loop.reader is not None:
             content, _ = loop.reader.delta(event.get("text") or "")
             return {**event, "text": content} if content else None
-        if event["type"] == "generation.done" and event.get("status") == "complete" and loop.task is None:
+        if event["type"] == "generation.done" and event.get("status") == "complete":
             text = await db_async(_generation_text)(generation_id=loop.generation_id)
             content, calls = loop.reader.complete(text) if loop.reader is not None else (text, [])
             if calls:
@@ -230,6 +232,7 @@ class ToolLoops:
         self._loops[loop.generation_id] = loop
         frame: dict[str, Any] = {
             "type": "tool.step",
+            "previous": gid,
             "assistant_message": {"id": queued.answer.id, "parent": parent},
             "generation": loop.generation_id,
             "model": generation_writer(queued.generation),

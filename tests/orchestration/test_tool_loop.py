@@ -208,7 +208,12 @@ async def test_a_call_with_side_effects_waits_for_the_person_and_a_refusal_is_to
     # Nothing runs while the question is open.
     assert await socket.receive_nothing(timeout=0.5) and sending.runs == []
     await socket.send_json_to(
-        {"type": "tool.approve", "generation": approval["generation"], "call": approval["call"]["id"], "decision": "deny"}
+        {
+            "type": "tool.approve",
+            "generation": approval["generation"],
+            "call": approval["call"]["id"],
+            "decision": "deny",
+        }
     )
     events = await until_done(socket)
     result = of_type(events, "tool.result")[0]
@@ -226,12 +231,19 @@ async def test_a_call_allowed_for_the_chat_runs_and_is_not_asked_about_again(eng
     while approval["type"] != "tool.approval":
         approval = await next_event(socket)
     await socket.send_json_to(
-        {"type": "tool.approve", "generation": approval["generation"], "call": approval["call"]["id"], "decision": "chat"}
+        {
+            "type": "tool.approve",
+            "generation": approval["generation"],
+            "call": approval["call"]["id"],
+            "decision": "chat",
+        }
     )
     events = await until_done(socket)
     assert of_type(events, "tool.result")[0]["outcome"] == "ok" and len(sending.runs) == 1
     conversation_id = (await Message.objects.aget(role="user")).conversation_id
-    await socket.send_json_to({"type": "message.send", "conversation": conversation_id, "content": "[call send_note] y"})
+    await socket.send_json_to(
+        {"type": "message.send", "conversation": conversation_id, "content": "[call send_note] y"}
+    )
     events = await until_done(socket)
     assert not of_type(events, "tool.approval") and len(sending.runs) == 2
     await socket.disconnect()
