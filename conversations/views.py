@@ -102,9 +102,7 @@ def _chat_page(
         # (POST .../branch/) and loading again.
         branch = message_branch(conversation=conversation)
         assert branch is not None  # the branch shown is always one of the conversation's
-        messages = _tool_steps_folded(
-            [ShownMessage(m, siblings=branch.tree.siblings(m.id)) for m in branch.messages]
-        )
+        messages = _tool_steps_folded([ShownMessage(m, siblings=branch.tree.siblings(m.id)) for m in branch.messages])
         _notes_attach(messages)
         _details_attach(messages, tree=branch.tree, user=user)
         _writers_attach(messages)
