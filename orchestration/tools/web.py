@@ -94,7 +94,7 @@ def html_text(html: str) -> tuple[str, str]:
     except (ValueError, lxml.etree.ParserError):
         return "", ""
     title = " ".join((document.findtext(".//title") or "").split())
-    for element in document.iter(*DROPPED):
+    for element in list(document.iter(*DROPPED)):
         element.drop_tree()
     for element in document.iter(*BLOCKS):
         element.tail = "\n" + (element.tail or "")
