@@ -120,3 +120,20 @@ def granted_tools():
     yield grant
     for name in names:
         tool_unregister(name)
+
+
+@pytest.fixture
+def granted_tools_sync():
+    """`granted_tools` for a sync test."""
+    names: list[str] = []
+
+    def grant(*tools, tier=None):
+        deployment = ModelDeployment.objects.get(name=DEFAULT_DEPLOYMENT_NAME)
+        for tool in tools:
+            tool_register(tool)
+            names.append(tool.spec.name)
+            ToolGrant.objects.get_or_create(deployment=deployment, tier=tier, tool=tool.spec.name)
+
+    yield grant
+    for name in names:
+        tool_unregister(name)
