@@ -201,8 +201,29 @@ def prompt_for(
         context=[special_tokens_defused(tokenizer, p) for p in quoted.passages],
         context_header=quoted.header,
         memory=_memory_of(path, turns, max_context=limits.max_context),
-        tail=tail or (),
+        tail=tail if tail is not None else _loop_tail(path),
     )
+
+
+def tool_step_turn(message: Message) -> JsonObject:
+    """A step of an answer's tool loop as its chat template takes it."""
+    if message.role == Message.Role.TOOL:
+        return {"role": "tool", "content": message.content, "tool_call_id": message.tool_call_id}
+    return {"role": "assistant", "content": message.content, "tool_calls": message.tool_calls}
+
+
+def _loop_tail(path: list[Message]) -> list[JsonObject]:
+    """The tool loop an answer after `path` follows (a regenerated or continued answer to a loop's
+    last result): the steps after the person's message, so it is written from their results."""
+    if not path or path[-1].role != Message.Role.TOOL:
+        return []
+    start = len(path)
+    while start > 0 and (
+        path[start - 1].role == Message.Role.TOOL
+        or (path[start - 1].role == Message.Role.ASSISTANT and path[start - 1].tool_calls)
+    ):
+        start -= 1
+    return [tool_step_turn(m) for m in path[start:]]
 
 
 def _turns_of(path: list[Message]) -> list[Turn]:

@@ -20,11 +20,16 @@ from django.utils import timezone
 from accounts.models import User
 from accounts.services import request_limits
 from billing.services import tool_usage_record
+from chatsite.errors import ClientError
 from conversations.citations import citations_record
 from conversations.models import Conversation, Message
 from conversations.prompts import Turn
-from conversations.selectors import conversation_get_for_send, message_tree_for_prompt
-from conversations.services.answering import answer_queue, passages_for, prompt_for
+from conversations.selectors import (
+    conversation_get_for_send,
+    conversation_has_message_in_progress,
+    message_tree_for_prompt,
+)
+from conversations.services.answering import answer_queue, passages_for, prompt_for, tool_step_turn
 from documents.retrieval import Passage
 from inference.models import Generation
 from inference.openai.tools import tool_sampling, tools_in_prompt
@@ -113,11 +118,17 @@ def tool_step_queue(
     `tools_left`: the answer may still call tools (else, as on its last permitted step, none are offered)."""
     conversation = conversation_get_for_send(user=user, conversation_id=conversation_id)
     if conversation is None:
-        raise Conversation.DoesNotExist
+        raise ClientError("That conversation does not exist.", code="not_found", status=404)
+    if conversation_has_message_in_progress(conversation=conversation):  # a message sent meanwhile
+        raise ClientError(
+            "Another answer is being written in this conversation; this one stops here.",
+            code="generation_in_progress",
+            status=409,
+        )
     tree = message_tree_for_prompt(conversation=conversation)
     user_message = tree.by_id[user_message_id]
     loop = [m for m in tree.path_to(parent_id) if m.id > user_message.id]
-    tail = [_step_turn(m) for m in loop]
+    tail = [tool_step_turn(m) for m in loop]
     deployment = conversation.deployment
     limits = request_limits(user=user, deployment=deployment)
     limits_of_loop = LoopLimits.from_settings()
@@ -160,9 +171,3 @@ def tool_loop_stopped(*, user: User, answer_id: int) -> None:
     Message.objects.filter(
         Q(role=Message.Role.ASSISTANT) | Q(role=Message.Role.TOOL), id=answer_id, conversation__user=user
     ).update(status=Message.Status.STOPPED, updated_at=timezone.now())
-
-
-def _step_turn(message: Message) -> dict[str, object]:
-    if message.role == Message.Role.TOOL:
-        return {"role": "tool", "content": message.content, "tool_call_id": message.tool_call_id}
-    return {"role": "assistant", "content": message.content, "tool_calls": message.tool_calls}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from channels.db import database_sync_to_async
 from django.test import override_settings
 
 from billing.models import UsageRecord
@@ -273,4 +274,64 @@ async def test_stop_during_a_tool_call_ends_the_answer_there(engine, alice, gran
     assert await socket.receive_nothing(timeout=1)
     step = await Message.objects.aget(role="assistant")
     assert step.status == "stopped" and not await Message.objects.filter(role="tool").aexists()
+    await socket.disconnect()
+
+
+@pytest.mark.engine
+async def test_the_default_model_calls_the_tool_asked_for_and_answers_after_its_result(engine, alice, granted_tools):
+    """The real default model, which seldom calls a tool by itself: the first step is forced with the
+    engine's structured output, so its call is well formed and fits the tool's schema."""
+    echo = await granted_tools(Echo(reply="High tide at Brest today: 06:12 and 18:40."))
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to({"type": "message.send", "content": "When is high tide at Brest?", "tool": "echo"})
+    events = await until_done(socket, timeout=300)
+    result = of_type(events, "tool.result")[0]
+    assert result["outcome"] == "ok" and len(echo.runs) == 1 and isinstance(echo.runs[0]["text"], str)
+    done = events[-1]
+    assert done["type"] == "generation.done" and done["generation"] == of_type(events, "tool.step")[0]["generation"]
+    final = await Message.objects.filter(role="assistant").alatest("id")
+    assert final.tool_calls == [] and final.content.strip() and "<tool_call>" not in final.content
+    await socket.disconnect()
+
+
+async def test_the_openai_api_returns_a_call_of_a_tool_named_like_the_services_own_to_the_client(
+    chat_server, alice, granted_tools
+):
+    """The OpenAI-compatible API keeps OpenAI's meaning: the client's tools are the client's, even one
+    named as a tool the service runs; nothing is run on the server."""
+    import httpx
+
+    from accounts.services import api_key_create
+    from orchestration.tools.base import ToolSpec
+
+    echo = await granted_tools(Echo())
+    key = (await database_sync_to_async(api_key_create)(user=alice, name="tests", scopes=["chat"])).key
+    spec: ToolSpec = echo.spec
+    body = {
+        "model": "smollm2-135m",
+        "messages": [{"role": "user", "content": "hello"}],
+        "tools": [{"type": "function", "function": {"name": "echo", "parameters": dict(spec.parameters)}}],
+        "tool_choice": {"type": "function", "function": {"name": "echo"}},
+    }
+    async with httpx.AsyncClient(base_url=chat_server, timeout=120) as client:
+        response = await client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 200, response.text
+    message = response.json()["choices"][0]["message"]
+    assert message["tool_calls"][0]["function"]["name"] == "echo"
+    assert echo.runs == [] and not await Message.objects.aexists()
+
+
+async def test_an_answer_after_a_loop_regenerated_is_written_from_the_loops_results(engine, alice, granted_tools):
+    echo = await granted_tools(Echo())
+    socket, _ = await open_socket(alice)
+    await socket.send_json_to({"type": "message.send", "content": "[call echo] x", "tools": True})
+    events = await until_done(socket)
+    final_id = of_type(events, "tool.step")[0]["assistant_message"]["id"]
+    await socket.send_json_to({"type": "message.regenerate", "message": final_id})
+    events = await until_done(socket)
+    regenerating = of_type(events, "message.regenerating")[0]
+    again = await Message.objects.aget(id=regenerating["assistant_message"]["id"])
+    assert again.parent_id == (await Message.objects.aget(id=final_id)).parent_id
+    # The scripted engine quotes the newest user turn: the tool's result, so the loop was in the prompt.
+    assert "tool_response" in again.content and len(echo.runs) == 1
     await socket.disconnect()
