@@ -4,7 +4,8 @@ Tools come from two places: those registered once at start-up (`tool_register`: 
 tools, the search of the person's files that documents registers from its `AppConfig.ready`, the
 sandbox's code runner) and sources that make tools per plan (`tool_source_register`: MCP servers).
 An answer is offered the tools that are registered, enabled by their configuration, and granted to
-its deployment for the person's plan (`orchestration.models.ToolGrant`).
+its deployment for the person's plan (`orchestration.models.ToolGrant`), and the tools its sources
+hold for the plan.
 """
 
 from __future__ import annotations
@@ -67,8 +68,12 @@ def tool_names_granted(*, deployment_id: int, tier_id: int | None) -> set[str]:
 
 
 def tools_offered(*, deployment_id: int, tier_id: int | None) -> dict[str, Tool]:
-    """The tools an answer on `deployment_id` for a person on plan `tier_id` may call, by name."""
+    """The tools an answer on `deployment_id` for a person on plan `tier_id` may call, by name: the
+    registered ones granted to the deployment for the plan, and those the sources hold for the plan
+    (an MCP server's row names its plans: that row is the operator's grant)."""
     granted = tool_names_granted(deployment_id=deployment_id, tier_id=tier_id)
-    if not granted:
-        return {}
-    return {name: tool for name, tool in tools_known(tier_id=tier_id).items() if name in granted}
+    offered = {name: r.tool for name, r in _TOOLS.items() if name in granted and r.enabled()}
+    for source in _SOURCES:
+        for tool in source(tier_id):
+            offered.setdefault(tool.spec.name, tool)
+    return offered
