@@ -358,6 +358,9 @@ RUN_CODE_PROCESSES = env_int("RUN_CODE_PROCESSES", 32, minimum=4)
 # The unprivileged user id the sandbox runs as when the service itself runs as root (the kernel does
 # not hold root to a process limit); a service running as another user runs it as itself.
 RUN_CODE_SANDBOX_UID = env_int("RUN_CODE_SANDBOX_UID", 65534, minimum=1)
+# How long an MCP server's list of tools is kept before it is asked again (a change to its row in the
+# admin asks again at once).
+MCP_TOOLS_CACHE_S = env_float("MCP_TOOLS_CACHE_S", 60.0, minimum=0.0)
 # The currency tier prices and the ledger's costs are in (ISO 4217), as the usage pages and the chat
 # page show them (billing.money).
 BILLING_CURRENCY = env_str("BILLING_CURRENCY", "USD").upper()
