@@ -348,6 +348,8 @@ PROMPT_MAX_CHARS_PER_TOKEN = env_int("PROMPT_MAX_CHARS_PER_TOKEN", 8, minimum=1,
 # `run_code` runs Python under bubblewrap: the bwrap program, the system Python it runs (under /usr,
 # the only part of the machine the sandbox sees), and each run's limits. Its time limit is the lower
 # of this and the tool loop's. A conversation's files live under RUN_CODE_DIR until it is deleted.
+# Off: the tool is not offered, as on a machine where the sandbox cannot run (no user namespaces).
+RUN_CODE_ENABLED = env_bool("RUN_CODE_ENABLED", True)
 RUN_CODE_BWRAP = env_str("RUN_CODE_BWRAP", "bwrap")
 RUN_CODE_PYTHON = env_path("RUN_CODE_PYTHON", Path("/usr/bin/python3"))
 RUN_CODE_DIR = env_path("RUN_CODE_DIR", DATA_DIR / "run_code")

@@ -31,6 +31,7 @@ from orchestration.tools.base import ToolContext, ToolResult, ToolSpec, result_c
 from orchestration.tools.sandbox import (
     SandboxLimits,
     SandboxRun,
+    SandboxSetup,
     SandboxUnavailable,
     sandbox_run,
     sandbox_setup,
@@ -92,7 +93,8 @@ def run_code_files_list(*, conversation_id: int) -> list[KeptFile]:
 
 
 def run_code_available() -> bool:
-    """Whether this machine can run the sandbox at all (bwrap, prlimit and the system Python)."""
+    """Whether the tool is on and this machine can run the sandbox at all (bwrap, prlimit and the
+    system Python); the seccomp filter is built at the first run, which fails closed without it."""
     try:
         _setup()
     except SandboxUnavailable:
@@ -158,7 +160,9 @@ class RunCodeTool:
 RUN_CODE = RunCodeTool()
 
 
-def _setup():
+def _setup() -> SandboxSetup:
+    if not settings.RUN_CODE_ENABLED:
+        raise SandboxUnavailable("RUN_CODE_ENABLED is off")
     return sandbox_setup(
         bwrap=settings.RUN_CODE_BWRAP, python=Path(settings.RUN_CODE_PYTHON), sandbox_uid=settings.RUN_CODE_SANDBOX_UID
     )

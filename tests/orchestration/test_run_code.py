@@ -20,6 +20,7 @@ from asgiref.sync import async_to_sync
 from django.conf import settings as django_settings
 
 from conversations.services import conversation_create, conversation_delete
+from orchestration.tools import sandbox
 from orchestration.tools.base import ToolContext, ToolResult
 from orchestration.tools.run_code import (
     RUN_CODE,
@@ -395,5 +396,26 @@ async def test_empty_code_is_refused_without_running():
 
 async def test_without_bubblewrap_it_says_it_is_unavailable(settings):
     settings.RUN_CODE_BWRAP = "no-such-bwrap"
+    assert not run_code_available()
     result = await run("print(1)")
     assert result.failed and "not available" in result.content
+
+
+async def test_turned_off_it_is_unavailable(settings):
+    settings.RUN_CODE_ENABLED = False
+    assert not run_code_available()
+    result = await run("print(1)")
+    assert result.failed and "not available" in result.content
+
+
+async def test_without_the_seccomp_filter_it_fails_closed(settings, tmp_path):
+    """A system Python without libseccomp's bindings cannot build the filter: nothing runs unfiltered."""
+    python = tmp_path / "python3"
+    python.write_text("#!/bin/sh\nexit 1\n")
+    python.chmod(0o755)
+    sandbox.seccomp_filter.cache_clear()
+    try:
+        with pytest.raises(sandbox.SandboxUnavailable):
+            sandbox.seccomp_filter(python)
+    finally:
+        sandbox.seccomp_filter.cache_clear()
