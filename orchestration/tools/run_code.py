@@ -33,6 +33,7 @@ from orchestration.tools.sandbox import (
     SandboxRun,
     SandboxSetup,
     SandboxUnavailable,
+    packed_bytes_max,
     sandbox_run,
     sandbox_setup,
 )
@@ -242,7 +243,7 @@ def _files_keep(*, conversation_id: int, packed: Path, limit: int) -> list[KeptF
 def _unpack(*, packed: Path, into: Path, limit: int) -> None:
     """Extract only regular files and folders with plain relative names, within `limit` bytes in
     all: the packed file was written by the sandboxed code and may be anything."""
-    if packed.stat().st_size > limit + 1024 * 1024:
+    if packed.stat().st_size > packed_bytes_max(limit):
         raise UnsafeFiles("they take more room than a conversation may keep")
     try:
         with tarfile.open(packed, "r:") as archive:

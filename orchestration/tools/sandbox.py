@@ -6,8 +6,8 @@ One run is one `bwrap` process (docs/tools-sandbox.md has the threat model):
   so the code sees no other process and has no network interface but its own loopback; it may not
   make user namespaces of its own (`--disable-userns`);
 - files: a root of its own, read-only, holding only /usr (the system's Python and its libraries,
-  /usr/local hidden), a fresh /proc and a minimal /dev, a size-limited tmpfs for /tmp and one for
-  the working folder /work, the conversation's kept files read-only at /persist, the code at
+  /usr/local hidden), a fresh /proc and a minimal read-only /dev, size-limited tmpfs mounts for
+  /tmp, /dev/shm and the working folder /work, the conversation's kept files read-only at /persist, the code at
   /sandbox/main.py, and one writable file, /sandbox/files.tar, that the files of /work are packed
   into when the code ends. Not the project, not the data folder, not /etc, not /home;
 - environment: emptied (`--clearenv`), then only LANG, PATH and HOME;
@@ -177,6 +177,11 @@ def seccomp_filter(python: Path) -> bytes:
     return built.stdout
 
 
+def packed_bytes_max(files_bytes: int) -> int:
+    """The largest the packed files may be: a tar's headers and padding can double tiny files' size."""
+    return 2 * files_bytes + 1024 * 1024
+
+
 def sandbox_command(
     *, setup: SandboxSetup, limits: SandboxLimits, persist: Path, code: Path, packed: Path, seccomp_fd: int
 ) -> list[str]:
@@ -185,7 +190,8 @@ def sandbox_command(
         setup.prlimit,
         f"--as={limits.memory_bytes}",
         f"--cpu={cpu_s}",
-        f"--fsize={limits.files_bytes}",
+        # Room for the packed files, headers and all: /work's own tmpfs holds its files to files_bytes.
+        f"--fsize={packed_bytes_max(limits.files_bytes)}",
         "--nofile=256",
         "--core=0",
         "--",
@@ -221,6 +227,8 @@ def sandbox_command(
         "/usr",
         "--tmpfs",
         "/usr/local",
+        "--remount-ro",
+        "/usr/local",
         "--symlink",
         "usr/bin",
         "/bin",
@@ -233,6 +241,13 @@ def sandbox_command(
         "--proc",
         "/proc",
         "--dev",
+        "/dev",
+        # /dev is a tmpfs of bwrap's with no size: only its shared-memory folder stays writable, bounded.
+        "--size",
+        str(16 * 1024 * 1024),
+        "--tmpfs",
+        "/dev/shm",
+        "--remount-ro",
         "/dev",
         "--size",
         str(16 * 1024 * 1024),

@@ -76,6 +76,23 @@ async def test_it_runs_python_and_returns_what_it_prints():
     assert result.content == "2432902008176640000 45\n"
 
 
+async def test_threads_subprocesses_and_a_process_pool_work_within_the_limits():
+    code = """
+import subprocess, threading
+from multiprocessing import Pool
+if __name__ == '__main__':
+    with Pool(2) as pool:
+        print(pool.map(abs, [-1, -2, -3]))
+    print(subprocess.run(['echo', 'hi'], capture_output=True, text=True).stdout.strip())
+    worker = threading.Thread(target=print, args=('thread',))
+    worker.start()
+    worker.join()
+"""
+    result = await run(code)
+    assert not result.failed, result.content
+    assert result.content == "[1, 2, 3]\nhi\nthread\n"
+
+
 async def test_an_exception_is_a_failed_result_with_its_traceback():
     result = await run("def f():\n    return 1 / 0\nf()")
     assert result.failed
@@ -178,7 +195,9 @@ print(json.dumps({{'files': seen, 'env': dict(os.environ), 'root': sorted(os.lis
 
 async def test_it_cannot_write_outside_its_working_folder():
     code = """
-for path in ['/usr/lib/x', '/etc-x', '/x', '/persist/x', '/sandbox/main.py', '/proc/sys/kernel/hostname']:
+paths = ['/usr/lib/x', '/usr/local/x', '/etc-x', '/x', '/dev/x', '/persist/x', '/sandbox/main.py',
+         '/proc/sys/kernel/hostname']
+for path in paths:
     try:
         open(path, 'w').write('x')
         print('wrote', path)
@@ -187,7 +206,7 @@ for path in ['/usr/lib/x', '/etc-x', '/x', '/persist/x', '/sandbox/main.py', '/p
 """
     result = await run(code)
     assert "wrote" not in result.content, result.content
-    assert result.content.count("refused") == 6
+    assert result.content.count("refused") == 8
 
 
 async def test_code_cannot_pass_files_that_escape_the_conversations_folder(files_folder):
@@ -359,7 +378,7 @@ except MemoryError:
 async def test_a_huge_file_is_held_to_the_files_limit(settings):
     code = """
 import os
-for path in ['/work/big', '/tmp/big']:
+for path in ['/work/big', '/tmp/big', '/dev/shm/big']:
     try:
         with open(path, 'wb') as f:
             for _ in range(1024):
@@ -373,9 +392,27 @@ print('done')
     result = await run(code, conversation_id=12)
     assert "wrote" not in result.content, result.content
     assert "done" in result.content
-    for line in result.content.splitlines()[:2]:
+    for line in result.content.splitlines()[:3]:
         assert int(line.split()[2]) <= settings.RUN_CODE_FILES_MB
     assert run_code_files_list(conversation_id=12) == []
+
+
+async def test_many_files_are_held_to_the_files_limit_together(settings):
+    code = """
+written = 0
+try:
+    for i in range(1000):
+        with open(f'part{i}', 'wb') as f:
+            f.write(b'x' * 1024 * 1024)
+        written += 1
+except OSError:
+    print('refused after', written, 'MiB')
+"""
+    result = await run(code, conversation_id=13)
+    assert "refused after" in result.content, result.content
+    assert int(result.content.split()[2]) <= settings.RUN_CODE_FILES_MB
+    kept = run_code_files_list(conversation_id=13)
+    assert sum(file.size for file in kept) <= settings.RUN_CODE_FILES_MB * 1024 * 1024
 
 
 async def test_output_is_bounded():
