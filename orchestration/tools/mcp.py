@@ -7,8 +7,9 @@ input schema, and `side_effects` unless the server marks the tool read-only (its
 A server's list is kept MCP_TOOLS_CACHE_S seconds, and again whenever the server's row changes; a
 server that cannot be listed is left out (and logged), not the others with it.
 
-Each call opens its own connection (a stdio server's process lives for the call) and is bounded by
-the lower of the server's timeout and the turn's: no session outlives the event loop that opened
+Each call opens its own connection (a stdio server's process lives for the call) and waits for its
+answer the lower of the server's timeout and the turn's (then a few seconds for a stdio server's
+process to end): no session outlives the event loop that opened
 it, in a web process or a worker. What a server answers is untrusted text, like any tool's; its
 errors come back as failed results, never as exceptions.
 """
@@ -28,9 +29,10 @@ from typing import Any
 
 import httpx2
 from django.conf import settings
-from mcp import Client
+from mcp import Client, MCPError
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp_types import REQUEST_TIMEOUT
 
 from accounts.models import Tier
 from orchestration.models import McpServer
@@ -39,6 +41,9 @@ from orchestration.tools.base import ToolContext, ToolResult, ToolSpec, result_c
 logger = logging.getLogger(__name__)
 
 MAX_DESCRIPTION_CHARS = 1024
+# How long past a call's own timeout its connection may take to close: the SDK gives a stdio server
+# 2 s to exit once its input is closed, then 2 s after SIGTERM, then kills it.
+SHUTDOWN_GRACE_S = 8.0
 NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -83,18 +88,24 @@ class McpTool:
 
     async def run(self, *, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
         timeout_s = max(0.1, min(context.timeout_s, self.endpoint.timeout_s))
+        deadline = time.monotonic() + timeout_s
+        late = f"The tool server {self.endpoint.name} did not answer within {timeout_s:g} s."
         try:
-            async with asyncio.timeout(timeout_s):
+            # The SDK's own request timeouts end a call cleanly (a stdio server's process stopped
+            # and reaped); the outer bound is a backstop that leaves that shutdown its time.
+            async with asyncio.timeout(timeout_s + SHUTDOWN_GRACE_S):
                 async with mcp_client(self.endpoint, timeout_s=timeout_s) as client:
-                    result = await client.call_tool(self.remote_name, dict(arguments))
+                    result = await client.call_tool(
+                        self.remote_name, dict(arguments), read_timeout_seconds=max(0.1, deadline - time.monotonic())
+                    )
         except TimeoutError:
-            return ToolResult(
-                content=f"The tool server {self.endpoint.name} did not answer within {timeout_s:g} s.", failed=True
-            )
+            return ToolResult(content=late, failed=True)
         except McpUnavailable as error:
             logger.warning("MCP server %s: %s", self.endpoint.name, error)
             return ToolResult(content=f"The tool server {self.endpoint.name} is not configured.", failed=True)
         except Exception as error:
+            if _timed_out(error):
+                return ToolResult(content=late, failed=True)
             logger.warning("MCP server %s: %s failed: %r", self.endpoint.name, self.remote_name, error)
             return ToolResult(content=f"The tool server {self.endpoint.name} could not be reached.", failed=True)
         return result_clipped(
@@ -155,7 +166,7 @@ async def _tools_of(row: McpServer) -> list[McpTool]:
         return kept[2]
     endpoint = McpEndpoint.from_row(row)
     try:
-        async with asyncio.timeout(endpoint.timeout_s):
+        async with asyncio.timeout(endpoint.timeout_s + SHUTDOWN_GRACE_S):
             async with mcp_client(endpoint, timeout_s=endpoint.timeout_s) as client:
                 listed = await _list_all(client)
     except Exception as error:  # a server down or broken leaves the others' tools usable
@@ -197,6 +208,13 @@ def _tools_from_listing(endpoint: McpEndpoint, listed: list[Any]) -> list[McpToo
         spec = ToolSpec(name=name, description=description, parameters=schema, side_effects=not read_only)
         tools.append(McpTool(spec=spec, endpoint=endpoint, remote_name=remote.name))
     return tools
+
+
+def _timed_out(error: BaseException) -> bool:
+    """Whether the SDK gave up waiting for an answer (its errors come wrapped in task groups' groups)."""
+    if isinstance(error, BaseExceptionGroup):
+        return any(_timed_out(inner) for inner in error.exceptions)
+    return isinstance(error, TimeoutError) or (isinstance(error, MCPError) and error.code == REQUEST_TIMEOUT)
 
 
 def _result_text(content: list[Any], structured: Any) -> str:
