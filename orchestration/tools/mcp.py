@@ -41,6 +41,7 @@ from orchestration.tools.base import ToolContext, ToolResult, ToolSpec, result_c
 logger = logging.getLogger(__name__)
 
 MAX_DESCRIPTION_CHARS = 1024
+MAX_SCHEMA_CHARS = 8192
 # How long past a call's own timeout its connection may take to close: the SDK gives a stdio server
 # 2 s to exit once its input is closed, then 2 s after SIGTERM, then kills it.
 SHUTDOWN_GRACE_S = 8.0
@@ -203,6 +204,10 @@ def _tools_from_listing(endpoint: McpEndpoint, listed: list[Any]) -> list[McpToo
         schema = remote.input_schema if isinstance(remote.input_schema, dict) else {}
         if schema.get("type") != "object":
             schema = {"type": "object", "properties": {}}
+        if len(json.dumps(schema, default=str)) > MAX_SCHEMA_CHARS:
+            # Every prompt that offers the tool carries its schema.
+            logger.warning("MCP server %s: tool %r left out, its schema is too long", endpoint.name, remote.name)
+            continue
         read_only = remote.annotations is not None and remote.annotations.read_only_hint is True
         description = (remote.description or remote.title or remote.name)[:MAX_DESCRIPTION_CHARS]
         spec = ToolSpec(name=name, description=description, parameters=schema, side_effects=not read_only)

@@ -11,6 +11,7 @@ import sys
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
+from pydantic import create_model
 
 server = MCPServer("test-tools")
 
@@ -50,6 +51,16 @@ async def hang() -> str:
 def environment(name: str) -> str:
     """What the server's environment holds under `name`, in brackets (empty ones when nothing)."""
     return f"[{os.environ.get(name, '')}]"
+
+
+# Four hundred fields: a schema far too long to offer in every prompt.
+Sprawling = create_model("Sprawling", **{f"field_{i}": (str, "") for i in range(400)})  # type: ignore[call-overload]
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def sprawling(fields: Sprawling) -> str:  # type: ignore[valid-type]
+    """A tool whose schema is too long to offer."""
+    return ""
 
 
 if __name__ == "__main__":

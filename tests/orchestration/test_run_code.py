@@ -132,6 +132,7 @@ async def test_deleting_the_conversations_files_removes_them():
     run_code_files_delete(conversation_id=9)  # nothing left to remove is no error
 
 
+@pytest.mark.topology
 def test_deleting_a_conversation_deletes_its_files(alice, django_capture_on_commit_callbacks):
     conversation = conversation_create(user=alice)
     folder = run_code_files_dir(conversation_id=conversation.id)
