@@ -20,6 +20,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -43,6 +44,7 @@ logger = logging.getLogger(__name__)
 MAX_CODE_CHARS = 100_000
 # How many of a conversation's files a run's result lists for the person.
 LISTED_FILES = 50
+STAGE_STALE_S = 3600
 
 RUN_CODE_SPEC = ToolSpec(
     name="run_code",
@@ -193,6 +195,7 @@ def _stage_make(*, code: str, uid: int | None, conversation_id: int | None) -> P
     the service's, so that the sandbox can read the one and write the other."""
     root = run_code_files_root() / ".runs"
     root.mkdir(parents=True, exist_ok=True)
+    _stages_sweep(root)
     stage = Path(tempfile.mkdtemp(dir=root))
     (stage / "main.py").write_text(code, encoding="utf-8")
     (stage / "files.tar").touch()
@@ -202,6 +205,15 @@ def _stage_make(*, code: str, uid: int | None, conversation_id: int | None) -> P
         for path in (stage, *stage.iterdir()):
             os.chown(path, uid, uid)
     return stage
+
+
+def _stages_sweep(root: Path) -> None:
+    """Remove what runs of a process that died mid-run left behind (no run lasts an hour)."""
+    stale = time.time() - STAGE_STALE_S
+    for entry in os.scandir(root):
+        with contextlib.suppress(OSError):
+            if entry.stat(follow_symlinks=False).st_mtime < stale:
+                shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def _persist_ready(folder: Path) -> None:

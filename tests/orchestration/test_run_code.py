@@ -145,6 +145,16 @@ def test_deleting_a_conversation_deletes_its_files(alice, django_capture_on_comm
     assert not folder.exists()
 
 
+async def test_what_a_dead_process_left_of_its_runs_is_swept_away(files_folder):
+    stale = files_folder / ".runs" / "tmpdead"
+    stale.mkdir(parents=True)
+    (stale / "main.py").write_text("print(1)")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    await run("print(1)")
+    assert not stale.exists()
+    assert list((files_folder / ".runs").iterdir()) == []
+
+
 # --- the server's files and environment ------------------------------------------------------------
 
 
