@@ -43,8 +43,9 @@ logger = logging.getLogger(__name__)
 MAX_DESCRIPTION_CHARS = 1024
 MAX_SCHEMA_CHARS = 8192
 # How long past a call's own timeout its connection may take to close: the SDK gives a stdio server
-# 2 s to exit once its input is closed, then 2 s after SIGTERM, then kills it.
-SHUTDOWN_GRACE_S = 8.0
+# 2 s to exit once its input is closed, then 2 s after SIGTERM, then kills it and waits 2 s to reap
+# it. Generous, since cutting that short is what could leave the process behind.
+SHUTDOWN_GRACE_S = 15.0
 NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 

@@ -133,7 +133,7 @@ def test_a_hanging_tool_is_stopped_at_the_servers_timeout(mcp_url, free_tier):
     hang = tools_for(free_tier)["search__hang"]
     started = time.monotonic()
     result = call(hang, {})
-    assert time.monotonic() - started < 6
+    assert time.monotonic() - started < 10
     assert result.failed and "did not answer within 1.5 s" in result.content
 
 
@@ -141,7 +141,7 @@ def test_the_turns_own_timeout_bounds_a_call_too(mcp_url, free_tier):
     http_server(mcp_url, free_tier)
     started = time.monotonic()
     result = call(tools_for(free_tier)["search__hang"], {}, timeout_s=1)
-    assert time.monotonic() - started < 6
+    assert time.monotonic() - started < 10
     assert result.failed and "within 1 s" in result.content
 
 
