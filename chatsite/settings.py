@@ -343,6 +343,26 @@ RESPONSE_CACHE_MAX_ENTRIES = env_int("RESPONSE_CACHE_MAX_ENTRIES", 2000, minimum
 # A prompt longer than the window times this many characters is refused before it is tokenized or
 # moderated (accounts.services.request_size_check).
 PROMPT_MAX_CHARS_PER_TOKEN = env_int("PROMPT_MAX_CHARS_PER_TOKEN", 8, minimum=1, maximum=1000)
+
+# --- tools that run code and reach MCP servers (docs/tools-sandbox.md) ------------------------------
+# `run_code` runs Python under bubblewrap: the bwrap program, the system Python it runs (under /usr,
+# the only part of the machine the sandbox sees), and each run's limits. Its time limit is the lower
+# of this and the tool loop's. A conversation's files live under RUN_CODE_DIR until it is deleted.
+# Off: the tool is not offered, as on a machine where the sandbox cannot run (no user namespaces).
+RUN_CODE_ENABLED = env_bool("RUN_CODE_ENABLED", True)
+RUN_CODE_BWRAP = env_str("RUN_CODE_BWRAP", "bwrap")
+RUN_CODE_PYTHON = env_path("RUN_CODE_PYTHON", Path("/usr/bin/python3"))
+RUN_CODE_DIR = env_path("RUN_CODE_DIR", DATA_DIR / "run_code")
+RUN_CODE_TIMEOUT_S = env_float("RUN_CODE_TIMEOUT_S", 30.0, minimum=1.0)
+RUN_CODE_MEMORY_MB = env_int("RUN_CODE_MEMORY_MB", 512, minimum=64)
+RUN_CODE_FILES_MB = env_int("RUN_CODE_FILES_MB", 64, minimum=1)
+RUN_CODE_PROCESSES = env_int("RUN_CODE_PROCESSES", 32, minimum=4)
+# The unprivileged user id the sandbox runs as when the service itself runs as root (the kernel does
+# not hold root to a process limit); a service running as another user runs it as itself.
+RUN_CODE_SANDBOX_UID = env_int("RUN_CODE_SANDBOX_UID", 65534, minimum=1)
+# How long an MCP server's list of tools is kept before it is asked again (a change to its row in the
+# admin asks again at once).
+MCP_TOOLS_CACHE_S = env_float("MCP_TOOLS_CACHE_S", 60.0, minimum=0.0)
 # The currency tier prices and the ledger's costs are in (ISO 4217), as the usage pages and the chat
 # page show them (billing.money).
 BILLING_CURRENCY = env_str("BILLING_CURRENCY", "USD").upper()

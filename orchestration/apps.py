@@ -18,8 +18,6 @@ class OrchestrationConfig(AppConfig):
 
         response_cache_register(cache_probe)
 
-        from orchestration.tools.registry import tool_register
-        from orchestration.tools.web import FetchPage, WebSearch, fetch_page_enabled, web_search_enabled
+        from orchestration.tools.installed import tools_install
 
-        tool_register(WebSearch(), enabled=web_search_enabled)
-        tool_register(FetchPage(), enabled=fetch_page_enabled)
+        tools_install()

@@ -6,15 +6,16 @@ from django.db import migrations, models
 
 # Frozen as they were when this migration was written (inference.defaults).
 DEFAULT_DEPLOYMENT_NAME = "smollm2-135m"
-# The built-in read-only tools; each runs only where its configuration is present (docs/tools.md).
-BUILT_IN_READ_ONLY = ("search_files", "web_search", "fetch_page")
+# The built-in tools; each runs only where its configuration is present (docs/tools.md), and
+# run_code, which has side effects, only after the person allows it.
+BUILT_IN = ("search_files", "web_search", "fetch_page", "run_code")
 
 
 def default_deployment_granted(apps, schema_editor):
     ModelDeployment = apps.get_model("inference", "ModelDeployment")
     ToolGrant = apps.get_model("orchestration", "ToolGrant")
     for deployment in ModelDeployment.objects.filter(name=DEFAULT_DEPLOYMENT_NAME):
-        for tool in BUILT_IN_READ_ONLY:
+        for tool in BUILT_IN:
             ToolGrant.objects.get_or_create(deployment=deployment, tier=None, tool=tool)
 
 
@@ -23,7 +24,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ('accounts', '0015_verified_email'),
         ('inference', '0015_tier_deployments_declared_here'),
-        ('orchestration', '0002_summaries_to_conversations'),
+        ('orchestration', '0003_mcp_servers'),
     ]
 
     operations = [
