@@ -1,7 +1,8 @@
 """Tools from the Model Context Protocol servers an operator adds (orchestration.models.McpServer),
 through the official MCP SDK's client.
 
-`mcp_tools_for(tier=...)` gives the tools of every enabled server the tier may use, each a `Tool`
+`mcp_tools_for(tier=...)` (and `mcp_tool_source(tier_id)`, the same for synchronous callers) gives
+the tools of every enabled server the tier may use, each a `Tool`
 named `<server>__<tool>` (so two servers' tools never clash), with the server's description and
 input schema, and `side_effects` unless the server marks the tool read-only (its `readOnlyHint`).
 A server's list is kept MCP_TOOLS_CACHE_S seconds, and again whenever the server's row changes; a
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx2
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from mcp import Client, MCPError
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -122,6 +124,22 @@ async def mcp_tools_for(*, tier: Tier | None) -> list[McpTool]:
     if tier is None:
         return []
     rows = [row async for row in McpServer.objects.filter(enabled=True, tiers=tier).order_by("name")]
+    return await _tools_of_rows(rows)
+
+
+def mcp_tool_source(tier_id: int | None) -> list[McpTool]:
+    """`mcp_tools_for` for synchronous callers (a tool registry's source, run in a database thread):
+    the plan's servers' tools, with no round trip while their lists are kept."""
+    if tier_id is None:
+        return []
+    rows = list(McpServer.objects.filter(enabled=True, tiers__id=tier_id).order_by("name"))
+    kept = [_kept(row) for row in rows]
+    if all(tools is not None for tools in kept):
+        return [tool for tools in kept if tools is not None for tool in tools]
+    return async_to_sync(_tools_of_rows)(rows)
+
+
+async def _tools_of_rows(rows: list[McpServer]) -> list[McpTool]:
     listed = await asyncio.gather(*(_tools_of(row) for row in rows))
     return [tool for tools in listed for tool in tools]
 
@@ -162,10 +180,17 @@ async def mcp_client(endpoint: McpEndpoint, *, timeout_s: float) -> AsyncIterato
 _LISTS: dict[int, tuple[float, Any, list[McpTool]]] = {}
 
 
-async def _tools_of(row: McpServer) -> list[McpTool]:
+def _kept(row: McpServer) -> list[McpTool] | None:
     kept = _LISTS.get(row.id)
     if kept is not None and kept[1] == row.updated_at and time.monotonic() - kept[0] < settings.MCP_TOOLS_CACHE_S:
         return kept[2]
+    return None
+
+
+async def _tools_of(row: McpServer) -> list[McpTool]:
+    kept = _kept(row)
+    if kept is not None:
+        return kept
     endpoint = McpEndpoint.from_row(row)
     try:
         async with asyncio.timeout(endpoint.timeout_s + SHUTDOWN_GRACE_S):

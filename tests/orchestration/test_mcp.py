@@ -11,14 +11,21 @@ import time
 
 import psutil
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 from accounts.models import Tier
 from orchestration.models import McpServer
 from orchestration.tools.base import ToolContext, ToolSpec
-from orchestration.tools.mcp import SHUTDOWN_GRACE_S, McpEndpoint, McpTool, mcp_cache_clear, mcp_tools_for
+from orchestration.tools.mcp import (
+    SHUTDOWN_GRACE_S,
+    McpEndpoint,
+    McpTool,
+    mcp_cache_clear,
+    mcp_tool_source,
+    mcp_tools_for,
+)
 from tests.helpers.servers import free_port
 
 pytestmark = pytest.mark.django_db
@@ -168,6 +175,21 @@ def test_only_the_chosen_tiers_get_an_enabled_servers_tools(mcp_url, free_tier):
     server.enabled = False
     server.save()
     assert tools_for(pro) == {}
+
+
+def test_the_synchronous_source_gives_the_same_tools_from_a_database_thread(mcp_url, free_tier):
+    """As a tool registry calls it: in a thread of the event loop's, via sync_to_async."""
+    http_server(mcp_url, free_tier)
+
+    async def from_the_loop():
+        return await sync_to_async(mcp_tool_source)(free_tier.id)
+
+    tools = {tool.spec.name: tool for tool in async_to_sync(from_the_loop)()}
+    assert "search__add" in tools
+    assert call(tools["search__add"], {"a": 1, "b": 1}).content == "2"
+    # Kept: the second time asks no server.
+    assert [tool.spec.name for tool in mcp_tool_source(free_tier.id)] == list(tools)
+    assert mcp_tool_source(None) == []
 
 
 def test_the_list_is_kept_for_a_while_and_asked_again_when_the_server_changes(mcp_url, free_tier):
