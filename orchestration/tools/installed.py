@@ -6,25 +6,17 @@ from __future__ import annotations
 
 from typing import cast
 
-from asgiref.sync import async_to_sync
-
-from accounts.models import Tier
 from orchestration.tools.base import Tool
-from orchestration.tools.mcp import mcp_tools_for
+from orchestration.tools.mcp import mcp_tool_source
 from orchestration.tools.registry import tool_register, tool_source_register
 from orchestration.tools.run_code import RUN_CODE, run_code_available
 from orchestration.tools.web import FetchPage, WebSearch, fetch_page_enabled, web_search_enabled
 
 
 def mcp_tools_for_plan(tier_id: int | None) -> list[Tool]:
-    """The MCP servers' tools for a plan, from the sync code that plans an answer (a database thread:
-    asgiref runs the listing on the server's event loop, whose cache keeps it cheap)."""
-    tier = Tier.objects.filter(id=tier_id).first() if tier_id is not None else None
-    if tier is None:
-        return []
     # An McpTool keeps the protocol; its spec is a frozen dataclass's field, read-only, which mypy
     # does not take for the protocol's plain attribute.
-    return cast(list[Tool], async_to_sync(mcp_tools_for)(tier=tier))
+    return cast(list[Tool], mcp_tool_source(tier_id))
 
 
 def tools_install() -> None:
