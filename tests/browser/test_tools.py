@@ -8,6 +8,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from conversations.models import Conversation, Message
+from orchestration.tools.run_code import run_code_available
 from tests.browser.conftest import BROWSER_MARKS, sign_in
 from tests.orchestration.tools import Echo, Sending
 
@@ -87,3 +88,21 @@ async def test_files_in_the_composer_asks_for_the_search_of_the_persons_files(pa
     assert user.content == "tide tables"
     conversation = await database_sync_to_async(Conversation.objects.get)()
     assert not conversation.tools_enabled
+
+
+@pytest.mark.skipif(not run_code_available(), reason="the sandbox cannot run on this machine (bubblewrap)")
+async def test_run_in_the_composer_asks_then_shows_ran_code_with_its_output(page, granted_tools):
+    await granted_tools("run_code")
+    await sign_in(page, "dave")
+    await page.fill("#input", "/run print(6 * 7)")
+    await page.keyboard.press("Enter")
+    dialog = page.locator("dialog#tool-approval")
+    await dialog.wait_for(state="visible")
+    assert "run_code" in await dialog.locator(".tool-approval-what").text_content()
+    await dialog.get_by_role("button", name="Allow once").click()
+    await page.wait_for_function(ANSWERED)
+    step = page.locator("details.tool-step")
+    # The scripted engine's program is a value of the tool's schema (`scripted`): Python says so.
+    assert (await step.locator("summary").text_content()).startswith("Ran code")
+    await step.locator("summary").click()
+    assert "NameError" in await step.locator("pre.tool-output").text_content()
