@@ -83,6 +83,9 @@ test: install-dev model
 	@command -v tesseract >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 		&& (apt-get update -qq && apt-get install -y -qq tesseract-ocr tesseract-ocr-eng fonts-dejavu-core >/dev/null) ; } \
 		|| echo "tesseract is not installed: the OCR tests will be skipped (and fail under CI)"
+	@{ command -v bwrap && /usr/bin/python3 -c "import seccomp"; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& (apt-get update -qq && apt-get install -y -qq bubblewrap python3-seccomp >/dev/null) ; } \
+		|| echo "bubblewrap or python3-seccomp is not installed: the run_code sandbox's tests will be skipped"
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

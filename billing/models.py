@@ -56,6 +56,9 @@ class UsageRecord(models.Model):
         # recorded with their tokens, free of charge, and not counted towards the quotas.
         SUMMARY = "summary", "Conversation summary"
         CACHED = "cached", "Cached answer"
+        # A tool the service ran in an answer's tool loop, at the tool's own cost (a search provider's
+        # fee); its model calls are generations, charged as such.
+        TOOL = "tool", "Tool call"
 
     # SET_NULL: a deleted account's records stay on the ledger without it, numbered by `former_account`.
     user = models.ForeignKey(

@@ -9,7 +9,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.utils import timezone
 
 from accounts.models import User
-from accounts.selectors import tier_for_user
+from accounts.selectors import tier_for_user, tier_for_user_id_or_none
 from billing.models import UsageRecord
 from billing.selectors import tier_prices_for_user_id, usage_tokens_since
 from chatsite.queries import insert_unless_conflicting
@@ -113,6 +113,17 @@ def embedding_record(*, user_id: int, deployment_id: int, tokens: int) -> UsageR
         prompt_tokens=tokens,
         prompt_price_per_1k=prices.prompt_per_1k,
         cost=cost,
+    )
+
+
+def tool_usage_record(*, user_id: int, cost: Decimal) -> UsageRecord:
+    """The ledger row of a tool call in an answer's tool loop: the tool's own cost, no tokens."""
+    return UsageRecord.objects.create(
+        user_id=user_id,
+        kind=UsageRecord.Kind.TOOL,
+        tier=tier_for_user_id_or_none(user_id=user_id),
+        status="complete",
+        cost=cost.quantize(COST_PLACES, rounding=ROUND_HALF_UP),
     )
 
 

@@ -359,6 +359,26 @@ RESPONSE_CACHE_MAX_ENTRIES = env_int("RESPONSE_CACHE_MAX_ENTRIES", 2000, minimum
 # A prompt longer than the window times this many characters is refused before it is tokenized or
 # moderated (accounts.services.request_size_check).
 PROMPT_MAX_CHARS_PER_TOKEN = env_int("PROMPT_MAX_CHARS_PER_TOKEN", 8, minimum=1, maximum=1000)
+
+# --- tools that run code and reach MCP servers (docs/tools-sandbox.md) ------------------------------
+# `run_code` runs Python under bubblewrap: the bwrap program, the system Python it runs (under /usr,
+# the only part of the machine the sandbox sees), and each run's limits. Its time limit is the lower
+# of this and the tool loop's. A conversation's files live under RUN_CODE_DIR until it is deleted.
+# Off: the tool is not offered, as on a machine where the sandbox cannot run (no user namespaces).
+RUN_CODE_ENABLED = env_bool("RUN_CODE_ENABLED", True)
+RUN_CODE_BWRAP = env_str("RUN_CODE_BWRAP", "bwrap")
+RUN_CODE_PYTHON = env_path("RUN_CODE_PYTHON", Path("/usr/bin/python3"))
+RUN_CODE_DIR = env_path("RUN_CODE_DIR", DATA_DIR / "run_code")
+RUN_CODE_TIMEOUT_S = env_float("RUN_CODE_TIMEOUT_S", 30.0, minimum=1.0)
+RUN_CODE_MEMORY_MB = env_int("RUN_CODE_MEMORY_MB", 512, minimum=64)
+RUN_CODE_FILES_MB = env_int("RUN_CODE_FILES_MB", 64, minimum=1)
+RUN_CODE_PROCESSES = env_int("RUN_CODE_PROCESSES", 32, minimum=4)
+# The unprivileged user id the sandbox runs as when the service itself runs as root (the kernel does
+# not hold root to a process limit); a service running as another user runs it as itself.
+RUN_CODE_SANDBOX_UID = env_int("RUN_CODE_SANDBOX_UID", 65534, minimum=1)
+# How long an MCP server's list of tools is kept before it is asked again (a change to its row in the
+# admin asks again at once).
+MCP_TOOLS_CACHE_S = env_float("MCP_TOOLS_CACHE_S", 60.0, minimum=0.0)
 # The currency tier prices and the ledger's costs are in (ISO 4217), as the usage pages and the chat
 # page show them (billing.money).
 BILLING_CURRENCY = env_str("BILLING_CURRENCY", "USD").upper()
@@ -404,6 +424,31 @@ if DOCUMENTS_PROCESSING == "celery" and not REDIS_URL:
 DOCUMENTS_WORKERS = env_int("DOCUMENTS_WORKERS", 2, minimum=1, maximum=16)
 # How many passages of a user's files a message's prompt may quote, at most.
 DOCUMENTS_TOP_K = env_int("DOCUMENTS_TOP_K", 4, minimum=1, maximum=20)
+
+# --- tools the service runs itself (docs/tools.md) ------------------------------------------------
+# The limits of one answer's tool loop: model calls (steps), tool calls, and each call's time and output.
+TOOLS_MAX_STEPS = env_int("TOOLS_MAX_STEPS", 4, minimum=1, maximum=16)
+TOOLS_MAX_CALLS = env_int("TOOLS_MAX_CALLS", 4, minimum=1, maximum=32)
+TOOLS_TIMEOUT_S = env_float("TOOLS_TIMEOUT_S", 20.0, minimum=0.1)
+TOOLS_MAX_OUTPUT_CHARS = env_int("TOOLS_MAX_OUTPUT_CHARS", 4000, minimum=200, maximum=100_000)
+# How long a call with side effects waits for the person's answer before it counts as refused.
+TOOLS_APPROVAL_TIMEOUT_S = env_float("TOOLS_APPROVAL_TIMEOUT_S", 300.0, minimum=1)
+# Web search: a SearXNG instance's JSON API (…/search), or a generic search API that takes `q` and
+# answers JSON results, with its key sent as a bearer token. Unset: no web search tool.
+TOOLS_SEARCH_URL = env_url("TOOLS_SEARCH_URL", ("http", "https"))
+TOOLS_SEARCH_KIND = env_choice("TOOLS_SEARCH_KIND", "searxng", choices=("searxng", "generic"))
+TOOLS_SEARCH_API_KEY = env_str("TOOLS_SEARCH_API_KEY", "")
+# What one search costs the service (the provider's fee), charged to the person in the ledger's currency.
+TOOLS_SEARCH_COST = env_str("TOOLS_SEARCH_COST", "0")
+if not re.fullmatch(r"\d{1,6}(\.\d{1,8})?", TOOLS_SEARCH_COST):
+    raise ImproperlyConfigured(f"TOOLS_SEARCH_COST must be a non-negative decimal, got {TOOLS_SEARCH_COST!r}")
+# Fetching a page the model names: off unless the operator turns it on.
+TOOLS_FETCH_ENABLED = env_bool("TOOLS_FETCH_ENABLED", False)
+TOOLS_FETCH_MAX_BYTES = env_int("TOOLS_FETCH_MAX_BYTES", 1024 * 1024, minimum=1024)
+TOOLS_FETCH_MAX_REDIRECTS = env_int("TOOLS_FETCH_MAX_REDIRECTS", 3, minimum=0, maximum=10)
+# Private, loopback and link-local addresses are refused unless the operator allows them (an
+# intranet search engine, say); the search provider's own address is the operator's and always allowed.
+TOOLS_FETCH_ALLOW_PRIVATE = env_bool("TOOLS_FETCH_ALLOW_PRIVATE", False)
 
 # --- celery --------------------------------------------------------------------------------------
 # Deliberate choices, explained in docs/production.md:

@@ -2,7 +2,7 @@
 
 Client → server: `message.send` {content, conversation?, model?, client_id?, retry?, parent?}, `generation.stop`
 {generation}, `generation.resume` {generation, after_seq}, `message.regenerate` {message, replaces?, model?},
-`message.continue` {message, replaces?}.
+`message.continue` {message, replaces?}, `tool.approve` {generation, call, decision}.
 Server → client: `conversation.created`, `message.accepted` (its `user_message` with its `parent` and `siblings`),
 `message.regenerating` {regenerated, assistant_message {id, parent, siblings, text_before?}, generation, model, replayed?},
 `message.continuing` {assistant_message, generation, model, replayed?}, `generation.delta` {seq, text},
@@ -12,7 +12,9 @@ written or changed, `conversation.summary` {conversation, through, text} when a 
 messages is ready, `conversation.message` {conversation, created, user_message, assistant_message?,
 generation?, blocked?} for a message another of the user's sockets sent, `message.blocked` {conversation, user_message, message} when
 moderation holds a message back (it is saved, flagged, and never reaches the model), and `error`
-{code, message, client_id?} for a refused request.
+{code, message, client_id?} for a refused request; and the tool loop's frames (`tool.calls`,
+`tool.approval`, `tool.running`, `tool.result`, `tool.step`, `tool.stopped`: conversations.tool_loops)
+for an answer that may call the service's tools (`message.send`'s `tools` and `tool`, docs/tools.md).
 
 A send's `client_id` (a UUID the client makes) is echoed in its `message.accepted`,
 `message.blocked` or `error`, and makes the send safe to repeat: a client whose socket dropped
@@ -76,6 +78,7 @@ from conversations.services import (
     message_send,
     message_send_checked,
 )
+from conversations.tool_loops import ToolLoops
 from inference.execution.dispatch import engine_state
 from inference.models import Generation
 from inference.openai import wire
@@ -137,6 +140,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self._place = socket_id
         self._place_kept = asyncio.ensure_future(self._place_keep())
         self.streams = self._stream_follower()
+        self.tools = ToolLoops(user=self.user, send=self.send_json, follow=self._follow_step)
         # Joined before the accept: a change from here on reaches this socket by its event.
         await self.channel_layer.group_add(user_group(self.user.id), self.channel_name)
         await self.accept()
@@ -183,6 +187,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_discard(user_group(self.user.id), self.channel_name)
         await self.channel_layer.group_discard(ENGINE_STATUS_GROUP, self.channel_name)
         await self.streams.close()
+        await self.tools.close()
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         if self._closed_for_access or not await self._access_holds():
@@ -211,6 +216,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             "generation.resume": self._generation_resume,
             "message.regenerate": self._message_regenerate,
             "message.continue": self._message_continue,
+            "tool.approve": self._tool_approve,
         }.get(name)
         if handler is None:
             named = f" {kind[:100]!r}" if isinstance(kind, str) else ""
@@ -253,7 +259,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         # release), so the message saved is answered with its `message.accepted`.
         call = _reconnecting_send(request) if request.client_id is not None else db_async
         # Scored once the send has committed its answer held: the engine starts on it meanwhile.
-        sent = await message_send_checked(call, user=self.user, request=request)
+        sent = await message_send_checked(call, user=self.user, request=request, run_tools=True)
         if sent.conversation_created:
             await self.send_json(
                 {
@@ -296,6 +302,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             accepted["warning"] = sent.warning
         if generation.cached:  # played back from the response cache (orchestration.cache)
             accepted["cached"] = True
+        if sent.tools is not None and not sent.replayed:
+            # Its steps are followed and its calls run by this socket (conversations.tool_loops).
+            accepted["tools"] = sent.tools.as_json()
+            await self.tools.start(
+                plan=sent.tools,
+                generation=generation,
+                answer_id=answer.id,
+                user_message_id=sent.user_message.id,
+                conversation_id=sent.conversation.id,
+                project_id=sent.conversation.project_id,
+            )
         self._started.add(str(generation.id))
         await self.send_json(accepted)
         # A replayed send's answer may have ended long ago, its events gone from the buffer.
@@ -365,7 +382,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self._follow(requeued.generation, after_seq=0, fresh=not requeued.replayed)
 
     async def _generation_stop(self, content: dict[str, Any]) -> None:
-        await self._stop(await self._own_generation(content.get("generation")))
+        generation = await self._own_generation(content.get("generation"))
+        if await self.tools.stop(str(generation.id)):  # an answer between its tool steps
+            return
+        await self._stop(generation)
+
+    async def _tool_approve(self, content: dict[str, Any]) -> None:
+        """The person's answer to a tool call that waits for it (conversations.tool_loops)."""
+        await self.tools.approve(content)
 
     async def _stop(self, generation: Generation) -> None:
         ended = await _reconnecting(generation_request_stop)(generation=generation)
@@ -392,10 +416,21 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         key = str(generation.id)
         await self.streams.follow(key, after_seq=after_seq, fresh=fresh, read_row=lambda: self._own_generation(key))
 
+    async def _follow_step(self, generation: Generation) -> None:
+        """Follow the next step of an answer's tool loop, queued by this socket."""
+        self._started.add(str(generation.id))
+        await self._follow(generation, after_seq=0, fresh=True)
+
     async def _forward(self, event: dict[str, Any]) -> None:
         await self.streams.forward(event)
 
     async def _pass_on(self, event: dict[str, Any]) -> None:
+        if self.tools.owns(event.get("generation", "")):
+            passed = await self.tools.passed_on(event)
+            if passed is None:  # a step that ended in tool calls: they run now
+                self._started.discard(event["generation"])
+                return
+            event = passed
         if event["type"] == "generation.done":
             event = {**event, **await self._costs(event["generation"])}
         await self.send_json(event)

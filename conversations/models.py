@@ -75,6 +75,10 @@ class Conversation(models.Model):
     # prompt that goes into every answer's system turn after the person's custom instructions, and the
     # sampling temperature of its answers (None: the deployment's).
     system_prompt = models.TextField(blank=True, default="")
+    # Tools the service runs itself: on for this chat (the model decides when to call them), and the
+    # tools with side effects the person allowed for the whole chat (docs/tools.md).
+    tools_enabled = models.BooleanField(default=False)
+    tools_allowed = models.JSONField(default=list, blank=True)
     temperature = models.FloatField(null=True, blank=True)
     # The leaf of the branch last shown or answered: what the page shows on a reload and what a send
     # without a `parent` continues. None (never set, or its message gone): the newest leaf.
@@ -110,6 +114,8 @@ class Message(models.Model):
         SYSTEM = "system"
         USER = "user"
         ASSISTANT = "assistant"
+        # A tool's result in an answer's tool loop (docs/tools.md); its parent is the call's step.
+        TOOL = "tool"
 
     class Status(models.TextChoices):
         PENDING = "pending"
@@ -156,6 +162,13 @@ class Message(models.Model):
         editable=False,
         help_text="The sender's own id for a user message, so that a message sent twice is saved once.",
     )
+    # The tool loop's steps (orchestration.tools.loop): an answer's step that called tools keeps its
+    # calls in OpenAI's shape; a tool message names the call it answers, its tool, and what the
+    # person is shown of it (outcome, output, details), beside `content`, the fenced turn the model read.
+    tool_calls = models.JSONField(default=list, blank=True)
+    tool_call_id = models.CharField(max_length=128, blank=True, default="")
+    tool_name = models.CharField(max_length=64, blank=True, default="")
+    tool_shown = models.JSONField(default=dict, blank=True)
     # What moderation flagged about it (an input check's flag on a user message, an output check's on
     # an answer), through rows that point down at the flags: `Flag.objects.filter(message=...)`.
     moderation_flags = models.ManyToManyField(

@@ -1,10 +1,12 @@
-"""Keeps assistant messages and summaries in step with their generations, and flags and files with
-the messages, conversations and projects they belong to; the rules live in services and summaries."""
+"""Keeps assistant messages and summaries in step with their generations, and flags and files (uploaded,
+and those code runs kept) with the messages, conversations and projects they belong to; the rules
+live in services and summaries."""
 
+from django.db import transaction
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
-from conversations.models import ConversationFile, FlaggedMessage, ProjectFile
+from conversations.models import Conversation, ConversationFile, FlaggedMessage, ProjectFile
 from conversations.services import (
     conversation_title_on_finish,
     message_finish_from_generation,
@@ -15,6 +17,7 @@ from documents.models import Document
 from inference.models import Generation
 from inference.signals import generation_finished, generation_started
 from moderation.models import Flag
+from orchestration.tools.run_code import run_code_files_delete
 
 
 @receiver(generation_started)
@@ -52,3 +55,11 @@ def file_goes_with_its_conversation(sender, instance, **kwargs) -> None:
 def file_goes_with_its_project(sender, instance, **kwargs) -> None:
     """A project deleted (alone, or with its user) takes its files with it, and their chunks."""
     Document.objects.filter(id=instance.document_id).delete()
+
+
+@receiver(post_delete, sender=Conversation)
+def code_files_go_with_their_conversation(sender, instance, **kwargs) -> None:
+    """A conversation deleted (alone, or with its user) takes the files its code runs kept, once the
+    deletion is committed (a rolled-back one keeps them)."""
+    conversation_id = instance.id
+    transaction.on_commit(lambda: run_code_files_delete(conversation_id=conversation_id))

@@ -20,6 +20,7 @@ from typing import Final, TypeGuard
 from django.conf import settings
 
 from chatsite.errors import ClientError
+from orchestration.tools.base import TOOL_NAME
 
 
 class ActiveBranch(enum.Enum):
@@ -114,6 +115,10 @@ class SendRequest:
     project_id: int | None = None
     # The user's images (their files' ids) the message carries, in order.
     images: tuple[int, ...] = ()
+    # The conversation's tools switched on or off with this message (None: as they are), and a tool
+    # the person asked for by name, which the answer's first step must call (docs/tools.md).
+    tools: bool | None = None
+    tool: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", message_content_clean(self.content))
@@ -123,6 +128,8 @@ class SendRequest:
                 code="invalid_request",
                 param="images",
             )
+        if self.tool is not None and not TOOL_NAME.match(self.tool):
+            raise ClientError("'tool' must be a tool's name.", code="invalid_request", param="tool")
         model_name_check(self.model)
         if self.parent is not ACTIVE_BRANCH and self.parent is not None and not is_row_id(self.parent):
             raise ClientError("'parent' must be a message id or null.", code="invalid_request", param="parent")
@@ -141,7 +148,8 @@ class SendRequest:
     def parse(cls, fields: Mapping[str, object]) -> SendRequest:
         """From a `message.send` frame or the send API's body: `content`, and optionally
         `conversation` (an id), `model`, `client_id` (a UUID), `parent` (an id or null), `retry`,
-        `project` (an id, for a new conversation) and `images` (ids of the user's images)."""
+        `project` (an id, for a new conversation), `images` (ids of the user's images), `tools` (true or
+        false: the conversation's tools on or off) and `tool` (the name of a tool the answer must call first)."""
         conversation = fields.get("conversation")
         if conversation is not None and not is_integer(conversation):
             raise ClientError("'conversation' must be a conversation id.", code="invalid_request", param="conversation")
@@ -158,6 +166,12 @@ class SendRequest:
         images = fields.get("images", [])
         if not isinstance(images, list) or not all(is_integer(i) for i in images):
             raise ClientError("'images' must be a list of image ids.", code="invalid_request", param="images")
+        tools = fields.get("tools")
+        if tools is not None and not isinstance(tools, bool):
+            raise ClientError("'tools' must be true or false.", code="invalid_request", param="tools")
+        tool = fields.get("tool")
+        if tool is not None and not (isinstance(tool, str) and TOOL_NAME.match(tool)):
+            raise ClientError("'tool' must be a tool's name.", code="invalid_request", param="tool")
         return cls(
             images=tuple(images),
             content=message_content_clean(fields.get("content")),
@@ -167,6 +181,8 @@ class SendRequest:
             client_id=uuid_parse(fields.get("client_id"), param="client_id"),
             parent=parent,
             retry=retry,
+            tools=tools,
+            tool=tool,
         )
 
 

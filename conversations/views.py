@@ -103,7 +103,7 @@ def _chat_page(
         # (POST .../branch/) and loading again.
         branch = message_branch(conversation=conversation)
         assert branch is not None  # the branch shown is always one of the conversation's
-        messages = [ShownMessage(m, siblings=branch.tree.siblings(m.id)) for m in branch.messages]
+        messages = _tool_steps_folded([ShownMessage(m, siblings=branch.tree.siblings(m.id)) for m in branch.messages])
         _notes_attach(messages)
         _details_attach(messages, tree=branch.tree, user=user)
         _writers_attach(messages)
@@ -178,9 +178,82 @@ class ShownMessage:
     citation_list: list[Citation] = field(default_factory=list)
     usage: GenerationUsage | None = None  # an answer's tokens and cost, for its owner's info panel
     images: list[dict[str, object]] = field(default_factory=list)  # a user message's (conversations.images)
+    # The tool calls that led to an answer (its loop's steps, folded into it), as the page shows them.
+    tool_steps: list[ToolStepShown] = field(default_factory=list)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.message, name)
+
+
+@dataclass
+class ToolStepShown:
+    """One call of an answer's tool loop as the page shows it: what ran, with which arguments, and
+    what came back for the person (moderated; never the fenced turn the model read)."""
+
+    name: str
+    arguments: str
+    outcome: str
+    output: str
+    truncated: bool
+
+    @property
+    def label(self) -> str:
+        return tool_step_label(name=self.name, arguments=self.arguments, outcome=self.outcome)
+
+
+def tool_step_label(*, name: str, arguments: str, outcome: str) -> str:
+    """What a step says it did, as static/chat/tools.js says it live: "Searched the web for …"."""
+    try:
+        parsed = json.loads(arguments or "{}")
+    except ValueError:
+        parsed = {}
+    parsed = parsed if isinstance(parsed, dict) else {}
+    said = {
+        "web_search": f"Searched the web for “{parsed.get('query', '')}”",
+        "search_files": f"Searched your files for “{parsed.get('query', '')}”",
+        "fetch_page": f"Read {parsed.get('url', 'a page')}",
+        "run_code": "Ran code",
+    }.get(name, f"Used {name}")
+    if outcome in ("ok", ""):
+        return said
+    return f"{said} ({TOOL_OUTCOMES.get(outcome, outcome)})"
+
+
+TOOL_OUTCOMES = {
+    "failed": "failed",
+    "invalid": "not run: invalid call",
+    "timeout": "timed out",
+    "refused": "not allowed",
+    "withheld": "result withheld",
+    "not_run": "not run",
+}
+
+
+def _tool_steps_folded(messages: list[ShownMessage]) -> list[ShownMessage]:
+    """The branch with each answer's tool loop folded into the answer it led to: the steps that
+    called tools and their results are not messages of their own on the page. A loop that ended
+    before an answer in words (stopped) shows its last step, with its calls."""
+    shown: list[ShownMessage] = []
+    steps: list[ToolStepShown] = []
+    for index, message in enumerate(messages):
+        if message.role == Message.Role.TOOL:
+            data = message.tool_shown or {}
+            steps.append(
+                ToolStepShown(
+                    name=message.tool_name,
+                    arguments=str(data.get("arguments", "")),
+                    outcome=str(data.get("outcome", "")),
+                    output=str(data.get("output", "")),
+                    truncated=bool(data.get("truncated")),
+                )
+            )
+            continue
+        if message.role == Message.Role.ASSISTANT and message.tool_calls and index < len(messages) - 1:
+            continue
+        if message.role == Message.Role.ASSISTANT and steps:
+            message.tool_steps, steps = steps, []
+        shown.append(message)
+    return shown
 
 
 def _notes_attach(messages: list[ShownMessage]) -> None:

@@ -12,9 +12,12 @@ class DocumentsConfig(AppConfig):
         from documents.background import document_process_dispatch
         from documents.selectors import documents_export_files, usage_storage_figures
         from documents.services import document_processing_install, image_read_for_request
+        from documents.tools import SearchFiles
         from inference.hooks import image_reader_register
+        from orchestration.tools.registry import tool_register
 
         USAGE_FIGURES.append(usage_storage_figures)
         account_export_register(documents_export_files)
         document_processing_install(document_process_dispatch)
         image_reader_register(image_read_for_request)
+        tool_register(SearchFiles())

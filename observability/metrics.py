@@ -69,6 +69,17 @@ requests = Counter(
 moderation_actions = Counter(
     "chatsite_moderation_actions", "Moderation flags raised, by source and action.", ("source", "action")
 )
+tool_calls = Counter(
+    "chatsite_tool_calls",
+    "Calls of the tools the service runs, by tool and outcome (ok, failed, invalid, timeout, refused, withheld, not_run).",
+    ("tool", "outcome"),
+)
+tool_seconds = Histogram(
+    "chatsite_tool_duration_seconds",
+    "How long the tools the service runs took, by tool.",
+    ("tool",),
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 60),
+)
 live_sockets = Gauge("chatsite_live_sockets", "Chat sockets open in this web process.", multiprocess_mode="livesum")
 live_streams = Gauge(
     "chatsite_live_streams", "HTTP answer streams (SSE) open in this web process.", multiprocess_mode="livesum"
@@ -77,6 +88,11 @@ live_streams = Gauge(
 
 def _labels(*, deployment: str, tier: str, channel: str) -> dict[str, str]:
     return {"deployment": deployment or "", "tier": tier or "", "channel": channel or ""}
+
+
+def tool_call_observe(*, tool: str, outcome: str, seconds: float) -> None:
+    tool_calls.labels(tool=tool, outcome=outcome).inc()
+    tool_seconds.labels(tool=tool).observe(max(0.0, seconds))
 
 
 def generation_observe(

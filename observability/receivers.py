@@ -22,6 +22,7 @@ from accounts.signals import request_refused
 from inference.selectors import deployment_cached
 from inference.signals import generation_finished, generation_first_token
 from observability import metrics, store, tracing
+from orchestration.signals import tool_call_ended
 
 logger = logging.getLogger(__name__)
 
@@ -188,3 +189,8 @@ def request_id_forgotten(task_id: str, **kwargs: Any) -> None:
     if tokens:
         request_context.request_id.reset(tokens[0])
         request_context.channel.reset(tokens[1])
+
+
+@receiver(tool_call_ended)
+def tool_call_counted(sender: Any, name: str, outcome: str, seconds: float, **kwargs: Any) -> None:
+    metrics.tool_call_observe(tool=name, outcome=outcome, seconds=seconds)

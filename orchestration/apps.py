@@ -17,3 +17,7 @@ class OrchestrationConfig(AppConfig):
         from orchestration.cache import cache_probe
 
         response_cache_register(cache_probe)
+
+        from orchestration.tools.installed import tools_install
+
+        tools_install()

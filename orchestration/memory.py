@@ -158,13 +158,16 @@ def prompt_assemble(
     context: Sequence[str] = (),
     context_header: str = "",
     memory: Memory | None = None,
+    tail: Sequence[dict[str, Any]] = (),
 ) -> AssembledPrompt:
     """The prompt for the answer to `turns[-1]` under the policy above (the module's docstring).
-    `project_instructions`: the project's block as `project_block` writes it."""
+    `project_instructions`: the project's block as `project_block` writes it. `tail`: the answer's
+    tool steps so far (assistant turns with their calls, tool turns with their results), which go
+    after the newest turn and are kept with it, whole (orchestration.tools.loop)."""
     if not turns:
         raise ValueError("a prompt needs at least one turn")
     reserve = max(min(max_output, max_context // 4), min_output)
-    newest = [turns[-1].message()]
+    newest = [turns[-1].message(), *tail]
     last = len(turns) - 1
     # The summary may stand only for turns before the newest one.
     if memory is not None and not (memory.text.strip() and 0 < memory.covers <= last):
@@ -206,7 +209,7 @@ def prompt_assemble(
     floor = memory.covers if memory is not None and kept["summary"] else 0
 
     def ids_from(start: int) -> list[int]:
-        return render(system + [t.message() for t in turns[start:]])
+        return render(system + [t.message() for t in turns[start:]] + list(tail))
 
     newest_only = ids_from(last)
     if len(newest_only) + min_output > max_context:

@@ -27,6 +27,7 @@
   let regenerating = null;        // the message.regenerate (or .continue) frame while it waits for its answer
   let stopOnArrival = false;      // Stop was asked for while `regenerating` waited: its answer is stopped when it begins
   const streams = new Map();      // generation id -> {el, seq}
+  const TOOL_COMMANDS = {search: "web_search", files: "search_files", fetch: "fetch_page", run: "run_code"};
 
   function wsUrl() {
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
@@ -477,6 +478,15 @@
     }
     const payload = {type: "message.send", content: text, conversation: conversationId, client_id: newClientId()};
     if (images.ready.length) payload.images = images.ready.map(function (image) { return image.id; });
+    // The tools the service runs (docs/tools.md): on or off for this chat, and `/search …`, `/files …`,
+    // `/fetch …` or `/run …` asks for that tool by name, so that even a small model calls it.
+    const toolsToggle = document.getElementById("tools-toggle");
+    if (toolsToggle) payload.tools = toolsToggle.checked;
+    const command = /^\/(search|files|fetch|run)\s+([\s\S]+)$/.exec(text);
+    if (command) {
+      payload.tool = TOOL_COMMANDS[command[1]];
+      payload.content = command[2].trim();
+    }
     if (modelSelect) payload.model = modelSelect.value;  // another model: from this message on
     if (!conversationId && chat.dataset.project) payload.project = parseInt(chat.dataset.project, 10);  // a project's page
     if (conversationId && parent !== undefined) payload.parent = parent;
@@ -503,7 +513,46 @@
   }
 
   // What the page's other scripts ask of this one (static/chat/tree.js: edits, Continue), loaded after it.
-  window.chatPage = {sendFrom: sendFrom, requestAnswer: requestAnswer, csrfToken: csrfToken, imageCaption: imageCaption};
+  // An answer's tool loop (static/chat/tools.js): while its calls run, its step's stream is not asked
+  // for again; the next step is followed in the same place on the page.
+  function toolPause(generationId) {
+    const stream = streams.get(generationId);
+    if (stream) stream.paused = true;
+  }
+
+  function toolStep(fromGeneration, toGeneration, message) {
+    const stream = streams.get(fromGeneration);
+    if (!stream) return null;
+    streams.delete(fromGeneration);
+    const el = stream.el;
+    el.dataset.message = message.id;
+    el.dataset.parent = message.parent;
+    el.dataset.siblings = String(message.id);
+    el.dataset.newestGeneration = toGeneration;
+    ChatRender.render(el.querySelector(".content"), "");
+    setStatus(el, "pending");
+    follow(toGeneration, el, 0);
+    return el;
+  }
+
+  function toolStopped(generationId) {
+    const stream = streams.get(generationId);
+    if (!stream) return;
+    streams.delete(generationId);
+    setStatus(stream.el, "stopped");
+    addNote(stream.el, "Stopped", false);
+    if (streams.size === 0) setBusy(false);
+    refreshRegenerate();
+  }
+
+  function sendFrame(frame) {
+    if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify(frame));
+  }
+
+  window.chatPage = {
+    sendFrom: sendFrom, requestAnswer: requestAnswer, csrfToken: csrfToken, imageCaption: imageCaption,
+    toolPause: toolPause, toolStep: toolStep, toolStopped: toolStopped, send: sendFrame,
+  };
 
   input.addEventListener("keydown", function (event) {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
@@ -547,7 +596,7 @@
     if (!socket || socket.readyState !== WebSocket.OPEN) return;
     const now = Date.now();
     streams.forEach(function (stream, generationId) {
-      if (now - stream.heard < QUIET_MS) return;
+      if (stream.paused || now - stream.heard < QUIET_MS) return;
       stream.heard = now;
       socket.send(JSON.stringify({type: "generation.resume", generation: generationId, after_seq: stream.seq}));
     });

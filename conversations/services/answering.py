@@ -17,6 +17,7 @@ from accounts.services import (
     request_admit,
     request_limits,
 )
+from chatsite.parsers import JsonObject
 from conversations.citations import citations_record
 from conversations.images import content_with_image_text, image_blocks_of
 from conversations.models import Conversation, Message
@@ -89,6 +90,7 @@ def answer_queue(
     routing_reason: str = "",
     cacheable: str = "",
     images: list[PromptImage] | None = None,
+    tool_sampling: JsonObject | None = None,
 ) -> tuple[Generation, Admission]:
     """Pass the plan's gate, queue the answer's generation, and save `answer` pending. `prompt` is
     the one assembled for it. `touch_conversation`: move the conversation to the top of its owner's
@@ -97,7 +99,8 @@ def answer_queue(
     `held`: its text is held until its message's verdict is in. `text_before`: the answer is
     continued, and keeps what it has; its new text goes after it. `cacheable`: the message, when the
     prompt holds nothing personal (a first message without instructions): the deployment's response
-    cache may answer it (orchestration.cache)."""
+    cache may answer it (orchestration.cache). `tool_sampling`: the structured output that holds a
+    tool step's calls to their tools' schemas (and forces a call the person asked for)."""
     limits = limits or request_limits(user=user, deployment=deployment, api_key=api_key)
     # Refuse before anything is queued: a full queue first (so it costs no rate-limit budget), then
     # the plan's quotas and rate limits.
@@ -116,6 +119,7 @@ def answer_queue(
         "top_p": deployment.top_p,
         "repetition_penalty": deployment.repetition_penalty,
         "max_tokens": admission.max_tokens,
+        **(tool_sampling or {}),
     }
     cache = None
     if cacheable:
@@ -166,6 +170,8 @@ def prompt_for(
     retrieved: Retrieved = NOTHING,
     conversation_prompt: str = "",
     project_id: int | None = None,
+    tools: list[JsonObject] | None = None,
+    tail: list[JsonObject] | None = None,
 ) -> AssembledPrompt:
     """The prompt for an answer on a branch: `path` (the branch's messages, root first, up to the
     question or to the answer the new message follows; never another branch's) and `new_turn`, not
@@ -174,7 +180,9 @@ def prompt_for(
     a prompt. `retrieved`: passages of the person's files for the newest question, quoted in the
     system turn as far as the window's policy lets them (`conversations.prompts.context_budget`).
     `conversation_prompt`: the conversation's own system prompt (its settings), after the project's
-    instructions. `project_id`: the conversation's project, whose instructions follow the person's own."""
+    instructions. `project_id`: the conversation's project, whose instructions follow the person's own.
+    `tools`: the tools the answer is offered (OpenAI's shape), which the chat template renders; `tail`:
+    the answer's tool steps so far, after the newest turn (orchestration.tools.loop)."""
     tokenizer = tokenizer_for(deployment.model_path)
     turns = _turns_of(path)
     if any(m.image_count for m in path):
@@ -187,7 +195,7 @@ def prompt_for(
         ]
     if new_turn is not None:
         turns.append(new_turn)
-    tail = continuation_ids(tokenizer, continuing) if continuing else []
+    continued = continuation_ids(tokenizer, continuing) if continuing else []
     quoted = passages_quoted(retrieved.passages)
     return assemble_prompt(
         system_prompt=deployment.system_prompt,
@@ -195,7 +203,9 @@ def prompt_for(
         conversation_prompt=conversation_prompt,
         project_instructions=project_instructions_for_prompt(project_id=project_id),
         turns=turns,
-        render=lambda messages: render_chat(tokenizer, messages, chat_template=deployment.chat_template) + tail,
+        render=lambda messages: (
+            render_chat(tokenizer, messages, tools=tools, chat_template=deployment.chat_template) + continued
+        ),
         max_context=limits.max_context,
         max_output=limits.max_output,
         min_output=settings.INFERENCE_MIN_OUTPUT_TOKENS,
@@ -204,7 +214,29 @@ def prompt_for(
         context=[special_tokens_defused(tokenizer, p) for p in quoted.passages],
         context_header=quoted.header,
         memory=_memory_of(path, turns, max_context=limits.max_context),
+        tail=tail if tail is not None else _loop_tail(path),
     )
+
+
+def tool_step_turn(message: Message) -> JsonObject:
+    """A step of an answer's tool loop as its chat template takes it."""
+    if message.role == Message.Role.TOOL:
+        return {"role": "tool", "content": message.content, "tool_call_id": message.tool_call_id}
+    return {"role": "assistant", "content": message.content, "tool_calls": message.tool_calls}
+
+
+def _loop_tail(path: list[Message]) -> list[JsonObject]:
+    """The tool loop an answer after `path` follows (a regenerated or continued answer to a loop's
+    last result): the steps after the person's message, so it is written from their results."""
+    if not path or path[-1].role != Message.Role.TOOL:
+        return []
+    start = len(path)
+    while start > 0 and (
+        path[start - 1].role == Message.Role.TOOL
+        or (path[start - 1].role == Message.Role.ASSISTANT and path[start - 1].tool_calls)
+    ):
+        start -= 1
+    return [tool_step_turn(m) for m in path[start:]]
 
 
 def _turns_of(path: list[Message]) -> list[Turn]:
@@ -213,6 +245,8 @@ def _turns_of(path: list[Message]) -> list[Turn]:
         for m in path
         if m.role in (Message.Role.USER, Message.Role.ASSISTANT)
         and m.status != Message.Status.FLAGGED
+        # An answer's tool steps are its own; later turns see the answer they led to.
+        and not m.tool_calls
         and not (m.role == Message.Role.ASSISTANT and not m.content)
     ]
 

@@ -60,6 +60,7 @@ from inference.engine.tokenizers import (
 )
 from inference.held import HeldAnswer, held_verdict_wait_sync, with_input_check
 from inference.models import Generation, GenerationId, ModelDeployment
+from inference.openai.tools import tool_sampling, tools_in_prompt
 from moderation.models import Flag
 from moderation.services import (
     InputCheck,
@@ -69,6 +70,7 @@ from moderation.services import (
     verdict_of_flag,
 )
 from orchestration.routing import route
+from orchestration.tools.loop import LoopLimits, ToolPlan, tool_plan_for
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +100,8 @@ class SentMessage:
     pending: HeldMessage | None = None
     # The ids of the message and of those beside it (edits of one another), oldest first.
     siblings: tuple[int, ...] = ()
+    # The tools the answer is offered, when it runs the tool loop (orchestration.tools.loop).
+    tools: ToolPlan | None = None
 
     @property
     def blocked(self) -> bool:
@@ -110,7 +114,12 @@ class SentMessage:
 
 
 def message_send(
-    *, user: User, request: SendRequest, api_key: ApiKey | None = None, check: InputCheck | None = None
+    *,
+    user: User,
+    request: SendRequest,
+    api_key: ApiKey | None = None,
+    check: InputCheck | None = None,
+    run_tools: bool = False,
 ) -> SentMessage:
     """Save the user's message and a pending answer, and queue the answer's generation.
 
@@ -136,7 +145,9 @@ def message_send(
     `request.client_id` is the sender's own id for the message: a message is saved once per id. A
     send whose id the user has sent before saves nothing and returns what the first send saved
     (`replayed`), so a client whose connection dropped before it heard whether its message arrived
-    can send it again. `request.retry` says it may have been sent before, and the id is looked up
+    can send it again. `run_tools`: the caller drives the answer's tool loop (the chat socket), so the
+    answer is offered the conversation's tools; a caller that cannot refuses a message that asks for
+    a tool. `request.retry` says it may have been sent before, and the id is looked up
     first; a first send skips that look-up (one round trip fewer before the first token), and the
     unique constraint on the id still catches one that arrives twice.
 
@@ -147,6 +158,8 @@ def message_send(
     that branch alone, root to `parent`.
     """
     client_id, conversation_id = request.client_id, request.conversation_id
+    if request.tool is not None and not run_tools:
+        raise ClientError("Tools run in the chat page's conversations.", code="tool_unavailable", param="tool")
     if request.retry and client_id is not None:
         earlier = _message_sent_earlier(user=user, client_id=client_id, conversation_id=conversation_id)
         if earlier is not None:
@@ -162,7 +175,13 @@ def message_send(
     )
     try:
         return _message_save(
-            user=user, request=request, check=check, api_key=api_key, retrieved=retrieved, images=images
+            user=user,
+            request=request,
+            check=check,
+            api_key=api_key,
+            retrieved=retrieved,
+            images=images,
+            run_tools=run_tools,
         )
     except IntegrityError:
         # The same id in a send that committed first (PostgreSQL made this one wait for it).
@@ -177,7 +196,7 @@ def message_send(
 
 
 async def message_send_checked(
-    call: DatabaseCall, *, user: User, request: SendRequest, api_key: ApiKey | None = None
+    call: DatabaseCall, *, user: User, request: SendRequest, api_key: ApiKey | None = None, run_tools: bool = False
 ) -> SentMessage:
     """`message_send` from async code (the chat socket, the send API), through `call` (how the
     caller reaches the database from its loop), with input moderation's check of the message
@@ -189,7 +208,7 @@ async def message_send_checked(
     closed), so committed work is always released or withdrawn."""
 
     async def send(check: InputCheck) -> SentMessage:
-        sent = await call(message_send)(user=user, request=request, api_key=api_key, check=check)
+        sent = await call(message_send)(user=user, request=request, api_key=api_key, check=check, run_tools=run_tools)
         return sent if sent.pending is None else await sent.pending.settled(call, check)
 
     # What the message's images say is judged with it.
@@ -263,10 +282,17 @@ class _QueuedAnswer:
     answer: Message
     generation: Generation
     admission: Admission
+    tools: ToolPlan | None = None
 
     def sent(self, conversation: Conversation, created: bool) -> SentMessage:
         return SentMessage(
-            conversation, created, self.user_message, self.answer, self.generation, siblings=self.siblings
+            conversation,
+            created,
+            self.user_message,
+            self.answer,
+            self.generation,
+            siblings=self.siblings,
+            tools=self.tools,
         )
 
 
@@ -325,6 +351,7 @@ def _message_save(
     api_key: ApiKey | None,
     retrieved: Retrieved,
     images: list[AttachedImage],
+    run_tools: bool = False,
 ) -> SentMessage:
     # What an allowed message needs (its prompt, its rows, its generation and its charge on the rate
     # limits) does not depend on the verdict, so it is done while the scores may still be coming. A
@@ -333,7 +360,13 @@ def _message_save(
     # a savepoint's two round trips on the way to its first token.
     try:
         return _message_save_allowed(
-            user=user, request=request, check=check, api_key=api_key, retrieved=retrieved, images=images
+            user=user,
+            request=request,
+            check=check,
+            api_key=api_key,
+            retrieved=retrieved,
+            images=images,
+            run_tools=run_tools,
         )
     except _Blocked as blocked:
         return _message_save_blocked(user=user, request=request, blocked=blocked, images=images)
@@ -348,6 +381,7 @@ def _message_save_allowed(
     api_key: ApiKey | None,
     retrieved: Retrieved,
     images: list[AttachedImage],
+    run_tools: bool = False,
 ) -> SentMessage:
     """The message saved and its answer queued; raises `_Blocked` (after giving its charge back) when
     the verdict blocks it. A refusal (too long for the window, a limit reached) waits for the verdict
@@ -408,6 +442,18 @@ def _message_save_allowed(
     # Before the message is tokenized or its verdict asked for (which starts the scoring): a message
     # that cannot fit is refused unsaved, unscored and uncharged.
     request_size_check(chars=len(content), limits=limits)
+    if request.tools is not None and request.tools != conversation.tools_enabled:
+        conversation.tools_enabled = request.tools
+        Conversation.objects.filter(id=conversation.id).update(tools_enabled=request.tools)
+    plan = None
+    if run_tools:
+        plan = tool_plan_for(
+            deployment_id=deployment.id,
+            tool_parser=deployment.tool_parser,
+            tier_id=limits.tier.id,
+            enabled=conversation.tools_enabled,
+            forced=request.tool,
+        )
     verdict = check.verdict_if_scored(tier_id=limits.tier.id)
     queued: _QueuedAnswer | None = None
     kept = False
@@ -428,6 +474,7 @@ def _message_save_allowed(
                 routing_reason=routed.reason,
                 retrieved=retrieved,
                 images=images,
+                plan=plan,
             )
         except ClientError as exc:
             refused = exc
@@ -537,6 +584,7 @@ def _message_queue(
     routing_reason: str = "",
     retrieved: Retrieved = NOTHING,
     images: list[AttachedImage] | None = None,
+    plan: ToolPlan | None = None,
 ) -> _QueuedAnswer:
     """The user's message saved after `parent_id`, and its answer queued, as if moderation lets it
     through (`held`: shown only once the verdict lets it through, `inference.held`).
@@ -561,6 +609,7 @@ def _message_queue(
     if seen:
         limits = replace(limits, max_context=limits.max_context - len(images) * deployment.image_tokens)
     path = tree.path_to(parent_id) if history else []
+    tool_request = plan.request(model=deployment.name, step=1, limits=LoopLimits.from_settings()) if plan else None
     prompt = prompt_for(
         user_id=conversation.user_id,
         deployment=deployment,
@@ -570,6 +619,7 @@ def _message_queue(
         retrieved=retrieved,
         conversation_prompt=conversation.system_prompt,
         project_id=conversation.project_id,
+        tools=tools_in_prompt(tool_request) if tool_request else None,
     )
     user_message = Message.objects.create(
         conversation=conversation,
@@ -597,6 +647,7 @@ def _message_queue(
         held=held,
         routing_reason=routing_reason,
         images=[image.prompt_image() for image in images] if seen else [],
+        tool_sampling=tool_sampling(tool_request, deployment=deployment) if tool_request else None,
         # A first message with nothing personal in its prompt or sampling (no history, instructions,
         # project, conversation settings or files).
         cacheable=content
@@ -607,10 +658,11 @@ def _message_queue(
             or _has_settings(conversation)
             or not retrieved.empty
             or images
+            or plan is not None
         )
         else "",
     )
     citations_save(user_id=conversation.user_id, answer=answer, prompt=prompt, retrieved=retrieved)
     if prompt.needs_summary:
         memory_extend_after_commit(user_id=user.id, deployment=deployment, path=path, upto=prompt.unsummarized[1])
-    return _QueuedAnswer(user_message, siblings, answer, generation, admission)
+    return _QueuedAnswer(user_message, siblings, answer, generation, admission, tools=plan)

@@ -369,8 +369,14 @@ def socket_frames(setting: Setting, ended_elsewhere: str) -> st.SearchStrategy[s
     """Frames of every type the socket takes, with fields valid or arbitrary, and arbitrary frames."""
     ids = valid_or(setting.answer.id, setting.busy.id, 0, 2**63, 10**30)
     generations = valid_or(ended_elsewhere, str(uuid.uuid4())) | uuids
-    kinds = valid_or("message.send", "generation.stop", "generation.resume", "message.regenerate")
-    send = {"content": valid_or("Hello", ""), "client_id": valid_or(None) | uuids, "retry": valid_or(True, False)}
+    kinds = valid_or("message.send", "generation.stop", "generation.resume", "message.regenerate", "tool.approve")
+    send = {
+        "content": valid_or("Hello", ""),
+        "client_id": valid_or(None) | uuids,
+        "retry": valid_or(True, False),
+        "tools": valid_or(True, False),
+        "tool": valid_or("search_files", "no_such_tool"),
+    }
     projects = valid_or(setting.project.id, setting.bobs_project.id, 0, 2**63, "1")
     frames = st.one_of(
         fields({"type": st.just("message.send"), "model": unknown_models}, {**send, "conversation": ids}),
@@ -392,6 +398,11 @@ def socket_frames(setting: Setting, ended_elsewhere: str) -> st.SearchStrategy[s
         fields({"type": st.just("message.regenerate")}, {"message": ids, "replaces": valid_or(None) | uuids}),
         fields({"type": st.just("generation.stop")}, {"generation": generations}),
         fields({"type": st.just("generation.resume")}, {"generation": generations, "after_seq": valid_or(0, 1)}),
+        # An answer to a tool call nobody asked about (docs/tools.md).
+        fields(
+            {"type": st.just("tool.approve")},
+            {"generation": generations, "call": valid_or("call-1"), "decision": valid_or("once", "chat", "deny")},
+        ),
         fields({"type": kinds}, {}),
     )
     return st.one_of(

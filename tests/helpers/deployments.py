@@ -17,6 +17,8 @@ from inference.defaults import (
 )
 from inference.models import ModelDeployment
 from inference.selectors import deployment_cache_clear
+from orchestration.models import ToolGrant
+from orchestration.tools.registry import tool_register, tool_unregister
 from tests.helpers.engines import engine_kind_for
 
 
@@ -91,3 +93,47 @@ def short_answers(default_deployment):
     written in seconds on a slow machine rather than running on to 512. (Tests that use it are
     marked for the database.)"""
     Tier.objects.filter(name="free").update(max_output_tokens=48)
+
+
+@pytest.fixture
+def granted_tools():
+    """`await granted_tools(tool, ...)`: register tools for a test and grant them to the default
+    deployment for every plan (or `tier`); unregistered after it. A tool already registered (a
+    built-in) is granted by passing its name."""
+    from channels.db import database_sync_to_async
+
+    names: list[str] = []
+
+    def rows(tool_names, tier):
+        deployment = ModelDeployment.objects.get(name=DEFAULT_DEPLOYMENT_NAME)
+        for name in tool_names:
+            ToolGrant.objects.get_or_create(deployment=deployment, tier=tier, tool=name)
+
+    async def grant(*tools, tier=None):
+        for tool in tools:
+            if not isinstance(tool, str):
+                tool_register(tool)
+                names.append(tool.spec.name)
+        await database_sync_to_async(rows)([t if isinstance(t, str) else t.spec.name for t in tools], tier)
+        return tools[0] if len(tools) == 1 else tools
+
+    yield grant
+    for name in names:
+        tool_unregister(name)
+
+
+@pytest.fixture
+def granted_tools_sync():
+    """`granted_tools` for a sync test."""
+    names: list[str] = []
+
+    def grant(*tools, tier=None):
+        deployment = ModelDeployment.objects.get(name=DEFAULT_DEPLOYMENT_NAME)
+        for tool in tools:
+            tool_register(tool)
+            names.append(tool.spec.name)
+            ToolGrant.objects.get_or_create(deployment=deployment, tier=tier, tool=tool.spec.name)
+
+    yield grant
+    for name in names:
+        tool_unregister(name)

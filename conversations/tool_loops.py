@@ -1,0 +1,318 @@
+"""The chat socket's side of the tool loop: it follows each step of an answer that may call tools,
+runs the calls between the steps, asks the person about calls with side effects, and queues the
+next step (the rules: orchestration.tools.loop; the rows: conversations.services.tool_steps).
+
+What the page hears, beside the steps' own streams (`generation.delta` carries only a step's words,
+never the text of its calls):
+- `tool.calls` {generation, assistant_message, content, calls: [{id, name, arguments}]}: a step ended in calls;
+- `tool.approval` {generation, call: {id, name, arguments}}: nothing runs until the person answers
+  with `tool.approve` {generation, call, decision: "once" | "chat" | "deny"};
+- `tool.running` {generation, call}, then `tool.result` {generation, message, call, name, outcome,
+  output, truncated, details}: one call ran (or did not: `outcome` says why);
+- `tool.step` {previous, assistant_message {id, parent}, generation, model, step, note?}: the next step is
+  queued and followed, as a send's answer is;
+- `tool.stopped` {generation}: Stop ended the answer between its steps.
+The answer in words ends with its step's `generation.done`, as any answer does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from accounts.models import User
+from chatsite.database import db_async
+from conversations.services.tool_steps import (
+    tool_allowed_for_chat,
+    tool_calls_record,
+    tool_loop_stopped,
+    tool_result_save,
+    tool_step_queue,
+    tools_allowed_for_chat,
+)
+from inference.models import Generation, ModelDeployment
+from inference.openai.tools import ToolCallReader, tool_call_readers
+from inference.selectors import generation_writer
+from orchestration.tools.base import Tool, ToolContext
+from orchestration.tools.loop import (
+    LIMIT_CALLS,
+    LIMIT_NOTE,
+    REFUSED,
+    CallResult,
+    LoopLimits,
+    Outcome,
+    ToolCall,
+    ToolPlan,
+    call_result_plain,
+    calls_within_limit,
+    tool_call_run,
+)
+from orchestration.tools.registry import tools_offered
+
+logger = logging.getLogger(__name__)
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Follow = Callable[[Generation], Awaitable[None]]
+DECISIONS = ("once", "chat", "deny")
+STOPPED = "Stopped by the user before the tool answered."
+
+
+@dataclass
+class AnswerLoop:
+    """One answer's loop, as far as it has gone."""
+
+    conversation_id: int
+    project_id: int | None
+    user_message_id: int
+    tier_id: int | None
+    deployment: ModelDeployment
+    plan: ToolPlan
+    generation_id: str
+    answer_id: int
+    step: int = 1
+    calls_used: int = 0
+    reader: ToolCallReader | None = None
+    task: asyncio.Task[None] | None = None
+    waiting: dict[str, asyncio.Future[str]] = field(default_factory=dict)
+    tools: dict[str, Tool] = field(default_factory=dict)
+
+
+class ToolLoops:
+    """The loops of the answers one socket asked for, by their current step's generation."""
+
+    def __init__(self, *, user: User, send: Send, follow: Follow) -> None:
+        self.user = user
+        self._send = send
+        self._follow = follow
+        self._loops: dict[str, AnswerLoop] = {}
+        self.limits = LoopLimits.from_settings()
+
+    async def start(
+        self,
+        *,
+        plan: ToolPlan,
+        generation: Generation,
+        answer_id: int,
+        user_message_id: int,
+        conversation_id: int,
+        project_id: int | None,
+    ) -> None:
+        """Follow the first step of an answer that may call tools (call before following its stream)."""
+        deployment = generation.deployment
+        loop = AnswerLoop(
+            conversation_id=conversation_id,
+            project_id=project_id,
+            user_message_id=user_message_id,
+            tier_id=plan.tier_id,
+            deployment=deployment,
+            plan=plan,
+            generation_id=str(generation.id),
+            answer_id=answer_id,
+        )
+        loop.reader = await self._reader(loop)
+        self._loops[loop.generation_id] = loop
+
+    def owns(self, generation_id: str) -> bool:
+        return generation_id in self._loops
+
+    async def passed_on(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """What of a step's event goes to the page: a delta's words only; a step that ended in calls
+        says so itself (`tool.calls`) and runs them, instead of its `generation.done`."""
+        loop = self._loops.get(event.get("generation", ""))
+        if loop is None:
+            return event
+        if loop.task is not None:  # its calls are running: a replay of its end (a resync) says nothing new
+            return None
+        if event["type"] == "generation.delta" and loop.reader is not None:
+            content, _ = loop.reader.delta(event.get("text") or "")
+            return {**event, "text": content} if content else None
+        if event["type"] == "generation.done" and event.get("status") == "complete":
+            text = await db_async(_generation_text)(generation_id=loop.generation_id)
+            content, calls = loop.reader.complete(text) if loop.reader is not None else (text, [])
+            if calls:
+                loop.task = asyncio.ensure_future(self._step(loop, content or "", [ToolCall.of(c) for c in calls]))
+                return None
+        if event["type"] in ("generation.done", "generation.error"):
+            self._loops.pop(loop.generation_id, None)
+        return event
+
+    async def approve(self, content: dict[str, Any]) -> None:
+        """A `tool.approve` frame: the person's answer to a call waiting for it."""
+        loop = self._loops.get(str(content.get("generation")))
+        decision = content.get("decision")
+        waiting = loop.waiting.get(str(content.get("call"))) if loop is not None else None
+        if waiting is None or decision not in DECISIONS:
+            await self._send(
+                {"type": "error", "code": "invalid_request", "message": "No call is waiting for that answer."}
+            )
+            return
+        if not waiting.done():
+            waiting.set_result(str(decision))
+
+    async def stop(self, generation_id: str) -> bool:
+        """Stop an answer that is between its steps (its tools running or waiting); False when the
+        generation is not such a step, for the ordinary Stop to handle."""
+        loop = self._loops.get(generation_id)
+        if loop is None or loop.task is None or loop.task.done():
+            return False
+        loop.task.cancel()
+        try:
+            await loop.task
+        except asyncio.CancelledError:
+            pass
+        return True
+
+    async def close(self) -> None:
+        for loop in list(self._loops.values()):
+            if loop.task is not None and not loop.task.done():
+                loop.task.cancel()
+        self._loops.clear()
+
+    # --- a step's calls ----------------------------------------------------------------------------
+
+    async def _step(self, loop: AnswerLoop, content: str, calls: list[ToolCall]) -> None:
+        gid = loop.generation_id
+        parent = loop.answer_id
+        try:
+            await db_async(tool_calls_record)(user=self.user, answer_id=loop.answer_id, calls=calls, content=content)
+            await self._send(
+                {
+                    "type": "tool.calls",
+                    "generation": gid,
+                    "assistant_message": loop.answer_id,
+                    "content": content,
+                    "calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls],
+                }
+            )
+            if not loop.tools:
+                loop.tools = await db_async(tools_offered)(deployment_id=loop.deployment.id, tier_id=loop.tier_id)
+            runnable = calls_within_limit(calls, used=loop.calls_used, limits=self.limits)
+            for index, call in enumerate(calls):
+                if index >= runnable:
+                    result = call_result_plain(
+                        call=call, outcome=Outcome.NOT_RUN, text=LIMIT_CALLS.format(limit=self.limits.max_calls)
+                    )
+                else:
+                    loop.calls_used += 1
+                    result = await self._call(loop, call)
+                parent = await self._result_saved(loop, parent, result)
+            loop.step += 1
+            tools_left = loop.step < self.limits.max_steps and loop.calls_used < self.limits.max_calls
+            queued = await db_async(tool_step_queue)(
+                user=self.user,
+                conversation_id=loop.conversation_id,
+                user_message_id=loop.user_message_id,
+                parent_id=parent,
+                plan=loop.plan,
+                step=loop.step,
+                tools_left=tools_left,
+            )
+        except asyncio.CancelledError:
+            await asyncio.shield(self._stopped(loop))
+            raise
+        except Exception as exc:
+            logger.exception("the tool loop of generation %s failed", gid)
+            self._loops.pop(gid, None)
+            message = getattr(exc, "message", None) or "The answer's next step could not start."
+            await self._send(
+                {
+                    "type": "generation.error",
+                    "generation": gid,
+                    "code": getattr(exc, "code", "tool_loop_failed"),
+                    "message": message,
+                }
+            )
+            return
+        self._loops.pop(gid, None)
+        loop.generation_id, loop.answer_id, loop.task = str(queued.generation.id), queued.answer.id, None
+        loop.reader = await self._reader(loop) if tools_left else None
+        self._loops[loop.generation_id] = loop
+        frame: dict[str, Any] = {
+            "type": "tool.step",
+            "previous": gid,
+            "assistant_message": {"id": queued.answer.id, "parent": parent},
+            "generation": loop.generation_id,
+            "model": generation_writer(queued.generation),
+            "step": loop.step,
+        }
+        if not tools_left:
+            frame["note"] = (
+                LIMIT_NOTE.format(limit=self.limits.max_steps)
+                if loop.step >= self.limits.max_steps
+                else LIMIT_CALLS.format(limit=self.limits.max_calls)
+            )
+        await self._send(frame)
+        await self._follow(queued.generation)
+
+    async def _call(self, loop: AnswerLoop, call: ToolCall) -> CallResult:
+        shown = {"id": call.id, "name": call.name, "arguments": call.arguments}
+        if call.name in loop.plan.approval:
+            allowed = await db_async(tools_allowed_for_chat)(user=self.user, conversation_id=loop.conversation_id)
+            if call.name not in allowed:
+                decision = await self._ask(loop, call, shown)
+                if decision == "deny":
+                    return call_result_plain(call=call, outcome=Outcome.REFUSED, text=REFUSED)
+                if decision == "chat":
+                    await db_async(tool_allowed_for_chat)(
+                        user=self.user, conversation_id=loop.conversation_id, tool=call.name
+                    )
+        await self._send({"type": "tool.running", "generation": loop.generation_id, "call": shown})
+        context = ToolContext(
+            user_id=self.user.id,
+            conversation_id=loop.conversation_id,
+            timeout_s=self.limits.timeout_s,
+            max_output_chars=self.limits.max_output_chars,
+            project_id=loop.project_id,
+        )
+        return await tool_call_run(call=call, tools=loop.tools, context=context, user_id=self.user.id)
+
+    async def _ask(self, loop: AnswerLoop, call: ToolCall, shown: dict[str, Any]) -> str:
+        """The person's answer to a call with side effects; no answer in time counts as a refusal."""
+        waiting: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        loop.waiting[call.id] = waiting
+        try:
+            await self._send({"type": "tool.approval", "generation": loop.generation_id, "call": shown})
+            return await asyncio.wait_for(waiting, timeout=self.limits.approval_timeout_s)
+        except TimeoutError:
+            return "deny"
+        finally:
+            loop.waiting.pop(call.id, None)
+
+    async def _result_saved(self, loop: AnswerLoop, parent: int, result: CallResult) -> int:
+        message = await db_async(tool_result_save)(
+            user=self.user, conversation_id=loop.conversation_id, parent_id=parent, result=result
+        )
+        await self._send(
+            {
+                "type": "tool.result",
+                "generation": loop.generation_id,
+                "message": message.id,
+                "call": result.call.id,
+                "name": result.call.name,
+                "outcome": result.outcome.value,
+                "output": result.shown,
+                "truncated": result.truncated,
+                "details": message.tool_shown.get("details", {}),
+            }
+        )
+        return message.id
+
+    async def _stopped(self, loop: AnswerLoop) -> None:
+        self._loops.pop(loop.generation_id, None)
+        try:
+            await db_async(tool_loop_stopped)(user=self.user, answer_id=loop.answer_id)
+            await self._send({"type": "tool.stopped", "generation": loop.generation_id})
+        except Exception:
+            logger.exception("marking the stopped tool loop of generation %s failed", loop.generation_id)
+
+    async def _reader(self, loop: AnswerLoop) -> ToolCallReader | None:
+        request = loop.plan.request(model=loop.deployment.name, step=loop.step, limits=self.limits)
+        readers = await asyncio.to_thread(tool_call_readers, request, deployment=loop.deployment, n=1)
+        return readers[0] if readers else None
+
+
+def _generation_text(*, generation_id: str) -> str:
+    return Generation.objects.filter(id=generation_id).values_list("text", flat=True).first() or ""

@@ -1,0 +1,108 @@
+"""The tools the service runs, on the chat page: each call a collapsed step in its answer (live and
+after a reload), the dialog that asks before a call with side effects, the chat's Tools switch and
+the composer's `/files`."""
+
+from __future__ import annotations
+
+import pytest
+from channels.db import database_sync_to_async
+
+from conversations.models import Conversation, Message
+from orchestration.tools.run_code import run_code_available
+from tests.browser.conftest import BROWSER_MARKS, sign_in
+from tests.orchestration.tools import Echo, Sending
+
+pytestmark = [*BROWSER_MARKS, pytest.mark.usefixtures("short_answers")]
+
+ANSWERED = (
+    "() => { const a = document.querySelectorAll('article.message.assistant');"
+    " return a.length === 1 && a[0].dataset.status === 'complete' && document.getElementById('stop').hidden; }"
+)
+
+
+async def test_a_tool_call_shows_as_a_collapsed_step_in_its_answer(page, granted_tools):
+    await granted_tools(Echo())
+    await sign_in(page, "alice")
+    await page.check("#tools-toggle")
+    await page.fill("#input", "[call echo] hello")
+    await page.keyboard.press("Enter")
+    await page.wait_for_function(ANSWERED)
+    answer = page.locator("article.message.assistant")
+    step = answer.locator("details.tool-step")
+    assert await step.count() == 1
+    assert await step.locator("summary").text_content() == "Used echo"
+    assert await step.get_attribute("open") is None and not await step.locator("pre.tool-output").is_visible()
+    await step.locator("summary").click()
+    assert await step.locator("pre.tool-output").text_content() == "The echo heard: scripted"
+    assert await step.locator("pre.tool-arguments").text_content() == '{"text": "scripted"}'
+    shown = await answer.locator(".content").text_content()
+    assert "tool_call" not in shown.replace("tool_response", "") and shown.startswith("You said")
+
+    # After a reload: the same answer, its step folded into it, and the switch still on.
+    await page.reload()
+    await page.wait_for_selector("#chat[data-socket=open]", state="attached")
+    assert await page.locator("article.message").count() == 2
+    step = page.locator("article.message.assistant details.tool-step")
+    assert await step.locator("summary").text_content() == "Used echo"
+    assert await page.is_checked("#tools-toggle")
+
+
+async def test_a_call_with_side_effects_waits_for_the_persons_answer_in_a_dialog(page, granted_tools):
+    sending = await granted_tools(Sending())
+    await sign_in(page, "bob")
+    await page.check("#tools-toggle")
+    await page.fill("#input", "[call send_note] hi")
+    await page.keyboard.press("Enter")
+    dialog = page.locator("dialog#tool-approval")
+    await dialog.wait_for(state="visible")
+    assert "send_note" in await dialog.locator(".tool-approval-what").text_content()
+    assert await dialog.locator("pre.tool-arguments").text_content() == '{"text": "scripted"}'
+    assert sending.runs == []
+    await dialog.get_by_role("button", name="Deny").click()
+    await page.wait_for_function(ANSWERED)
+    summary = page.locator("details.tool-step summary")
+    assert await summary.text_content() == "Used send_note (not allowed)"
+    assert sending.runs == []
+
+    await page.fill("#input", "[call send_note] again")
+    await page.keyboard.press("Enter")
+    await dialog.wait_for(state="visible")
+    await dialog.get_by_role("button", name="Allow once").click()
+    await page.wait_for_function(
+        "() => document.querySelectorAll('details.tool-step[data-outcome=ok]').length === 1"
+        " && document.getElementById('stop').hidden"
+    )
+    assert len(sending.runs) == 1
+
+
+async def test_files_in_the_composer_asks_for_the_search_of_the_persons_files(page, granted_tools):
+    await granted_tools("search_files")
+    await sign_in(page, "carol")
+    assert not await page.is_checked("#tools-toggle")
+    await page.fill("#input", "/files tide tables")
+    await page.keyboard.press("Enter")
+    await page.wait_for_function(ANSWERED)
+    summary = page.locator("details.tool-step summary")
+    assert await summary.text_content() == "Searched your files for “scripted”"
+    user = await database_sync_to_async(Message.objects.get)(role="user")
+    assert user.content == "tide tables"
+    conversation = await database_sync_to_async(Conversation.objects.get)()
+    assert not conversation.tools_enabled
+
+
+@pytest.mark.skipif(not run_code_available(), reason="the sandbox cannot run on this machine (bubblewrap)")
+async def test_run_in_the_composer_asks_then_shows_ran_code_with_its_output(page, granted_tools):
+    await granted_tools("run_code")
+    await sign_in(page, "dave")
+    await page.fill("#input", "/run print(6 * 7)")
+    await page.keyboard.press("Enter")
+    dialog = page.locator("dialog#tool-approval")
+    await dialog.wait_for(state="visible")
+    assert "run_code" in await dialog.locator(".tool-approval-what").text_content()
+    await dialog.get_by_role("button", name="Allow once").click()
+    await page.wait_for_function(ANSWERED)
+    step = page.locator("details.tool-step")
+    # The scripted engine's program is a value of the tool's schema (`scripted`): Python says so.
+    assert (await step.locator("summary").text_content()).startswith("Ran code")
+    await step.locator("summary").click()
+    assert "NameError" in await step.locator("pre.tool-output").text_content()
