@@ -101,6 +101,12 @@ async def test_deactivating_in_the_admin_closes_every_socket_of_the_user(admin_c
         "date_joined_0": alice.date_joined.strftime("%Y-%m-%d"),
         "date_joined_1": alice.date_joined.strftime("%H:%M:%S"),
         "is_active": "",  # unticked
+        # The page's inlines (linked sign-ins, passkeys), none of them changed.
+        **{
+            f"{inline}-{count}": "0"
+            for inline in ("external_identities", "passkeys")
+            for count in ("TOTAL_FORMS", "INITIAL_FORMS")
+        },
     }
     response = await database_sync_to_async(admin_client.post)(change, {k: v for k, v in form.items() if v})
     assert response.status_code == 302, getattr(response, "context_data", {}).get("errors")

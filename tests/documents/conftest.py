@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import time
 from typing import Any
 
 import pytest
@@ -68,7 +69,11 @@ def upload_ready():
         if not where:
             where = {"library": True}
         document = document_upload(user=user, name=name, data=data, **where)
-        document_process(document_id=document.id)
+        # The embedded default's background may have claimed it first (a slow file, OCR): then this
+        # waits for that run to end, as the background's own retry of "busy" and "running" would.
+        deadline = time.monotonic() + 120
+        while document_process(document_id=document.id) in ("busy", "running") and time.monotonic() < deadline:
+            time.sleep(0.2)
         document.refresh_from_db()
         return document
 
