@@ -6,6 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -14,6 +18,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mcp_server_serving() -> Iterator[str]:
+    """The tests' MCP server (tests.helpers.mcp_server) over Streamable HTTP, in a process of its own;
+    yields its address once it accepts connections."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.mcp_server", "http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the test MCP server did not start") from None
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ the operator chose; and the admin form that adds a server."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
 import time
 
@@ -26,7 +24,7 @@ from orchestration.tools.mcp import (
     mcp_tool_source,
     mcp_tools_for,
 )
-from tests.helpers.servers import free_port
+from tests.helpers.servers import free_port, mcp_server_serving
 
 pytestmark = pytest.mark.django_db
 
@@ -38,25 +36,8 @@ def context(timeout_s: float = 20) -> ToolContext:
 @pytest.fixture(scope="module")
 def mcp_url():
     """The test server over Streamable HTTP, in a process of its own, once it accepts connections."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.helpers.mcp_server", "http", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError("the test MCP server did not start") from None
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}/mcp"
-    process.terminate()
-    process.wait(timeout=10)
+    with mcp_server_serving() as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)

@@ -4,11 +4,6 @@ answer written after them (the tools' own behaviour: test_run_code.py, test_mcp.
 
 from __future__ import annotations
 
-import socket as sockets
-import subprocess
-import sys
-import time
-
 import pytest
 from channels.db import database_sync_to_async
 
@@ -17,7 +12,7 @@ from conversations.models import Message
 from orchestration.models import McpServer
 from orchestration.tools.mcp import mcp_cache_clear
 from orchestration.tools.run_code import run_code_available
-from tests.helpers.servers import free_port
+from tests.helpers.servers import mcp_server_serving
 from tests.helpers.sockets import next_event, open_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -71,27 +66,10 @@ async def test_code_refused_never_runs(engine, alice, granted_tools):
 
 @pytest.fixture
 def mcp_url():
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.helpers.mcp_server", "http", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            sockets.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError("the test MCP server did not start") from None
-            time.sleep(0.1)
-    mcp_cache_clear()
-    yield f"http://127.0.0.1:{port}/mcp"
-    mcp_cache_clear()
-    process.terminate()
-    process.wait(timeout=10)
+    with mcp_server_serving() as url:
+        mcp_cache_clear()
+        yield url
+        mcp_cache_clear()
 
 
 @database_sync_to_async
