@@ -7,8 +7,8 @@ One run is one `bwrap` process (docs/tools-sandbox.md has the threat model):
   make user namespaces of its own (`--disable-userns`);
 - files: a root of its own, read-only, holding only /usr (the system's Python and its libraries,
   /usr/local hidden), a fresh /proc and a minimal read-only /dev, size-limited tmpfs mounts for
-  /tmp, /dev/shm and the working folder /work, the conversation's kept files read-only at /persist, the code at
-  /sandbox/main.py, and one writable file, /sandbox/files.tar, that the files of /work are packed
+  /tmp, /dev/shm and the working folder /mnt/data, the conversation's kept files read-only at /persist, the code at
+  /sandbox/main.py, and one writable file, /sandbox/files.tar, that the files of /mnt/data are packed
   into when the code ends. Not the project, not the data folder, not /etc, not /home;
 - environment: emptied (`--clearenv`), then only LANG, PATH and HOME;
 - a seccomp filter (`seccomp_filter`) refusing the system calls a sandboxed program has no use for
@@ -38,7 +38,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 # Inside the sandbox: where the code's files are, and where its code and packed files travel.
-WORK = "/work"
+WORK = "/mnt/data"
 PERSIST = "/persist"
 CODE = "/sandbox/main.py"
 PACKED = "/sandbox/files.tar"
@@ -48,15 +48,15 @@ INNER_UID = 1000
 # Runs inside the sandbox under the system Python, before the code and after it: the process limit
 # (which must be set inside the user namespace to count only the sandbox's processes), the kept
 # files copied in, the code run as __main__ with its traceback shown from its own first frame, and
-# /work packed into the one writable file on the way out. The code could change any of this (it
+# /mnt/data packed into the one writable file on the way out. The code could change any of this (it
 # runs in the same interpreter), which gains it nothing: the packed file is read outside as
 # untrusted input, and everything else here only concerns the sandbox itself.
 BOOTSTRAP = r"""
 import os, resource, shutil, sys, tarfile, traceback
 resource.setrlimit(resource.RLIMIT_NPROC, (int(sys.argv[1]),) * 2)
-shutil.copytree("/persist", "/work", symlinks=True, dirs_exist_ok=True)
-os.chdir("/work")
-sys.path.insert(0, "/work")
+shutil.copytree("/persist", "/mnt/data", symlinks=True, dirs_exist_ok=True)
+os.chdir("/mnt/data")
+sys.path.insert(0, "/mnt/data")
 sys.argv = ["main.py"]
 with open("/sandbox/main.py", encoding="utf-8") as source_file:
     source = source_file.read()
@@ -80,8 +80,8 @@ for stream in (sys.stdout, sys.stderr):
         pass
 try:
     with tarfile.open("/sandbox/files.tar", "w") as packed:
-        for name in sorted(os.listdir("/work")):
-            packed.add(os.path.join("/work", name), arcname=name)
+        for name in sorted(os.listdir("/mnt/data")):
+            packed.add(os.path.join("/mnt/data", name), arcname=name)
 except BaseException as error:
     print(f"The files of this run were not kept: {error}", file=sys.stderr)
 os._exit(status & 0xFF)
@@ -190,7 +190,7 @@ def sandbox_command(
         setup.prlimit,
         f"--as={limits.memory_bytes}",
         f"--cpu={cpu_s}",
-        # Room for the packed files, headers and all: /work's own tmpfs holds its files to files_bytes.
+        # Room for the packed files, headers and all: /mnt/data's own tmpfs holds its files to files_bytes.
         f"--fsize={packed_bytes_max(limits.files_bytes)}",
         "--nofile=256",
         "--core=0",

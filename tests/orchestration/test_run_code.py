@@ -193,11 +193,11 @@ print(json.dumps({{'files': seen, 'env': dict(os.environ), 'root': sorted(os.lis
     assert found["env"] == {
         "LANG": "C.UTF-8",
         "PATH": "/usr/bin:/bin",
-        "HOME": "/work",
-        "PWD": "/work",
+        "HOME": "/mnt/data",
+        "PWD": "/mnt/data",
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-    assert found["root"] == sorted(["bin", "dev", "lib", "lib64", "persist", "proc", "sandbox", "tmp", "usr", "work"])
+    assert found["root"] == sorted(["bin", "dev", "lib", "lib64", "persist", "proc", "sandbox", "tmp", "usr", "mnt"])
     # Its own PID namespace: process 1 is the sandbox's, not the machine's.
     assert "bwrap" in found["pid1"] or "python" in found["pid1"]
     assert found["pid1_env"] == "PATH=/usr/bin:/bin\x00"
@@ -324,13 +324,14 @@ for name, call in calls.items():
 async def test_it_is_stopped_at_its_time_limit_and_leaves_no_process():
     started = time.monotonic()
     result = await run(
-        "import subprocess, time\nsubprocess.Popen(['sleep', '300'])\nwhile True:\n    pass", timeout_s=2
+        "import subprocess, time\nsubprocess.Popen(['sleep', '291.5'])\nwhile True:\n    pass", timeout_s=2
     )
     assert time.monotonic() - started < 10
     assert result.failed
     assert "time limit of 2 s" in result.content
     assert sandbox_processes() == []
-    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "300"]]
+    # An odd length, so no other program's sleep on the machine is taken for the sandbox's.
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "291.5"]]
 
 
 async def test_a_sleeping_program_is_stopped_at_its_time_limit():
@@ -389,7 +390,7 @@ except MemoryError:
 async def test_a_huge_file_is_held_to_the_files_limit(settings):
     code = """
 import os
-for path in ['/work/big', '/tmp/big', '/dev/shm/big']:
+for path in ['/mnt/data/big', '/tmp/big', '/dev/shm/big']:
     try:
         with open(path, 'wb') as f:
             for _ in range(1024):
