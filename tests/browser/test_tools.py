@@ -106,3 +106,49 @@ async def test_run_in_the_composer_asks_then_shows_ran_code_with_its_output(page
     assert (await step.locator("summary").text_content()).startswith("Ran code")
     await step.locator("summary").click()
     assert "NameError" in await step.locator("pre.tool-output").text_content()
+
+
+@pytest.mark.parametrize("tool", ["echo", "send_note"])
+async def test_a_tool_answer_driven_in_one_tab_shows_live_in_another(page, granted_tools, tool):
+    echo, sending = await granted_tools(Echo(), Sending())
+    await sign_in(page, "erin")
+    await page.check("#tools-toggle")
+    await page.fill("#input", "hello")
+    await page.keyboard.press("Enter")
+    await page.wait_for_function(ANSWERED)
+    other = await page.context.new_page()
+    other.set_default_timeout(90_000)
+    await other.goto(page.url)  # the same conversation, in a second tab
+    await other.wait_for_selector("#chat[data-socket=open]", state="attached")
+
+    await page.fill("#input", f"[call {tool}] what is new?")
+    await page.keyboard.press("Enter")
+    if tool == "send_note":
+        # Asked in the tab that sent it; the other shows that the call waits there, and cannot answer it.
+        await page.locator("dialog#tool-approval").wait_for(state="visible")
+        waiting = other.locator("details.tool-step .tool-waiting")
+        await waiting.wait_for(state="attached")
+        assert await waiting.text_content() == "Waiting for your answer in the tab that asked"
+        assert not await other.locator("dialog#tool-approval").is_visible()
+        await page.get_by_role("button", name="Allow once").click()
+
+    await other.wait_for_function(
+        "() => { const a = document.querySelectorAll('article.message.assistant');"
+        " return a.length === 2 && a[1].dataset.status === 'complete' && document.getElementById('stop').hidden; }"
+    )
+    answer = other.locator("article.message.assistant").nth(1)
+    step = answer.locator("details.tool-step")
+    assert await step.count() == 1 and await step.get_attribute("data-outcome") == "ok"
+    assert await step.locator("summary").text_content() == f"Used {tool}"
+    assert not await step.locator(".tool-waiting").count()
+    await step.locator("summary").click()
+    said = "The echo heard: scripted" if tool == "echo" else "The note was sent."
+    assert await step.locator("pre.tool-output").text_content() == said
+    shown = await answer.locator(".content").text_content()
+    assert shown.startswith("You said") and "tool_call" not in shown.replace("tool_response", "")
+    assert '"arguments"' not in shown
+    # The same answer as in the tab that asked; the tool ran once.
+    await page.wait_for_function(ANSWERED.replace("a.length === 1 && a[0]", "a.length === 2 && a[1]"))
+    asked = await page.locator("article.message.assistant").nth(1).locator(".content").text_content()
+    assert shown == asked
+    assert len(echo.runs if tool == "echo" else sending.runs) == 1
