@@ -4,13 +4,16 @@ the composer's `/files`."""
 
 from __future__ import annotations
 
+import asyncio
+import re
+
 import pytest
 from channels.db import database_sync_to_async
 
 from conversations.models import Conversation, Message
 from orchestration.tools.run_code import run_code_available
 from tests.browser.conftest import BROWSER_MARKS, sign_in
-from tests.orchestration.tools import Echo, Sending
+from tests.orchestration.tools import Echo, Hanging, Sending
 
 pytestmark = [*BROWSER_MARKS, pytest.mark.usefixtures("short_answers")]
 
@@ -152,3 +155,46 @@ async def test_a_tool_answer_driven_in_one_tab_shows_live_in_another(page, grant
     asked = await page.locator("article.message.assistant").nth(1).locator(".content").text_content()
     assert shown == asked
     assert len(echo.runs if tool == "echo" else sending.runs) == 1
+
+
+async def test_a_page_that_lost_its_socket_mid_loop_ends_the_answer_with_a_note(page, granted_tools):
+    await granted_tools(Hanging())
+    await sign_in(page, "frank")
+    dropped = asyncio.Event()
+
+    async def socket_route(ws):
+        if dropped.is_set():
+            # The next socket, once the server has ended the loop of the one that dropped.
+            while not await Message.objects.filter(role="assistant", status="stopped").aexists():  # noqa: ASYNC110 - a row, no event
+                await asyncio.sleep(0.1)
+            ws.connect_to_server()
+            return
+        server = ws.connect_to_server()
+
+        def from_server(message):
+            if dropped.is_set():
+                return
+            ws.send(message)
+            if '"tool.running"' in str(message):  # the call runs: the connection goes, both ways
+                dropped.set()
+                asyncio.ensure_future(server.close())
+                asyncio.ensure_future(ws.close(code=1006))
+
+        server.on_message(from_server)
+
+    await page.route_web_socket(re.compile(r"/ws/chat/$"), socket_route)
+    await page.reload()
+    await page.wait_for_selector("#chat[data-socket=open]", state="attached")
+    await page.check("#tools-toggle")
+    await page.fill("#input", "[call hanging] x")
+    await page.keyboard.press("Enter")
+    # Reconnected, the page does not wait for ever: the answer ends, its call not run, with a note.
+    await page.wait_for_function(
+        "() => { const a = document.querySelector('article.message.assistant');"
+        " return a && a.dataset.status === 'complete' && document.getElementById('stop').hidden; }"
+    )
+    answer = page.locator("article.message.assistant")
+    assert await answer.locator("details.tool-step").count() == 1
+    assert await answer.locator("details.tool-step summary").text_content() == "Used hanging (not run)"
+    assert "tab that asked for them" in await answer.locator(".tool-note").text_content()
+    assert "tool_call" not in await answer.locator(".content").text_content()
