@@ -173,9 +173,9 @@ class ToolLoops:
         return True
 
     def streaming(self) -> list[str]:
-        """The steps still being written (no calls of theirs running): closing the socket leaves them
-        to finish as answers, with no loop after them."""
-        return sorted(gid for gid, loop in self._loops.items() if loop.task is None)
+        """The steps still being written that may call tools: closing the socket leaves them to
+        finish as answers, with no loop after them (a last step, offered none, is an answer anyway)."""
+        return sorted(gid for gid, loop in self._loops.items() if loop.task is None and loop.reader is not None)
 
     async def close(self) -> None:
         for loop in list(self._loops.values()):

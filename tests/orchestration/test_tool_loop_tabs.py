@@ -125,3 +125,22 @@ async def test_a_step_resumed_after_the_tab_that_drove_it_closed_shows_its_calls
     assert "tab that asked for them" in seen[-1]["note"] and seen[-1]["generation"] == accepted["generation"]
     assert not of_type(seen, "generation.done") and len(echo.runs) <= 1
     await again.disconnect()
+
+
+async def test_a_tab_following_a_step_whose_driver_closes_shows_its_calls_and_that_the_loop_ended(
+    engine, alice, granted_tools
+):
+    await granted_tools(Echo())
+    sender, _ = await open_socket(alice)
+    other_tab, _ = await open_socket(alice)
+    await sender.send_json_to({"type": "message.send", "content": "[call echo] x", "tools": True})
+    told = await next_event(other_tab, skipping=OTHERS)
+    assert told["type"] == "conversation.message"
+    await other_tab.send_json_to({"type": "generation.resume", "generation": told["generation"], "after_seq": 0})
+    await sender.disconnect()  # while the other tab follows the step: the loop ends with its socket
+
+    seen = await as_a_page(other_tab, until="tool.ended")
+    assert not any(raw in words(seen) for raw in RAW) and not of_type(seen, "generation.done")
+    assert [e["type"] for e in seen if e["type"].startswith("tool.")][-1] == "tool.ended"
+    assert [c["name"] for c in of_type(seen, "tool.calls")[0]["calls"]] == ["echo"]
+    await other_tab.disconnect()
