@@ -14,7 +14,9 @@ generation?, blocked?} for a message another of the user's sockets sent, `messag
 moderation holds a message back (it is saved, flagged, and never reaches the model), and `error`
 {code, message, client_id?} for a refused request; and the tool loop's frames (`tool.calls`,
 `tool.approval`, `tool.running`, `tool.result`, `tool.step`, `tool.stopped`: conversations.tool_loops)
-for an answer that may call the service's tools (`message.send`'s `tools` and `tool`, docs/tools.md).
+for an answer that may call the service's tools (`message.send`'s `tools` and `tool`, docs/tools.md),
+which the user's other sockets hear too, marked `elsewhere`, with `tool.ended` for a loop that ended
+with the socket that drove it.
 
 A send's `client_id` (a UUID the client makes) is echoed in its `message.accepted`,
 `message.blocked` or `error`, and makes the send safe to repeat: a client whose socket dropped
@@ -78,7 +80,7 @@ from conversations.services import (
     message_send,
     message_send_checked,
 )
-from conversations.tool_loops import ToolLoops
+from conversations.tool_loops import ENDED, FollowedSteps, ToolLoops, tool_steps_driven
 from inference.execution.dispatch import engine_state
 from inference.models import Generation
 from inference.openai import wire
@@ -140,7 +142,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self._place = socket_id
         self._place_kept = asyncio.ensure_future(self._place_keep())
         self.streams = self._stream_follower()
-        self.tools = ToolLoops(user=self.user, send=self.send_json, follow=self._follow_step)
+        self.tools = ToolLoops(user=self.user, send=self._tool_send, follow=self._follow_step)
+        self.followed = FollowedSteps()
+        self._driving: list[str] = []  # the tool-loop steps this socket has driven
         # Joined before the accept: a change from here on reaches this socket by its event.
         await self.channel_layer.group_add(user_group(self.user.id), self.channel_name)
         await self.accept()
@@ -187,7 +191,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_discard(user_group(self.user.id), self.channel_name)
         await self.channel_layer.group_discard(ENGINE_STATUS_GROUP, self.channel_name)
         await self.streams.close()
-        await self.tools.close()
+        await self._tools_close()
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         if self._closed_for_access or not await self._access_holds():
@@ -313,6 +317,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 conversation_id=sent.conversation.id,
                 project_id=sent.conversation.project_id,
             )
+            await self._drives(str(generation.id))
         self._started.add(str(generation.id))
         await self.send_json(accepted)
         # A replayed send's answer may have ended long ago, its events gone from the buffer.
@@ -391,6 +396,36 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         """The person's answer to a tool call that waits for it (conversations.tool_loops)."""
         await self.tools.approve(content)
 
+    # --- the tool loops this socket drives, as the user's other sockets see them -----------------
+
+    async def _tool_send(self, frame: dict[str, Any]) -> None:
+        """A frame of a loop this socket drives: to its page, and to the user's other sockets, whose
+        pages show the loop too (an `error` answers this socket's own request, and stays here)."""
+        if frame["type"] != "error":
+            await self._others_relay(frame)
+        await self.send_json(frame)
+
+    async def _others_relay(self, frame: dict[str, Any]) -> None:
+        try:
+            await self.channel_layer.group_send(
+                user_group(self.user.id), {"type": "tool.relay", "origin": self.channel_name, "frame": frame}
+            )
+        except Exception:  # best effort: the other pages show the loop on their next load
+            logger.exception("telling the other sockets of user %s of a tool loop failed", self.user.id)
+
+    async def _drives(self, generation_id: str) -> None:
+        self._driving.append(generation_id)
+        await tool_steps_driven(generation_ids=[generation_id], driven=True)
+
+    async def _tools_close(self) -> None:
+        """The socket's loops end with it: the calls running are stopped (`tool.stopped`), and a step
+        still being written finishes as an answer, which the other pages are told (`tool.ended`)."""
+        streaming = self.tools.streaming()
+        await self.tools.close()
+        await tool_steps_driven(generation_ids=self._driving, driven=False)
+        for generation_id in streaming:
+            await self._others_relay({"type": "tool.ended", "generation": generation_id, "note": ENDED})
+
     async def _stop(self, generation: Generation) -> None:
         ended = await _reconnecting(generation_request_stop)(generation=generation)
         if ended is not None:
@@ -403,6 +438,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if not is_integer(after_seq) or after_seq < 0:
             raise ClientError("'after_seq' must be a non-negative integer.", code="invalid_request")
         generation = await self._own_generation(content.get("generation"))
+        key = str(generation.id)
+        if not self.tools.owns(key) and not self.streams.follows(key):
+            # A step of a tool loop another socket drives (or drove) is read for its calls from its start.
+            if await self.followed.watch(generation, after_seq=after_seq):
+                after_seq = 0
         await self._follow(generation, after_seq=after_seq)
 
     # --- following a stream (the protocol: inference/streaming/following.py) --------------------
@@ -419,6 +459,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def _follow_step(self, generation: Generation) -> None:
         """Follow the next step of an answer's tool loop, queued by this socket."""
         self._started.add(str(generation.id))
+        await self._drives(str(generation.id))
         await self._follow(generation, after_seq=0, fresh=True)
 
     async def _forward(self, event: dict[str, Any]) -> None:
@@ -431,6 +472,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 self._started.discard(event["generation"])
                 return
             event = passed
+        elif self.followed.has(event.get("generation", "")):
+            for frame in await self.followed.passed_on(event):
+                await self._send_event(frame)
+            return
+        await self._send_event(event)
+
+    async def _send_event(self, event: dict[str, Any]) -> None:
         if event["type"] == "generation.done":
             event = {**event, **await self._costs(event["generation"])}
         await self.send_json(event)
@@ -474,6 +522,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if self._closed_for_access or event.get("origin") == self.channel_name:
             return
         await self.send_json({key: value for key, value in event.items() if key != "origin"})
+
+    async def tool_relay(self, event: dict[str, Any]) -> None:
+        """A frame of a tool loop another of the user's sockets drives (`_tool_send`)."""
+        if self._closed_for_access or event.get("origin") == self.channel_name:
+            return
+        for frame in await self.followed.relayed(event["frame"]):
+            await self.send_json(frame)
 
     async def conversation_title(self, event: dict[str, Any]) -> None:
         """A conversation of the user's has a title (written by the model, or renamed in another tab)."""

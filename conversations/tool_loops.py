@@ -13,6 +13,9 @@ never the text of its calls):
   queued and followed, as a send's answer is;
 - `tool.stopped` {generation}: Stop ended the answer between its steps.
 The answer in words ends with its step's `generation.done`, as any answer does.
+
+The user's other sockets hear the same frames, marked `elsewhere` (`FollowedSteps`, below), and
+`tool.ended` {generation, note} for a step whose loop ended with the socket that drove it.
 """
 
 from __future__ import annotations
@@ -23,8 +26,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
+from django.core.cache import cache
+
 from accounts.models import User
 from chatsite.database import db_async
+from conversations.models import Message
 from conversations.services.tool_steps import (
     tool_allowed_for_chat,
     tool_calls_record,
@@ -34,7 +41,7 @@ from conversations.services.tool_steps import (
     tools_allowed_for_chat,
 )
 from inference.models import Generation, ModelDeployment
-from inference.openai.tools import ToolCallReader, tool_call_readers
+from inference.openai.tools import ToolCallReader, tool_call_reader_for, tool_call_readers
 from inference.selectors import generation_writer
 from orchestration.tools.base import Tool, ToolContext
 from orchestration.tools.loop import (
@@ -164,6 +171,11 @@ class ToolLoops:
         except asyncio.CancelledError:
             pass
         return True
+
+    def streaming(self) -> list[str]:
+        """The steps still being written that may call tools: closing the socket leaves them to
+        finish as answers, with no loop after them (a last step, offered none, is an answer anyway)."""
+        return sorted(gid for gid, loop in self._loops.items() if loop.task is None and loop.reader is not None)
 
     async def close(self) -> None:
         for loop in list(self._loops.values()):
@@ -316,3 +328,154 @@ class ToolLoops:
 
 def _generation_text(*, generation_id: str) -> str:
     return Generation.objects.filter(id=generation_id).values_list("text", flat=True).first() or ""
+
+
+def _answer_of(*, generation_id: str) -> int | None:
+    return Message.objects.filter(generation_id=generation_id).values_list("id", flat=True).first()
+
+
+# --- the loop seen from the user's other sockets -------------------------------------------------------
+
+# What another page shows under an answer whose loop ended with the socket that drove it.
+ENDED = "This answer's tools stopped here: the tab that asked for them was closed or lost its connection."
+
+
+# How long a step may wait in the queue: beyond it, a mark a dead process left behind lapses.
+QUEUE_SLACK_S = 3600
+
+
+def _driven_key(generation_id: str) -> str:
+    return f"tools:driven:{generation_id}"
+
+
+def _driven_ttl_s() -> float:
+    """A step's longest life: queued, written, and its calls run (each asked about and timed out)."""
+    per_call = settings.TOOLS_TIMEOUT_S + settings.TOOLS_APPROVAL_TIMEOUT_S
+    return QUEUE_SLACK_S + settings.INFERENCE_GENERATION_TIMEOUT_S + settings.TOOLS_MAX_CALLS * per_call
+
+
+async def tool_steps_driven(*, generation_ids: list[str], driven: bool) -> None:
+    """Mark the steps a socket drives (or no longer does, once it closes), for the other sockets that
+    follow them to tell a step whose calls will run from one whose loop has ended. A mark a process
+    that died could not clear lapses after a step's longest life (`_driven_ttl_s`)."""
+    keys = [_driven_key(g) for g in generation_ids]
+    if not keys:
+        return
+    try:
+        if driven:
+            await asyncio.to_thread(cache.set_many, dict.fromkeys(keys, 1), timeout=_driven_ttl_s())
+        else:
+            await asyncio.to_thread(cache.delete_many, keys)
+    except Exception:  # the loop runs all the same; the other pages may then wait for a reload
+        logger.exception("marking the tool steps %s failed", ", ".join(generation_ids))
+
+
+async def tool_step_is_driven(generation_id: str) -> bool:
+    try:
+        return bool(await asyncio.to_thread(cache.get, _driven_key(generation_id)))
+    except Exception:
+        logger.exception("reading the mark of tool step %s failed", generation_id)
+        return False
+
+
+@dataclass
+class FollowedStep:
+    """A tool-loop step a socket follows but does not drive, as far as its page has seen it."""
+
+    generation_id: str
+    reader: ToolCallReader
+    shown_upto: int  # the page has the step's words up to this seq: deltas to it only feed the reader
+    calls: list[dict[str, Any]] | None = None  # at its end, when it called tools: the calls read from it
+    content: str = ""
+    told: bool = False  # the driving socket's `tool.calls` has been passed on
+    ended: bool = False  # the driving socket has closed: no loop goes on after this step
+
+
+class FollowedSteps:
+    """The tool-loop steps one socket follows that another socket drives (another tab's answer), or
+    that nobody drives any more (its own page's, after a reconnect: the loop ended with the socket).
+
+    A step's stream is read with the deployment's tool parser, from the tool fields its generation
+    kept, so the page gets only its words. At its end in calls, the driving socket's frames tell the
+    page the rest (`relayed`); a step nobody drives shows its calls and ends there (`tool.ended`).
+    Nothing runs here."""
+
+    def __init__(self) -> None:
+        self._steps: dict[str, FollowedStep] = {}
+
+    def has(self, generation_id: str) -> bool:
+        return generation_id in self._steps
+
+    async def watch(self, generation: Generation, *, after_seq: int) -> bool:
+        """Read `generation`'s stream from its start (the page has it up to `after_seq`) if it is a
+        step read for calls; False when it is not, and its stream passes as it is."""
+        if not generation.tool_fields:
+            return False
+        reader = await asyncio.to_thread(
+            tool_call_reader_for, fields=generation.tool_fields, deployment=generation.deployment
+        )
+        if reader is None:
+            return False
+        gid = str(generation.id)
+        self._steps[gid] = FollowedStep(generation_id=gid, reader=reader, shown_upto=after_seq)
+        return True
+
+    async def passed_on(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        """What of a followed step's event goes to the page: a delta's words; at its end in calls, the
+        calls when nobody drives it (and that its loop ended), else nothing until the driver says."""
+        step = self._steps.get(event.get("generation", ""))
+        if step is None:
+            return [event]
+        if event["type"] == "generation.delta":
+            content, _ = step.reader.delta(event.get("text") or "")
+            return [{**event, "text": content}] if content and event["seq"] > step.shown_upto else []
+        if event["type"] != "generation.done":
+            self._steps.pop(step.generation_id, None)
+            return [event]
+        text = event.get("text")
+        if not isinstance(text, str):
+            text = await db_async(_generation_text)(generation_id=step.generation_id)
+        content, calls = step.reader.complete(text)
+        if event.get("status") != "complete" or not calls:
+            self._steps.pop(step.generation_id, None)
+            return [{**event, "text": content or ""}] if "text" in event else [event]
+        step.calls, step.content = calls, content or ""
+        if step.told or (not step.ended and await tool_step_is_driven(step.generation_id)):
+            return []  # the driving socket tells the rest (`relayed`)
+        return await self._ended(step)
+
+    async def relayed(self, frame: dict[str, Any]) -> list[dict[str, Any]]:
+        """A frame of the loop another socket drives, for this page, marked `elsewhere`: a
+        `tool.approval` there is shown as waiting for that tab, and answered only there."""
+        gid = str(frame.get("generation", ""))
+        step = self._steps.get(frame.get("previous", gid))
+        if step is not None:
+            if frame["type"] == "tool.calls":
+                step.told = True
+            elif frame["type"] == "tool.ended":
+                step.ended = True
+                if step.calls is None:
+                    return []  # still being written: it ends here once its end is read
+                return await self._ended(step)
+            elif frame["type"] in ("tool.step", "tool.stopped", "generation.error"):
+                self._steps.pop(step.generation_id, None)
+        return [{**frame, "elsewhere": True}]
+
+    async def _ended(self, step: FollowedStep) -> list[dict[str, Any]]:
+        self._steps.pop(step.generation_id, None)
+        frames: list[dict[str, Any]] = []
+        if not step.told:
+            frames.append(
+                {
+                    "type": "tool.calls",
+                    "generation": step.generation_id,
+                    "assistant_message": await db_async(_answer_of)(generation_id=step.generation_id),
+                    "content": step.content,
+                    "calls": [
+                        {"id": c.id, "name": c.name, "arguments": c.arguments}
+                        for c in (ToolCall.of(call) for call in step.calls or [])
+                    ],
+                }
+            )
+        frames.append({"type": "tool.ended", "generation": step.generation_id, "note": ENDED})
+        return frames

@@ -247,6 +247,12 @@ class Generation(models.Model):
     image_count = models.PositiveSmallIntegerField(
         default=0, help_text="Images that go to the engine with the prompt (GenerationImage), in order."
     )
+    tool_fields = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="A step of an answer's tool loop: the tool fields of its request (tools, tool_choice), "
+        "which its output is read with for calls by every socket that follows it. Empty otherwise.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

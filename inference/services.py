@@ -58,6 +58,7 @@ def generation_create(
     routing_reason: str = "",
     cached: CachedAnswer | None = None,
     images: Sequence[PromptImage] = (),
+    tool_fields: JsonObject | None = None,
 ) -> Generation:
     """A queued generation; dispatched to an engine once the caller's transaction commits.
 
@@ -74,7 +75,10 @@ def generation_create(
     same tier its message's input check used, and no read of the user's tier in the worker.
 
     `cached`: an earlier answer from the response cache (inference.caching), which the runner plays
-    back instead of asking the engine: the rest of the answer's path is the same."""
+    back instead of asking the engine: the rest of the answer's path is the same.
+
+    `tool_fields`: a step of an answer's tool loop keeps its request's tool fields, so that any
+    follower of its stream can read its calls out of it (inference.openai.tools.tool_call_reader_for)."""
     generation = Generation.objects.create(
         user=user,
         deployment=deployment,
@@ -90,6 +94,7 @@ def generation_create(
         text=cached.text if cached is not None else "",
         completion_tokens=cached.completion_tokens if cached is not None else 0,
         image_count=len(images),
+        tool_fields=tool_fields or {},
     )
     if images:
         GenerationImage.objects.bulk_create(

@@ -522,9 +522,10 @@
 
   function toolStep(fromGeneration, toGeneration, message) {
     const stream = streams.get(fromGeneration);
-    if (!stream) return null;
+    // An answer drawn by the server between its steps (a page loaded while another tab's calls ran).
+    const el = stream ? stream.el : messages.querySelector('article.message.assistant[data-generation="' + fromGeneration + '"]');
+    if (!el) return null;
     streams.delete(fromGeneration);
-    const el = stream.el;
     el.dataset.message = message.id;
     el.dataset.parent = message.parent;
     el.dataset.siblings = String(message.id);
@@ -545,13 +546,25 @@
     refreshRegenerate();
   }
 
+  // A step whose loop ended with the tab that drove it: it ends as it is, with `note` under it.
+  function toolEnded(generationId, note) {
+    const stream = streams.get(generationId);
+    if (!stream) return;
+    streams.delete(generationId);
+    ChatRender.render(stream.el.querySelector(".content"));
+    setStatus(stream.el, "complete");
+    if (note) addNote(stream.el, note, false, "tool-note");
+    if (streams.size === 0) setBusy(false);
+    refreshRegenerate();
+  }
+
   function sendFrame(frame) {
     if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify(frame));
   }
 
   window.chatPage = {
     sendFrom: sendFrom, requestAnswer: requestAnswer, csrfToken: csrfToken, imageCaption: imageCaption,
-    toolPause: toolPause, toolStep: toolStep, toolStopped: toolStopped, send: sendFrame,
+    toolPause: toolPause, toolStep: toolStep, toolStopped: toolStopped, toolEnded: toolEnded, send: sendFrame,
   };
 
   input.addEventListener("keydown", function (event) {

@@ -40,6 +40,7 @@ from inference.engine.tokenizers import (
     tokenizer_for,
 )
 from inference.models import Generation, ModelDeployment
+from inference.openai.tools import tool_fields_kept
 from inference.services import generation_admit, generation_create
 from moderation.services import (
     CONTENT_FILTER,
@@ -91,6 +92,7 @@ def answer_queue(
     cacheable: str = "",
     images: list[PromptImage] | None = None,
     tool_sampling: JsonObject | None = None,
+    tool_request: JsonObject | None = None,
 ) -> tuple[Generation, Admission]:
     """Pass the plan's gate, queue the answer's generation, and save `answer` pending. `prompt` is
     the one assembled for it. `touch_conversation`: move the conversation to the top of its owner's
@@ -100,7 +102,8 @@ def answer_queue(
     continued, and keeps what it has; its new text goes after it. `cacheable`: the message, when the
     prompt holds nothing personal (a first message without instructions): the deployment's response
     cache may answer it (orchestration.cache). `tool_sampling`: the structured output that holds a
-    tool step's calls to their tools' schemas (and forces a call the person asked for)."""
+    tool step's calls to their tools' schemas (and forces a call the person asked for);
+    `tool_request`: that step's tool fields, which its generation keeps for whoever follows it."""
     limits = limits or request_limits(user=user, deployment=deployment, api_key=api_key)
     # Refuse before anything is queued: a full queue first (so it costs no rate-limit budget), then
     # the plan's quotas and rate limits.
@@ -142,6 +145,7 @@ def answer_queue(
         routing_reason=routing_reason,
         cached=cache.hit if cache is not None else None,
         images=images or (),
+        tool_fields=tool_fields_kept(tool_request) if tool_request else None,
     )
     if cache is not None:
         cache.keep(generation_id=generation.id)

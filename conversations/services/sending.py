@@ -648,6 +648,7 @@ def _message_queue(
         routing_reason=routing_reason,
         images=[image.prompt_image() for image in images] if seen else [],
         tool_sampling=tool_sampling(tool_request, deployment=deployment) if tool_request else None,
+        tool_request=tool_request,
         # A first message with nothing personal in its prompt or sampling (no history, instructions,
         # project, conversation settings or files).
         cacheable=content

@@ -162,6 +162,7 @@ def tool_step_queue(
         prompt=prompt,
         routing_reason="tool step",
         tool_sampling=tool_sampling(request, deployment=deployment),
+        tool_request=request,
     )
     return StepQueued(answer, generation)
 

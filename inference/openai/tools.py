@@ -277,3 +277,19 @@ def tool_call_readers(request: dict[str, Any], *, deployment: Any, n: int) -> li
 
     tokenizer = tokenizer_for(deployment.model_path)
     return [ToolCallReader(request, deployment=deployment, tokenizer=tokenizer) for _ in range(n)]
+
+
+def tool_fields_kept(request: dict[str, Any]) -> dict[str, Any]:
+    """What a generation keeps of a tool request (`Generation.tool_fields`): enough to read its output
+    for calls again, as `tool_call_reader_for` does."""
+    return {"tools": request.get("tools") or [], "tool_choice": request.get("tool_choice")}
+
+
+def tool_call_reader_for(*, fields: dict[str, Any], deployment: Any) -> ToolCallReader | None:
+    """A reader of a generation's output from the tool fields it kept; None when it is not read for
+    calls (no fields, a `tool_choice` of "none", or a deployment without a tool parser)."""
+    if not fields or not deployment.tool_parser:
+        return None
+    request = {"model": deployment.name, "messages": [{"role": "user", "content": ""}], **fields}
+    readers = tool_call_readers(request, deployment=deployment, n=1)
+    return readers[0] if readers else None

@@ -2,6 +2,8 @@
 // answer ("Searched the web for …", with what it was called with and what came back), and a call with
 // side effects shown in a dialog that asks before anything runs. The server's frames (`tool.*`) come
 // through static/chat.js's `chat:frame` event; everything a tool or the model wrote goes in as text.
+// A loop another tab of the person's drives comes the same way, its frames marked `elsewhere`: shown
+// alike, but its questions are answered only in the tab that asked.
 (function () {
   "use strict";
   const chat = document.getElementById("chat");
@@ -48,9 +50,10 @@
     return node;
   }
 
-  function addStep(el, call) {
+  function addStep(el, generationId, call) {
     const details = document.createElement("details");
     details.className = "tool-step";
+    details.dataset.generation = generationId;
     details.dataset.call = call.id;
     details.dataset.tool = call.name;
     details.dataset.outcome = "running";
@@ -123,23 +126,31 @@
         const el = answerOf(msg.generation);
         if (!el) break;
         page.toolPause(msg.generation);
-        msg.calls.forEach(function (call) { addStep(el, call); });
+        // Told once by the tab that runs them; a page that read them from the step itself has them already.
+        if (el.querySelector('.tool-step[data-generation="' + CSS.escape(msg.generation) + '"]')) break;
+        msg.calls.forEach(function (call) { addStep(el, msg.generation, call); });
         break;
       }
       case "tool.approval": {
         const step = stepFor(msg, msg.call.id);
         if (step) step.dataset.outcome = "waiting";
-        ask(msg);
+        if (!msg.elsewhere) ask(msg);
+        else if (step && !step.querySelector(".tool-waiting")) {
+          step.querySelector("summary").after(part("div", "tool-label tool-waiting", "Waiting for your answer in the tab that asked"));
+        }
         break;
       }
       case "tool.running": {
         const step = stepFor(msg, msg.call.id);
-        if (step) step.dataset.outcome = "running";
+        if (!step) break;
+        step.dataset.outcome = "running";
+        step.querySelectorAll(".tool-waiting").forEach(function (n) { n.remove(); });
         break;
       }
       case "tool.result": {
         const step = stepFor(msg, msg.call);
         if (!step) break;
+        step.querySelectorAll(".tool-waiting").forEach(function (n) { n.remove(); });
         step.dataset.outcome = msg.outcome;
         step.querySelector("summary").textContent = label(msg.name, step.dataset.arguments, msg.outcome, false);
         step.append(
@@ -151,6 +162,21 @@
       case "tool.step": {
         const el = page.toolStep(msg.previous, msg.generation, msg.assistant_message);
         if (el && msg.note) el.querySelector(":scope > .content").before(part("div", "note tool-note", msg.note));
+        // The tab that drives the loop follows its next step itself; this one asks for its stream.
+        if (el && msg.elsewhere) page.send({type: "generation.resume", generation: msg.generation, after_seq: 0});
+        break;
+      }
+      case "tool.ended": {
+        // The tab that drove the loop has gone: the calls shown will not run, and the answer ends here.
+        const el = answerOf(msg.generation);
+        if (el) {
+          el.querySelectorAll('.tool-step[data-outcome="running"], .tool-step[data-outcome="waiting"]').forEach(function (step) {
+            step.dataset.outcome = "not_run";
+            step.querySelectorAll(".tool-waiting").forEach(function (n) { n.remove(); });
+            step.querySelector("summary").textContent = label(step.dataset.tool, step.dataset.arguments, "not_run", false);
+          });
+        }
+        page.toolEnded(msg.generation, msg.note);
         break;
       }
       case "tool.stopped":
