@@ -80,7 +80,7 @@ from conversations.services import (
     message_send,
     message_send_checked,
 )
-from conversations.tool_loops import ENDED, FollowedSteps, ToolLoops, tool_steps_driven
+from conversations.tool_loops import LOOP_ENDED, FollowedSteps, ToolLoops, tool_steps_driven
 from inference.execution.dispatch import engine_state
 from inference.models import Generation
 from inference.openai import wire
@@ -424,7 +424,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.tools.close()
         await tool_steps_driven(generation_ids=self._driving, driven=False)
         for generation_id in streaming:
-            await self._others_relay({"type": "tool.ended", "generation": generation_id, "note": ENDED})
+            await self._others_relay({"type": "tool.ended", "generation": generation_id, "note": LOOP_ENDED})
 
     async def _stop(self, generation: Generation) -> None:
         ended = await _reconnecting(generation_request_stop)(generation=generation)

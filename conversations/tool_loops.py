@@ -337,7 +337,7 @@ def _answer_of(*, generation_id: str) -> int | None:
 # --- the loop seen from the user's other sockets -------------------------------------------------------
 
 # What another page shows under an answer whose loop ended with the socket that drove it.
-ENDED = "This answer's tools stopped here: the tab that asked for them was closed or lost its connection."
+LOOP_ENDED = "This answer's tools stopped here: the tab that asked for them was closed or lost its connection."
 
 
 # How long a step may wait in the queue: beyond it, a mark a dead process left behind lapses.
@@ -477,5 +477,5 @@ class FollowedSteps:
                     ],
                 }
             )
-        frames.append({"type": "tool.ended", "generation": step.generation_id, "note": ENDED})
+        frames.append({"type": "tool.ended", "generation": step.generation_id, "note": LOOP_ENDED})
         return frames

@@ -59,9 +59,11 @@ from conversations.services import (
     saved_prompt_delete,
     saved_prompt_update,
 )
+from conversations.tool_loops import LOOP_ENDED
 from documents.models import Document
 from documents.selectors import documents_of_conversation, documents_of_project
 from inference.execution.dispatch import engine_state
+from inference.openai.tools import tool_call_reader_for
 from inference.selectors import deployment_list_enabled, models_listed
 from orchestration.routing import AUTO, AUTO_LABEL
 
@@ -104,6 +106,7 @@ def _chat_page(
         branch = message_branch(conversation=conversation)
         assert branch is not None  # the branch shown is always one of the conversation's
         messages = _tool_steps_folded([ShownMessage(m, siblings=branch.tree.siblings(m.id)) for m in branch.messages])
+        _unrun_calls_attach(messages)
         _notes_attach(messages)
         _details_attach(messages, tree=branch.tree, user=user)
         _writers_attach(messages)
@@ -180,6 +183,7 @@ class ShownMessage:
     images: list[dict[str, object]] = field(default_factory=list)  # a user message's (conversations.images)
     # The tool calls that led to an answer (its loop's steps, folded into it), as the page shows them.
     tool_steps: list[ToolStepShown] = field(default_factory=list)
+    tool_note: str = ""  # under an answer whose loop ended before its calls ran
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.message, name)
@@ -254,6 +258,37 @@ def _tool_steps_folded(messages: list[ShownMessage]) -> list[ShownMessage]:
             message.tool_steps, steps = steps, []
         shown.append(message)
     return shown
+
+
+def _unrun_calls_attach(messages: list[ShownMessage]) -> None:
+    """A tool step whose loop ended before its calls were read (the socket that drove it closed while
+    it was written) kept the text of its calls: shown as the live page shows it, its words, and
+    its calls as steps that did not run, with the same note."""
+    for shown in messages:
+        generation = shown.generation if shown.role == Message.Role.ASSISTANT else None
+        if generation is None or not generation.tool_fields or shown.tool_calls or shown.is_in_progress:
+            continue
+        reader = tool_call_reader_for(fields=generation.tool_fields, deployment=generation.deployment)
+        if reader is None:
+            continue
+        words, calls = reader.complete(shown.content)
+        if not calls:
+            continue
+        shown.message.content = words or ""  # as shown, never saved
+        shown.tool_steps = [
+            *shown.tool_steps,
+            *(
+                ToolStepShown(
+                    name=call["function"]["name"],
+                    arguments=call["function"]["arguments"],
+                    outcome="not_run",
+                    output="",
+                    truncated=False,
+                )
+                for call in calls
+            ),
+        ]
+        shown.tool_note = LOOP_ENDED
 
 
 def _notes_attach(messages: list[ShownMessage]) -> None:

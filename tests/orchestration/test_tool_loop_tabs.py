@@ -5,8 +5,13 @@ On the scripted engine, whose step that calls a tool is nothing but the call's t
 
 from __future__ import annotations
 
-import pytest
+import asyncio
 
+import pytest
+from asgiref.sync import sync_to_async
+from django.test import Client
+
+from conversations.models import Message
 from tests.helpers.sockets import next_event, open_socket
 from tests.orchestration.tools import Echo, Sending
 
@@ -144,3 +149,34 @@ async def test_a_tab_following_a_step_whose_driver_closes_shows_its_calls_and_th
     assert [e["type"] for e in seen if e["type"].startswith("tool.")][-1] == "tool.ended"
     assert [c["name"] for c in of_type(seen, "tool.calls")[0]["calls"]] == ["echo"]
     await other_tab.disconnect()
+
+
+async def test_a_step_whose_driver_closed_before_reading_it_shows_its_calls_as_not_run_after_a_reload(
+    engine, alice, granted_tools
+):
+    echo = await granted_tools(Echo())
+    sender, _ = await open_socket(alice)
+    await sender.send_json_to({"type": "message.send", "content": "[call echo] x", "tools": True})
+    accepted = await next_event(sender, skipping=(*OTHERS, "conversation.created"))
+    await sender.disconnect()  # before the step ended: nobody read its calls, and its row keeps their text
+
+    answer = await answer_when_ended(accepted["assistant_message"]["id"])
+    assert not answer.tool_calls and '"name": "echo"' in answer.content and echo.runs == []
+    page = await sync_to_async(chat_page_of)(alice, accepted["conversation"])
+    assert not any(raw in page for raw in RAW)
+    assert "Used echo (not run)" in page and "tab that asked for them" in page
+
+
+async def answer_when_ended(message_id: int) -> Message:
+    for _ in range(200):
+        answer = await Message.objects.aget(id=message_id)
+        if not answer.is_in_progress:
+            return answer
+        await asyncio.sleep(0.05)
+    raise AssertionError("the step never ended")
+
+
+def chat_page_of(user, conversation_id: int) -> str:
+    client = Client()
+    client.force_login(user)
+    return client.get(f"/c/{conversation_id}/").content.decode()
