@@ -12,6 +12,8 @@ message, and POST .../branch/ makes it the one shown (and continued by a send wi
 Sending a message streams its answer as Server-Sent Events, so that view is a plain async view (the
 wait for the engine belongs on the event loop, as for /v1/chat/completions). It authenticates by API
 key or by session; a session request must carry a CSRF token, which DRF's SessionAuthentication checks.
+An answer that may call the service's tools runs its tool loop in that stream (conversations.tool_streams);
+its calls' approvals and Stop come as requests of their own (conversations.tool_apis).
 """
 
 from __future__ import annotations
@@ -923,7 +925,9 @@ SEND_DESCRIPTION = (
     "repeated after a dropped connection saves, charges and generates nothing: it is answered `replayed: true` "
     "with the first send's message and its answer from the start (an answer that ended long ago comes as one "
     "`done` carrying its whole `text`). Refusals (400, 401, 403, 404, 409, 429 with Retry-After, 503) are JSON "
-    "errors in OpenAI's shape before any event."
+    "errors in OpenAI's shape before any event. With `tools` on (or a `tool` asked for), the answer may call the "
+    "service's tools: `tool.calls`, `tool.approval` (answered with POST .../tool-approvals/), `tool.running`, "
+    "`tool.result`, `tool.step` and `tool.stopped` events come between its steps' `delta` events (docs/tools.md)."
 )
 SEND_RESPONSES = {
     (200, "text/event-stream"): OpenApiResponse(

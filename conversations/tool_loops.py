@@ -13,6 +13,7 @@ never the text of its calls):
   queued and followed, as a send's answer is;
 - `tool.stopped` {generation}: Stop ended the answer between its steps.
 The answer in words ends with its step's `generation.done`, as any answer does.
+A REST send's event stream drives its answer's loop with the same class (conversations.tool_streams).
 """
 
 from __future__ import annotations
