@@ -13,13 +13,15 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 from channels.db import database_sync_to_async
+from django.test import override_settings
+from rest_framework.test import APIClient
 
 from accounts.services import api_key_create
 from billing.models import UsageRecord
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create
 from inference.models import Generation
-from tests.conversations.test_apis import send_url, sse_events
+from tests.conversations.test_apis import TOKEN, send_url, sse_events
 from tests.orchestration.tools import Echo, Hanging, Sending
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -320,3 +322,40 @@ async def step_once_stopped() -> Message:
             break
         await asyncio.sleep(0.1)
     return step
+
+
+@override_settings(TOOLS_APPROVAL_TIMEOUT_S=0.3)
+async def test_a_call_nobody_answers_in_time_is_refused(chat_server, alice, granted_tools):
+    sending = await granted_tools(Sending())
+    async with streaming(chat_server, await key_for(alice), {"content": "[call send_note] x", "tools": True}) as (
+        stream,
+        client,
+    ):
+        accepted = await stream.until("message.accepted")
+        approval = await stream.until("tool.approval")
+        events = await stream.rest()
+        answer = {"generation": approval["generation"], "call": approval["call"]["id"], "decision": "once"}
+        response = await client.post(approval_url(accepted["conversation"]), json=answer)
+    assert of_event(events, "tool.result")[0]["outcome"] == "refused" and sending.runs == []
+    assert events[-1][0] == "done" and response.status_code == 409
+
+
+def test_the_endpoints_need_the_chat_scope_or_a_session_with_its_csrf_token(alice):
+    conversation = conversation_create(user=alice, title="Plans")
+    body = {"generation": str(uuid.uuid4()), "call": "c", "decision": "once"}
+    without_chat = APIClient()
+    key = api_key_create(user=alice, name="read", scopes=["conversations:read"]).key
+    without_chat.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    session = APIClient(enforce_csrf_checks=True)
+    session.force_login(alice)
+    for url, sent in (
+        (approval_url(conversation.id), body),
+        (stop_url(conversation.id), {"generation": body["generation"]}),
+    ):
+        response = without_chat.post(url, sent, format="json")
+        assert response.status_code == 403 and response.json()["error"]["code"] == "insufficient_scope"
+        response = session.post(url, sent, format="json")
+        assert response.status_code == 403 and response.json()["error"]["code"] == "csrf_failed"
+        session.cookies["csrftoken"] = TOKEN
+        response = session.post(url, sent, format="json", HTTP_X_CSRFTOKEN=TOKEN)
+        assert response.status_code == 404 and response.json()["error"]["param"] == "generation"
