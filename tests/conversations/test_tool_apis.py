@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+import weakref
 from contextlib import asynccontextmanager
 
 import httpx
@@ -21,6 +22,7 @@ from billing.models import UsageRecord
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create
 from inference.models import Generation
+from inference.streaming import streams
 from tests.conversations.test_apis import TOKEN, send_url, sse_events
 from tests.orchestration.tools import Echo, Hanging, Sending
 
@@ -359,3 +361,23 @@ def test_the_endpoints_need_the_chat_scope_or_a_session_with_its_csrf_token(alic
         session.cookies["csrftoken"] = TOKEN
         response = session.post(url, sent, format="json", HTTP_X_CSRFTOKEN=TOKEN)
         assert response.status_code == 404 and response.json()["error"]["param"] == "generation"
+
+
+async def test_a_server_restart_during_a_tool_call_ends_the_stream_and_the_loop(
+    chat_server, alice, granted_tools, monkeypatch
+):
+    # This test's restart leaves the next test's streams alone.
+    monkeypatch.setattr(streams, "_restart_requested", False)
+    monkeypatch.setattr(streams, "_restart_events", weakref.WeakKeyDictionary())
+    hanging = await granted_tools(Hanging())
+    async with streaming(chat_server, await key_for(alice), {"content": "[call hanging] x", "tools": True}) as (
+        stream,
+        _,
+    ):
+        running = await stream.until("tool.running")
+        streams.streams_end_for_restart()
+        events = await stream.rest()
+    assert events[-1][0] == "error" and events[-1][1]["code"] == "server_restarting"
+    assert events[-1][1]["generation"] == running["generation"]
+    step = await step_once_stopped()
+    assert step.status == "stopped" and hanging.cancelled
