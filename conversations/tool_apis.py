@@ -51,11 +51,13 @@ def _step_request(request: HttpRequest, *, approval: bool) -> tuple[Any, ToolSte
     return user, ToolStepRequest.parse(fields, approval=approval)
 
 
-def _step_get(*, user: Any, conversation_id: int, asked: ToolStepRequest) -> tuple[Any, bool]:
+def _step_between(*, user: Any, conversation_id: int, asked: ToolStepRequest) -> bool:
+    """Whether the answer's rows say its step may be between its calls (`tool_step_between`); a 404
+    for an answer that is not the user's, in this conversation."""
     step = tool_step_for_user(user=user, conversation_id=conversation_id, generation_id=str(asked.generation))
     if step is None:
         raise ClientError("That answer does not exist.", code="not_found", status=404, param="generation")
-    return step, tool_step_between(step=step, call_id=asked.call)
+    return tool_step_between(step=step, call_id=asked.call)
 
 
 # Each charges its one request itself, once the caller is known (a key's user, or a session's).
@@ -67,15 +69,14 @@ async def tool_approval_create(request: HttpRequest, conversation_id: int) -> Ht
         return _json_error(ClientError("Use POST.", code="method_not_allowed", status=405))
     try:
         user, asked = await sync_to_async(_step_request)(request, approval=True)
-        _, between = await db_async(_step_get)(user=user, conversation_id=conversation_id, asked=asked)
-        message = {"type": "tool.approve", "generation": str(asked.generation), "call": asked.call}
-        if not between or not await tool_loop_tell(
-            generation_id=str(asked.generation), message={**message, "decision": asked.decision}
-        ):
+        generation_id = str(asked.generation)
+        between = await db_async(_step_between)(user=user, conversation_id=conversation_id, asked=asked)
+        message = {"type": "tool.approve", "generation": generation_id, "call": asked.call, "decision": asked.decision}
+        if not between or not await tool_loop_tell(generation_id=generation_id, message=message):
             raise ClientError(NOT_WAITING, code="not_waiting", status=409, param="call")
     except ClientError as exc:
         return _json_error(exc)
-    return JsonResponse({"generation": str(asked.generation), "call": asked.call, "decision": asked.decision})
+    return JsonResponse({"generation": generation_id, "call": asked.call, "decision": asked.decision})
 
 
 @metered(ADMITTED)
@@ -87,8 +88,8 @@ async def generation_stop(request: HttpRequest, conversation_id: int) -> HttpRes
         return _json_error(ClientError("Use POST.", code="method_not_allowed", status=405))
     try:
         user, asked = await sync_to_async(_step_request)(request, approval=False)
-        step, between = await db_async(_step_get)(user=user, conversation_id=conversation_id, asked=asked)
         generation_id = str(asked.generation)
+        between = await db_async(_step_between)(user=user, conversation_id=conversation_id, asked=asked)
         stopped = between and await tool_loop_tell(
             generation_id=generation_id, message={"type": "tool.stop", "generation": generation_id}
         )
