@@ -23,6 +23,7 @@ from conversations.project_apis import (
     ProjectFileApi,
     ProjectListCreateApi,
 )
+from conversations.tool_apis import generation_stop, tool_approval_create
 from documents.apis import (
     DocumentDetailApi,
     DocumentImageApi,
@@ -93,6 +94,12 @@ urlpatterns = [
         MessageCitationsApi.as_view(),
         name="api-message-citations",
     ),
+    path(
+        "api/conversations/<int:conversation_id>/tool-approvals/",
+        tool_approval_create,
+        name="api-conversation-tool-approvals",
+    ),
+    path("api/conversations/<int:conversation_id>/stop/", generation_stop, name="api-conversation-stop"),
     path(
         "api/conversations/<int:conversation_id>/project/",
         ConversationProjectApi.as_view(),

@@ -12,6 +12,8 @@ message, and POST .../branch/ makes it the one shown (and continued by a send wi
 Sending a message streams its answer as Server-Sent Events, so that view is a plain async view (the
 wait for the engine belongs on the event loop, as for /v1/chat/completions). It authenticates by API
 key or by session; a session request must carry a CSRF token, which DRF's SessionAuthentication checks.
+An answer that may call the service's tools runs its tool loop in that stream (conversations.tool_streams);
+its calls' approvals and Stop come as requests of their own (conversations.tool_apis).
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHt
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
 from rest_framework import exceptions, serializers, status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.pagination import CursorPagination
@@ -69,6 +78,7 @@ from conversations.services import (
     saved_prompt_update,
 )
 from conversations.services.feedback import FEEDBACK_COMMENT_CHARS
+from conversations.tool_streams import ToolStream
 from documents.apis import DocumentOutputSerializer, FileUploadSerializer, uploaded_file
 from documents.selectors import documents_of_conversation
 from documents.services import document_upload
@@ -87,6 +97,27 @@ class StrictCharField(serializers.CharField):
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class CheckedBySendField(serializers.Field):
+    """A send's field passed on as it came, for `SendRequest.parse` to check exactly as it checks
+    the chat socket's frame (the same refusals, in the same words)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        return data
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+@extend_schema_field(OpenApiTypes.BOOL)
+class ToolsSwitchField(CheckedBySendField):
+    pass
+
+
+@extend_schema_field(OpenApiTypes.STR)
+class ToolNameField(CheckedBySendField):
+    pass
 
 
 class ConversationPagination(CursorPagination):
@@ -658,6 +689,19 @@ class MessageSendInputSerializer(serializers.Serializer):
         help_text="The answer the message follows, in this conversation; null starts a new branch from the "
         "beginning. Left out: the branch shown last. A message beside an earlier one (the same parent) is an edit.",
     )
+    tools = ToolsSwitchField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="The conversation's tools on (true) or off (false) from this message on; left out, as they are. "
+        "With them on, the answer may call the service's tools (docs/tools.md).",
+    )
+    tool = ToolNameField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="The name of a tool the answer must call first, whatever the conversation's switch.",
+    )
 
 
 def _json_error(exc: ClientError) -> JsonResponse:
@@ -732,11 +776,12 @@ async def message_send_stream(request: HttpRequest, conversation_id: int | None 
             }
         )
         # Scored once the send has committed its answer held: the engine starts on it meanwhile.
-        sent = await message_send_checked(sync_to_async, user=user, request=send, api_key=api_key)
+        # Its tool loop, if the answer may call tools, is driven by this response (conversations.tool_streams).
+        sent = await message_send_checked(sync_to_async, user=user, request=send, api_key=api_key, run_tools=True)
     except ClientError as exc:
         return _json_error(exc)
     response = StreamingHttpResponse(
-        _blocked(sent) if sent.blocked else _stream(sent), content_type="text/event-stream"
+        _blocked(sent) if sent.blocked else _stream(sent, user=user), content_type="text/event-stream"
     )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
@@ -764,13 +809,16 @@ async def _blocked(sent):
     )
 
 
-async def _stream(sent):
+async def _stream(sent, *, user: Any = None):
     """The answer's events as server-sent events. If the response ends before the answer does (the
     client went away, or no event came for longer than an answer may take), the answer is stopped
-    rather than spend the engine on nobody (`stopped_if_abandoned`)."""
+    rather than spend the engine on nobody (`stopped_if_abandoned`). An answer that may call tools
+    is followed step by step, its loop driven here (`ToolStream`)."""
     generation_id = str(sent.generation.id)
+    tools = ToolStream(user=user, sent=sent) if sent.tools is not None and not sent.replayed else None
     try:
-        async with stopped_if_abandoned([generation_id]) as following:
+        # A tool loop's list of generations grows with its steps: all of them are stopped if abandoned.
+        async with stopped_if_abandoned(tools.generations if tools else [generation_id]) as following:
             yield sse(
                 "message.accepted",
                 {
@@ -783,6 +831,7 @@ async def _stream(sent):
                     "model": generation_writer(sent.generation),
                     "warning": sent.warning,
                     "replayed": sent.replayed,
+                    **({"tools": sent.tools.as_json()} if tools is not None else {}),
                 },
             )
             final = await _final_from_row(sent) if sent.replayed else None
@@ -790,20 +839,27 @@ async def _stream(sent):
                 yield final
             else:
                 try:
-                    async with aclosing(follow_streams([generation_id])) as events:
-                        async for event in events:
-                            yield _answer_sse(sent, event)
+                    if tools is not None:
+                        async with aclosing(tools.events()) as events:
+                            async for event in events:
+                                yield _tool_sse(sent, event, answer_id=tools.answer_id)
+                    else:
+                        async with aclosing(follow_streams([generation_id])) as events:
+                            async for event in events:
+                                yield _answer_sse(sent, event)
                 except ServerRestarting as restart:
                     # The answer runs on, on its worker: repeating the send with its client_id on
                     # another web process resumes it (replayed from the start; skip to `last_seq`).
+                    # A tool loop ends here: its running calls are cancelled, as on a closed socket.
                     following.ended = True
+                    current = tools.generations[-1] if tools is not None else generation_id
                     yield sse(
                         "error",
                         {
                             "code": "server_restarting",
                             "message": RESTARTING_MESSAGE,
-                            "generation": generation_id,
-                            "last_seq": restart.last_seq[generation_id],
+                            "generation": current,
+                            "last_seq": restart.last_seq.get(current, 0),
                         },
                     )
                     return
@@ -824,7 +880,20 @@ async def _final_from_row(sent) -> str | None:
     return _answer_sse(sent, final_event_from_row(generation, seq=1))
 
 
-def _answer_sse(sent, event: dict[str, Any]) -> str:
+def _tool_sse(sent, event: dict[str, Any], *, answer_id: int) -> str:
+    """A tool loop's event: a step's as an answer's (its `done`, the answer's message: the last
+    step's), the loop's own under their frames' names (conversations.tool_loops)."""
+    kind = event["type"]
+    if kind == "generation.error" and "seq" not in event:  # the loop's next step could not start
+        return sse(
+            "error", {"code": event.get("code"), "message": event.get("message"), "generation": event["generation"]}
+        )
+    if kind.startswith("generation."):
+        return _answer_sse(sent, event, answer_id=answer_id)
+    return sse(kind, {key: value for key, value in event.items() if key != "type"})
+
+
+def _answer_sse(sent, event: dict[str, Any], *, answer_id: int | None = None) -> str:
     if event["type"] == "generation.delta":
         return sse("delta", {"seq": event["seq"], "text": event["text"]})
     if event["type"] == "generation.done":
@@ -832,7 +901,7 @@ def _answer_sse(sent, event: dict[str, Any]) -> str:
             "done",
             {
                 "seq": event["seq"],
-                "message": sent.assistant_message.id,
+                "message": answer_id or sent.assistant_message.id,
                 "status": event.get("status"),
                 "finish_reason": event.get("finish_reason"),
                 "usage": event.get("usage") or {},
@@ -856,7 +925,9 @@ SEND_DESCRIPTION = (
     "repeated after a dropped connection saves, charges and generates nothing: it is answered `replayed: true` "
     "with the first send's message and its answer from the start (an answer that ended long ago comes as one "
     "`done` carrying its whole `text`). Refusals (400, 401, 403, 404, 409, 429 with Retry-After, 503) are JSON "
-    "errors in OpenAI's shape before any event."
+    "errors in OpenAI's shape before any event. With `tools` on (or a `tool` asked for), the answer may call the "
+    "service's tools: `tool.calls`, `tool.approval` (answered with POST .../tool-approvals/), `tool.running`, "
+    "`tool.result`, `tool.step` and `tool.stopped` events come between its steps' `delta` events (docs/tools.md)."
 )
 SEND_RESPONSES = {
     (200, "text/event-stream"): OpenApiResponse(

@@ -292,3 +292,47 @@ class SavedPromptRequest:
         if not isinstance(text, str):
             raise ClientError("'text' must be text.", code="invalid_text", param="text")
         return cls(command=command.strip().removeprefix("/").lower(), text=text.strip())
+
+
+# How the person answers a tool call with side effects (conversations.tool_loops).
+TOOL_DECISIONS = ("once", "chat", "deny")
+# The longest call id a request may name (`Message.tool_call_id`).
+TOOL_CALL_ID_CHARS = 128
+
+
+@dataclass(frozen=True)
+class ToolStepRequest:
+    """A request about one step of an answer's tool loop, sent while its calls wait or run: the
+    person's answer to a call with side effects (`call` and `decision`), or a Stop (neither)."""
+
+    generation: uuid.UUID
+    call: str | None = None
+    decision: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.call is not None and not 0 < len(self.call) <= TOOL_CALL_ID_CHARS:
+            raise ClientError("'call' must be the id of a tool call.", code="invalid_request", param="call")
+        if self.decision is not None and self.decision not in TOOL_DECISIONS:
+            raise ClientError("'decision' must be once, chat or deny.", code="invalid_request", param="decision")
+        if (self.call is None) != (self.decision is None):
+            raise ClientError("An answer names its 'call' and its 'decision'.", code="invalid_request")
+
+    @classmethod
+    def parse(cls, fields: Mapping[str, object], *, approval: bool) -> ToolStepRequest:
+        """From an approval's body (`generation`, `call`, `decision`, all required) or a Stop's
+        (`generation`); any other field is refused."""
+        allowed = {"generation", "call", "decision"} if approval else {"generation"}
+        unknown = sorted(set(fields) - allowed)
+        if unknown:
+            raise ClientError(f"Unknown field '{unknown[0][:100]}'.", code="invalid_request", param=unknown[0][:100])
+        generation = uuid_parse(fields.get("generation"), param="generation")
+        if generation is None:
+            raise ClientError("'generation' must be a UUID.", code="invalid_request", param="generation")
+        if not approval:
+            return cls(generation=generation)
+        call, decision = fields.get("call"), fields.get("decision")
+        if not isinstance(call, str):
+            raise ClientError("'call' must be the id of a tool call.", code="invalid_request", param="call")
+        if not isinstance(decision, str):
+            raise ClientError("'decision' must be once, chat or deny.", code="invalid_request", param="decision")
+        return cls(generation=generation, call=call, decision=decision)

@@ -415,3 +415,31 @@ def shared_conversation_get(*, token: object) -> SharedConversation | None:
 
 def shared_conversation_for(*, conversation: Conversation) -> SharedConversation | None:
     return SharedConversation.objects.filter(conversation=conversation).first()
+
+
+def tool_step_for_user(*, user: User, conversation_id: int, generation_id: str) -> Message | None:
+    """The answer (a tool loop's step) a generation of the user's wrote in this conversation; None
+    for another user's, another conversation's, or none."""
+    if not is_row_id(conversation_id):
+        return None
+    return Message.objects.filter(
+        generation_id=generation_id,
+        conversation_id=conversation_id,
+        conversation__user=user,
+        role=Message.Role.ASSISTANT,
+    ).first()
+
+
+def tool_step_between(*, step: Message, call_id: str | None = None) -> bool:
+    """Whether a step of a tool loop may still be between its calls, as its rows say: it ended in
+    calls, was not stopped, and no next step follows it (nor, for `call_id`, a result of that call).
+    The stream that drives the loop has the last word; this spares it a question about an answer
+    long over."""
+    if step.finish_reason != "tool_calls" or step.status == Message.Status.STOPPED:
+        return False
+    if call_id is not None and call_id not in [c.get("id") for c in step.tool_calls]:
+        return False
+    later = Message.objects.filter(conversation_id=step.conversation_id, id__gt=step.id)
+    if later.filter(role=Message.Role.ASSISTANT).exists():
+        return False
+    return call_id is None or not later.filter(role=Message.Role.TOOL, tool_call_id=call_id).exists()

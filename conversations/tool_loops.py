@@ -16,6 +16,7 @@ The answer in words ends with its step's `generation.done`, as any answer does.
 
 The user's other sockets hear the same frames, marked `elsewhere` (`FollowedSteps`, below), and
 `tool.ended` {generation, note} for a step whose loop ended with the socket that drove it.
+A REST send's event stream drives its answer's loop with the same class (conversations.tool_streams).
 """
 
 from __future__ import annotations
@@ -148,16 +149,24 @@ class ToolLoops:
 
     async def approve(self, content: dict[str, Any]) -> None:
         """A `tool.approve` frame: the person's answer to a call waiting for it."""
-        loop = self._loops.get(str(content.get("generation")))
-        decision = content.get("decision")
-        waiting = loop.waiting.get(str(content.get("call"))) if loop is not None else None
-        if waiting is None or decision not in DECISIONS:
+        if not self.answer(
+            generation_id=content.get("generation"), call_id=content.get("call"), decision=content.get("decision")
+        ):
             await self._send(
                 {"type": "error", "code": "invalid_request", "message": "No call is waiting for that answer."}
             )
-            return
+
+    def answer(self, *, generation_id: Any, call_id: Any, decision: Any) -> bool:
+        """The person's answer to a call waiting for it, however it came (a socket's frame, the REST
+        API's approval through the channel layer); False when no such call waits or the decision is
+        not one of DECISIONS."""
+        loop = self._loops.get(str(generation_id))
+        waiting = loop.waiting.get(str(call_id)) if loop is not None else None
+        if waiting is None or decision not in DECISIONS:
+            return False
         if not waiting.done():
             waiting.set_result(str(decision))
+        return True
 
     async def stop(self, generation_id: str) -> bool:
         """Stop an answer that is between its steps (its tools running or waiting); False when the

@@ -459,6 +459,7 @@ def _sent(generation: Generation) -> SimpleNamespace:
         assistant_message=SimpleNamespace(id=2),
         warning="",
         replayed=False,
+        tools=None,
     )
 
 
