@@ -23,7 +23,7 @@ DEFAULT_DEPLOYMENT_FIELDS = {
 
 # How the default model calls tools. SmolLM2's own chat template ignores tools, so the deployment
 # carries the same ChatML template with tools in the Hermes format, which vLLM's `hermes` parser
-# reads (docs/api.md, "Tool calling"). Apart from DEFAULT_DEPLOYMENT_FIELDS, which older migrations
+# reads (docs/api-tool-calling.md). Apart from DEFAULT_DEPLOYMENT_FIELDS, which older migrations
 # read as they were written.
 DEFAULT_DEPLOYMENT_TOOL_FIELDS = {
     "tool_parser": "hermes",
