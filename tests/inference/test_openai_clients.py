@@ -1,6 +1,10 @@
 """The OpenAI-compatible API driven by the clients integrators use beside the official one:
 LangChain's `ChatOpenAI` (invoke, stream, structured output) and litellm (`acompletion`), against
-the running ASGI app and the real engine. (Tool calling through them is tested with tool calling.)"""
+the running ASGI app. (Tool calling through them is tested with tool calling.)
+
+On the scripted engine: what is tested is that these clients' requests are taken and their answers
+parsed and counted; what the real engine makes of the same fields (a schema it holds the answer to,
+JSON mode, streaming, usage) is proved with the official client in test_openai_fields.py."""
 
 from __future__ import annotations
 
@@ -39,7 +43,6 @@ class City(BaseModel):
     population_millions: int = Field(ge=0, le=50)
 
 
-@pytest.mark.engine
 async def test_langchain_invokes_and_streams(chat_server, alice, key_of):
     model = chat_model(chat_server, await key_of(alice))
     answer = await model.ainvoke("Say hello to Alice.")
@@ -51,7 +54,6 @@ async def test_langchain_invokes_and_streams(chat_server, alice, key_of):
     assert await UsageRecord.objects.filter(user=alice).acount() == 2
 
 
-@pytest.mark.engine
 async def test_langchain_structured_output_with_a_json_schema_validates(chat_server, alice, key_of):
     model = chat_model(chat_server, await key_of(alice), max_tokens=60)
     structured = model.with_structured_output(City, method="json_schema", strict=True)
@@ -59,9 +61,9 @@ async def test_langchain_structured_output_with_a_json_schema_validates(chat_ser
     assert isinstance(city, City)
 
 
-# On the scripted engine: what a small model writes in JSON mode may run past any max_tokens, where
-# sampling and the machine's numerics lead it; that JSON mode holds the real engine's answer to an
-# object is proved in test_openai_fields.py. Here: LangChain's JSON mode, through the API, parsed.
+# What a small model writes in JSON mode may run past any max_tokens, where sampling and the machine's
+# numerics lead it; that JSON mode holds the real engine's answer to an object is proved in
+# test_openai_fields.py. Here: LangChain's JSON mode, through the API, parsed.
 async def test_langchain_structured_output_in_json_mode_parses(chat_server, alice, key_of):
     model = chat_model(chat_server, await key_of(alice), max_tokens=200)
     structured = model.with_structured_output(method="json_mode")
@@ -69,7 +71,6 @@ async def test_langchain_structured_output_in_json_mode_parses(chat_server, alic
     assert isinstance(tags, dict)
 
 
-@pytest.mark.engine
 async def test_litellm_completes_and_streams(chat_server, alice, key_of):
     import litellm
 

@@ -1,4 +1,9 @@
-"""Real clients' tool calling against the real engine: Open WebUI's request shapes, and langchain-openai.
+"""Real clients' tool calling through the API: Open WebUI's request shapes, and langchain-openai.
+
+On the scripted engine, which writes a call of the tool's schema when one is forced or asked for: what
+is tested is that the API takes these clients' requests and gives them answers they parse. That the
+real model's forced calls are well formed is tested in test_openai_tools.py and in the tool loop's
+test on the real engine (tests/orchestration/test_tool_loop.py).
 
 Open WebUI 0.12.4 is not run here (its environment is 7 GB); the requests below are the shapes it
 sends, recorded from it running over this API (shared/FACTS.md) and its built-in tools' specs as it
@@ -16,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from accounts.services import api_key_create
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.engine]
+pytestmark = pytest.mark.django_db(transaction=True)
 MODEL = "smollm2-135m"
 
 
