@@ -117,6 +117,7 @@ async def test_two_factor_sign_in_is_turned_on_and_then_asked_for(page, viewport
     secret = (await page.inner_text("#totp-secret")).strip()
     await page.fill("input[name=code]", pyotp.TOTP(secret).now())
     await page.click("button[type=submit]")
+    await page.wait_for_selector("#recovery-codes li")  # the form's answer is a new page
     assert await page.locator("#recovery-codes li").count() == 10
     await page.click("#continue")
     await page.wait_for_selector("#two-factor-state >> text=is on")
