@@ -38,6 +38,11 @@ ENDPOINTS = {
     "api/conversations/<int:conversation_id>/files/": ("GET", None),
     "api/conversations/<int:conversation_id>/messages/<int:message_id>/citations/": ("GET", None),
     "api/conversations/<int:conversation_id>/project/": ("PUT", {"project": None}),
+    "api/conversations/<int:conversation_id>/tool-approvals/": (
+        "POST",
+        {"generation": "00000000-0000-0000-0000-000000000000", "call": "call_1", "decision": "deny"},
+    ),
+    "api/conversations/<int:conversation_id>/stop/": ("POST", {"generation": "00000000-0000-0000-0000-000000000000"}),
     "api/projects/": ("GET", None),
     "api/projects/<int:project_id>/": ("GET", None),
     "api/projects/<int:project_id>/files/": ("GET", None),
