@@ -83,11 +83,10 @@ from conversations.services import (
 from conversations.tool_loops import LOOP_ENDED, FollowedSteps, ToolLoops, tool_steps_driven
 from inference.execution.dispatch import engine_state
 from inference.models import Generation
-from inference.openai import wire
 from inference.selectors import generation_get_for_user, generation_writer
 from inference.services import generation_request_stop
 from inference.streaming.following import StreamFollower
-from inference.streaming.streams import ENGINE_STATUS_GROUP, TERMINAL_EVENTS, StreamPublisher
+from inference.streaming.streams import ENGINE_STATUS_GROUP, TERMINAL_EVENTS, stream_end_announce
 
 logger = logging.getLogger(__name__)
 
@@ -430,8 +429,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         ended = await _reconnecting(generation_request_stop)(generation=generation)
         if ended is not None:
             # No engine had it yet, so no runner will announce the end: announce it to every tab.
-            publisher = await StreamPublisher.continuing(ended.id)
-            await publisher.finish(status=ended.status, finish_reason=ended.finish_reason, usage=_usage(ended))
+            await stream_end_announce(ended)
 
     async def _generation_resume(self, content: dict[str, Any]) -> None:
         after_seq = content.get("after_seq", 0)
@@ -660,7 +658,3 @@ def _is_uuid(value: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _usage(generation: Generation) -> dict[str, int]:
-    return wire.usage(generation.prompt_tokens, generation.completion_tokens, generation.cached_tokens)

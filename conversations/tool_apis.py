@@ -34,9 +34,8 @@ from conversations.requests import TOOL_DECISIONS, ToolStepRequest
 from conversations.selectors import tool_step_between, tool_step_for_user
 from conversations.tool_streams import tool_loop_tell
 from inference.models import Generation
-from inference.openai import wire
 from inference.services import generation_request_stop
-from inference.streaming.streams import StreamPublisher
+from inference.streaming.streams import stream_end_announce
 
 NOT_WAITING = "No call of that answer is waiting for an answer."
 
@@ -100,9 +99,7 @@ async def generation_stop(request: HttpRequest, conversation_id: int) -> HttpRes
             ended = await db_async(generation_request_stop)(generation=generation)
             if ended is not None:
                 # No engine had it yet, so no runner will announce the end: announce it to its followers.
-                publisher = await StreamPublisher.continuing(ended.id)
-                usage = wire.usage(ended.prompt_tokens, ended.completion_tokens, ended.cached_tokens)
-                await publisher.finish(status=ended.status, finish_reason=ended.finish_reason, usage=usage)
+                await stream_end_announce(ended)
     except ClientError as exc:
         return _json_error(exc)
     return JsonResponse({"generation": generation_id, "stopped": True})

@@ -6,7 +6,7 @@ from django.dispatch import receiver
 from accounts.signals import user_deactivated
 from inference.models import Generation
 from inference.services import user_generations_stop
-from inference.streaming.streams import StreamPublisher, usage
+from inference.streaming.streams import stream_end_announce
 
 
 @receiver(user_deactivated)
@@ -19,6 +19,4 @@ def on_user_deactivated(sender, user_id, **kwargs) -> None:
 async def _announce_ended(ended: list[Generation]) -> None:
     """Tell the followers of answers ended before they began, as no runner will."""
     for generation in ended:
-        publisher = await StreamPublisher.continuing(generation.id)
-        counts = usage(generation.prompt_tokens, generation.completion_tokens, generation.cached_tokens)
-        await publisher.finish(status=generation.status, finish_reason=generation.finish_reason, usage=counts)
+        await stream_end_announce(generation)

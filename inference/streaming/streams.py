@@ -307,6 +307,14 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
     }
 
 
+async def stream_end_announce(generation: Generation) -> None:
+    """Tell a stream's followers of its end when no runner will: an answer ended before an engine
+    took it (stopped while queued, its owner deactivated)."""
+    publisher = await StreamPublisher.continuing(generation.id)
+    counts = usage(generation.prompt_tokens, generation.completion_tokens, generation.cached_tokens)
+    await publisher.finish(status=generation.status, finish_reason=generation.finish_reason, usage=counts)
+
+
 def final_event_from_row(generation: Generation, *, seq: int) -> dict[str, Any]:
     """A finished generation's end as its stream announced it, with its whole text, from its row: for
     a follower that finds its stream's buffer gone."""
