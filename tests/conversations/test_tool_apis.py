@@ -170,17 +170,23 @@ async def streaming(server: str, key: str, body: dict):
         yield Stream(response), client
 
 
+@asynccontextmanager
+async def asking_first(server: str, user):
+    """A send whose answer calls `send_note`, a tool with side effects, read until its question:
+    the stream, a client for the other requests, `message.accepted` and `tool.approval`."""
+    body = {"content": "[call send_note] x", "tools": True}
+    async with streaming(server, await key_for(user), body) as (stream, client):
+        accepted = await stream.until("message.accepted")
+        approval = await stream.until("tool.approval")
+        yield stream, client, accepted, approval
+
+
 @pytest.mark.topology
 async def test_a_call_with_side_effects_waits_for_the_approval_endpoint_and_runs_when_allowed(
     chat_server, alice, granted_tools
 ):
     sending = await granted_tools(Sending())
-    async with streaming(chat_server, await key_for(alice), {"content": "[call send_note] x", "tools": True}) as (
-        stream,
-        client,
-    ):
-        accepted = await stream.until("message.accepted")
-        approval = await stream.until("tool.approval")
+    async with asking_first(chat_server, alice) as (stream, client, accepted, approval):
         assert approval["call"]["name"] == "send_note" and approval["call"]["arguments"] == '{"text": "scripted"}'
         assert approval["generation"] == accepted["generation"] and sending.runs == []
         answer = {"generation": approval["generation"], "call": approval["call"]["id"], "decision": "once"}
@@ -208,12 +214,7 @@ async def test_a_call_refused_through_the_endpoint_is_told_to_the_model_and_neve
     chat_server, alice, granted_tools
 ):
     sending = await granted_tools(Sending())
-    async with streaming(chat_server, await key_for(alice), {"content": "[call send_note] x", "tools": True}) as (
-        stream,
-        client,
-    ):
-        accepted = await stream.until("message.accepted")
-        approval = await stream.until("tool.approval")
+    async with asking_first(chat_server, alice) as (stream, client, accepted, approval):
         answer = {"generation": approval["generation"], "call": approval["call"]["id"], "decision": "deny"}
         assert (await client.post(approval_url(accepted["conversation"]), json=answer)).status_code == 200
         events = await stream.rest()
@@ -228,12 +229,7 @@ async def test_another_users_answer_and_bad_answers_are_refused_and_change_nothi
     sending = await granted_tools(Sending())
     mallory_key = await key_for(mallory)
     theirs = await database_sync_to_async(lambda: conversation_create(user=mallory, title="Mine").id)()
-    async with streaming(chat_server, await key_for(alice), {"content": "[call send_note] x", "tools": True}) as (
-        stream,
-        client,
-    ):
-        accepted = await stream.until("message.accepted")
-        approval = await stream.until("tool.approval")
+    async with asking_first(chat_server, alice) as (stream, client, accepted, approval):
         url = approval_url(accepted["conversation"])
         answer = {"generation": approval["generation"], "call": approval["call"]["id"], "decision": "once"}
         # Another user: not found, through alice's conversation or their own.
@@ -329,12 +325,7 @@ async def step_once_stopped() -> Message:
 @override_settings(TOOLS_APPROVAL_TIMEOUT_S=0.3)
 async def test_a_call_nobody_answers_in_time_is_refused(chat_server, alice, granted_tools):
     sending = await granted_tools(Sending())
-    async with streaming(chat_server, await key_for(alice), {"content": "[call send_note] x", "tools": True}) as (
-        stream,
-        client,
-    ):
-        accepted = await stream.until("message.accepted")
-        approval = await stream.until("tool.approval")
+    async with asking_first(chat_server, alice) as (stream, client, accepted, approval):
         events = await stream.rest()
         answer = {"generation": approval["generation"], "call": approval["call"]["id"], "decision": "once"}
         response = await client.post(approval_url(accepted["conversation"]), json=answer)
