@@ -4,7 +4,8 @@ Loaded before Django reads its settings (`-p tests.parallel` in pyproject.toml's
 gives each process a test database of its own; here each gets Redis databases of its own too, as the
 channel layer, cache, broker and limits of one process must not meet another's (a flush at start-up, a
 cleared cache). Process gwN uses databases 1 + 2N (REDIS_URL's, where it names 1) and 2 + 2N
-(`redis_test_url`), so two processes use 1 to 4.
+(`redis_test_url`), so two processes use 1 to 4. TEST_REDIS_SERVER names another Redis server for the
+latter (by default the one on 127.0.0.1:6379), so that two runs side by side need not share one.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ def worker_index() -> int:
 
 def redis_test_url() -> str:
     """The Redis database of the tests that need the server but not the topology (`redis_url`)."""
-    return f"redis://127.0.0.1:6379/{2 + 2 * worker_index()}"
+    server = os.environ.get("TEST_REDIS_SERVER", "redis://127.0.0.1:6379").rstrip("/")
+    return f"{server}/{2 + 2 * worker_index()}"
 
 
 def _own_redis_database() -> None:

@@ -75,7 +75,7 @@ def redis_url(settings):
     try:
         client.ping()
     except redis.ConnectionError:
-        pytest.skip("Redis is not running at 127.0.0.1:6379")
+        pytest.skip(f"Redis is not running at {REDIS_TEST_URL}")
     client.flushdb()
     settings.REDIS_URL = REDIS_TEST_URL
     yield REDIS_TEST_URL
