@@ -746,6 +746,12 @@ async def _following_a_stream(user, deployment):
     generation = await Generation.objects.acreate(user=user, deployment=deployment, prompt_token_ids=[1], sampling={})
     socket, _ = await open_socket(user)
     await socket.send_json_to({"type": "generation.resume", "generation": str(generation.id), "after_seq": 0})
+    # The socket handles one frame at a time: the answer to this one says the resume has run to its
+    # end (joined, read the empty buffer and the queued row), so "Hello" comes live and nothing of
+    # that resume is left to race what the test does next.
+    await socket.send_json_to({"type": "no.such.type"})
+    refused = await next_event(socket, timeout=5)
+    assert refused["type"] == "error", refused
     publisher = StreamPublisher(generation.id, coalesce_ms=0)
     await publisher.add_text("Hello")
     first = await next_event(socket, timeout=5)
