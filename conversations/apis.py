@@ -78,7 +78,7 @@ from conversations.services import (
     saved_prompt_update,
 )
 from conversations.services.feedback import FEEDBACK_COMMENT_CHARS
-from conversations.tool_streams import ToolStream
+from conversations.tool_streams import KEEPALIVE, ToolStream
 from documents.apis import DocumentOutputSerializer, FileUploadSerializer, uploaded_file
 from documents.selectors import documents_of_conversation
 from documents.services import document_upload
@@ -884,6 +884,8 @@ def _tool_sse(sent, event: dict[str, Any], *, answer_id: int) -> str:
     """A tool loop's event: a step's as an answer's (its `done`, the answer's message: the last
     step's), the loop's own under their frames' names (conversations.tool_loops)."""
     kind = event["type"]
+    if event is KEEPALIVE:
+        return ": keep-alive\n\n"
     if kind == "generation.error" and "seq" not in event:  # the loop's next step could not start
         return sse(
             "error", {"code": event.get("code"), "message": event.get("message"), "generation": event["generation"]}

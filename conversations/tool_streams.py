@@ -31,6 +31,11 @@ logger = logging.getLogger(__name__)
 
 # The events after which an answer's stream has nothing more to say.
 ENDS = ("generation.done", "generation.error", "tool.stopped")
+# How long a stream says nothing while a tool runs or a call waits for its approval before it sends a
+# keep-alive (a comment line, which clients skip): a proxy that closes idle responses sooner than
+# TOOLS_APPROVAL_TIMEOUT_S would otherwise end the answer while the person decides.
+KEEPALIVE_S = 15.0
+KEEPALIVE = {"type": "keep-alive"}
 # How long a request to a stream waits for its reply: the channel layer's round trip, with room for
 # a busy process. A stream that does not answer in that time is not there.
 REPLY_TIMEOUT_S = 3.0
@@ -82,8 +87,9 @@ class ToolStream:
         """The answer's events (its frames as the chat socket's). Raises TimeoutError when a step's
         stream is silent for longer than an answer may take, and ServerRestarting when the process
         is asked to stop; a running tool call or a question waiting for the person is bounded by
-        the loop's own limits instead. However it ends, the loop's running calls are cancelled (the
-        step is marked stopped), as a closed socket's are."""
+        the loop's own limits instead. Whenever it has been quiet for KEEPALIVE_S (a step queued, a
+        tool running, a question waiting) it says `KEEPALIVE`. However it ends, the loop's running
+        calls are cancelled (the step is marked stopped), as a closed socket's are."""
         sent = self.sent
         assert sent.generation is not None and sent.assistant_message is not None and sent.tools is not None
         self._channel = await self._layer.new_channel()
@@ -105,7 +111,7 @@ class ToolStream:
                 project_id=sent.conversation.project_id,
             )
             await self._follow(sent.generation)
-            quiet_since = time.monotonic()
+            quiet_since = said_at = time.monotonic()
             while True:
                 getting = getting or asyncio.ensure_future(self._ready.get())
                 receiving = receiving or asyncio.ensure_future(self._layer.receive(self._channel))
@@ -116,7 +122,7 @@ class ToolStream:
                     raise ServerRestarting(dict(self.last_seq))
                 if getting in done:
                     event, getting = getting.result(), None
-                    quiet_since = time.monotonic()
+                    quiet_since = said_at = time.monotonic()
                     if event["type"] == "tool.step":
                         self.answer_id = event["assistant_message"]["id"]
                     yield event
@@ -125,10 +131,14 @@ class ToolStream:
                 elif receiving in done:
                     message, receiving = receiving.result(), None
                     await self._received(message)
-                elif self._follower.last:  # a step's stream has been quiet (none is followed while tools run)
-                    if time.monotonic() - quiet_since >= idle_timeout:
-                        raise TimeoutError(f"no event for {idle_timeout:.0f} s")
-                    await self._follower.resync_quiet()
+                else:
+                    if self._follower.last:  # a step's stream has been quiet (none is followed while tools run)
+                        if time.monotonic() - quiet_since >= idle_timeout:
+                            raise TimeoutError(f"no event for {idle_timeout:.0f} s")
+                        await self._follower.resync_quiet()
+                    if time.monotonic() - said_at >= KEEPALIVE_S:  # a tool runs, a call waits, a step queues
+                        said_at = time.monotonic()
+                        yield KEEPALIVE
         finally:
             for pending in (restart, receiving, getting):
                 if pending is not None:

@@ -19,6 +19,7 @@ from rest_framework.test import APIClient
 
 from accounts.services import api_key_create
 from billing.models import UsageRecord
+from conversations import tool_streams
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create
 from inference.models import Generation
@@ -331,6 +332,25 @@ async def test_a_call_nobody_answers_in_time_is_refused(chat_server, alice, gran
         response = await client.post(approval_url(accepted["conversation"]), json=answer)
     assert of_event(events, "tool.result")[0]["outcome"] == "refused" and sending.runs == []
     assert events[-1][0] == "done" and response.status_code == 409
+
+
+async def test_a_question_waiting_for_its_answer_keeps_the_stream_alive(
+    chat_server, alice, granted_tools, monkeypatch, settings
+):
+    """A proxy that closes a response quiet for longer than it allows must not end an answer while
+    the person decides: the stream says a comment line, which clients skip, while it waits."""
+    monkeypatch.setattr(tool_streams, "KEEPALIVE_S", 0.2)
+    settings.INFERENCE_STREAM_RESYNC_S = 0.1
+    await granted_tools(Sending())
+    async with asking_first(chat_server, alice) as (stream, client, accepted, approval):
+        raw = await asyncio.wait_for(anext(stream.lines), 5)
+        while raw == "":
+            raw = await asyncio.wait_for(anext(stream.lines), 5)
+        assert raw == ": keep-alive"
+        answer = {"generation": approval["generation"], "call": approval["call"]["id"], "decision": "deny"}
+        assert (await client.post(approval_url(accepted["conversation"]), json=answer)).status_code == 200
+        events = await stream.rest()
+    assert of_event(events, "tool.result")[0]["outcome"] == "refused" and events[-1][0] == "done"
 
 
 def test_the_endpoints_need_the_chat_scope_or_a_session_with_its_csrf_token(alice):
