@@ -103,7 +103,7 @@ test: install-dev model
 
 # The fault-injection tests alone (-m fault), in the production topology: a Redis of their own
 # restarted, PostgreSQL's connections ended, a worker killed, while answers stream
-# (docs/production.md, "Faults"). `make test` runs them too, first in its production-topology run.
+# (docs/faults.md). `make test` runs them too, first in its production-topology run.
 fault-test: install-dev model
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" CHATSITE_LOCAL_SECRET=1 $(PY) -m pytest -m fault
 

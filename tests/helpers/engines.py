@@ -166,7 +166,7 @@ class CeleryWorker:
     ) -> None:
         """`cores`: the CPUs its engines compute on (VLLM_CPU_OMP_THREADS_BIND, e.g. "1"). Workers
         that answer at the same time need different ones: vLLM's automatic binding pins every
-        engine on a host to the same cores (docs/production.md, "What fault injection found")."""
+        engine on a host to the same cores (docs/faults.md, "What fault injection found")."""
         db = settings.DATABASES["default"]
         assert db["ENGINE"] == "django.db.backends.postgresql", "the worker tests need PostgreSQL"
         url = f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
