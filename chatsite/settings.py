@@ -518,7 +518,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
 }
 API_MAX_PROMPT_CHARS = env_int("API_MAX_PROMPT_CHARS", 200_000, minimum=1000)
-# Images in one chat completion or one message (docs/documents.md, "Images"), and whether an
+# Images in one chat completion or one message (docs/images.md), and whether an
 # `image_url` part may name an http(s) address for the service to fetch (off: data URLs only). A
 # fetch refuses private, loopback and link-local addresses, follows at most
 # API_IMAGE_URL_REDIRECTS redirects and reads at most the plan's image size.
