@@ -33,29 +33,37 @@ def conversation_title_on_finish(*, generation: Generation) -> None:
 
     A title's own generation: its text, cleaned, becomes the title (`_title_apply`). An answer that
     ended with text in a conversation still untitled, and with no title asked for yet: the title is
-    asked for once this transaction commits (`conversation_title_request`). Only this answer's
-    conversation is read, in one statement that finds nothing for a titled one, on the way to the
-    answer's `done`; the request itself is made after the commit."""
+    asked for once this transaction commits (`conversation_title_request`), or with
+    CHAT_TITLES_FROM_MODEL off, its first words set then. Only this answer's conversation is read, in
+    one statement that finds nothing for a titled one, on the way to the answer's `done`; the request
+    itself is made after the commit."""
     if generation.purpose == Generation.Purpose.TITLE:
         _title_apply(generation=generation)
         return
     if generation.status == Generation.Status.FAILED or not generation.text.strip():
         return
-    answer = (
+    found = (
         Message.objects.filter(
             generation_id=generation.id,
             role=Message.Role.ASSISTANT,
+            parent__isnull=False,
             conversation__title="",
             conversation__title_generation__isnull=True,
         )
-        .values_list("id", "conversation_id")
-        .first()
+        .order_by()  # one message a generation: no ordering to compile or sort by
+        .values_list("id", "conversation_id", "conversation__user_id")[:1]
     )
-    if answer is not None:
-        answer_id, conversation_id = answer
+    if not found:
+        return
+    answer_id, conversation_id, user_id = found[0]
+    if settings.CHAT_TITLES_FROM_MODEL:
         transaction.on_commit(
             lambda: conversation_title_request(conversation_id=conversation_id, answer_id=answer_id), robust=True
         )
+    else:
+        # The first words, with nothing else to read: what conversation_title_request would do, without
+        # reading the answer, its question, the conversation, its model and its owner first.
+        transaction.on_commit(lambda: _title_fallback(conversation_id=conversation_id, user_id=user_id), robust=True)
 
 
 def conversation_title_request(*, conversation_id: int, answer_id: int) -> None:

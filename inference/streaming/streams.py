@@ -20,7 +20,6 @@ Followers keep to this protocol through one class, `following.StreamFollower`.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import time
@@ -29,6 +28,8 @@ from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
 from django.conf import settings
+from hiredis import pack_command
+from redis.exceptions import ResponseError
 
 from chatsite.batching import Batcher
 from chatsite.database import db_async
@@ -150,7 +151,7 @@ class RedisReplayBuffer:
         loop = asyncio.get_running_loop()
         sends = self._sends.get(loop)
         if sends is None:
-            sends = self._sends[loop] = Batcher(functools.partial(_in_one_pipeline, self._client()))
+            sends = self._sends[loop] = Batcher(_Pipelines(self._client()))
         await sends.submit(commands)
 
     def _renew_due(self, generation_id: str, *, ended: bool) -> bool:
@@ -173,14 +174,47 @@ class RedisReplayBuffer:
         return [event for event in events if event["seq"] > after_seq]
 
 
-async def _in_one_pipeline(client: Any, batch: list[list[tuple]]) -> list[None | Exception]:
-    """Send each caller's commands, together and in order, in one pipeline."""
-    async with client.pipeline(transaction=False) as pipe:
+class _Pipelines:
+    """A loop's pipelines to the buffer's Redis: each batch of commands packed at once (hiredis's packer, in C)
+    and written in one write on one connection, its replies read back in order.
+
+    redis-py's own pipeline packs each argument in Python and wraps the exchange in per-command
+    bookkeeping, most of an event's CPU on the worker. Only one batch runs at a time on a loop
+    (`Batcher`), so the connection is the loop's alone; a connection that fails is dropped and the
+    whole batch sent again on a new one, under the client's retry policy (chatsite/redis_clients.py),
+    as redis-py's pipeline does: an event twice in a buffer is one its followers drop by its `seq`.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._connection: Any = None
+
+    async def __call__(self, batch: list[list[tuple]]) -> list[None | Exception]:
+        payload = b"".join([pack_command(command) for commands in batch for command in commands])
+        if self._connection is None:
+            self._connection = await self._client.connection_pool.get_connection()
+        connection = self._connection
+        replies = await connection.retry.call_with_retry(
+            lambda: self._exchange(connection, payload, sum(len(commands) for commands in batch)),
+            lambda error: connection.disconnect(),
+        )
+        results: list[None | Exception] = []
         for commands in batch:
-            for command in commands:
-                pipe.execute_command(*command)
-        await pipe.execute()
-    return [None] * len(batch)
+            errors = [reply for reply in replies[: len(commands)] if isinstance(reply, Exception)]
+            replies = replies[len(commands) :]
+            results.append(errors[0] if errors else None)
+        return results
+
+    @staticmethod
+    async def _exchange(connection: Any, payload: bytes, count: int) -> list[Any]:
+        await connection.send_packed_command(payload)
+        replies: list[Any] = []
+        for _ in range(count):  # every reply read, an error's too, so the next batch reads its own
+            try:
+                replies.append(await connection.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+        return replies
 
 
 _buffer: ReplayBuffer | None = None

@@ -138,42 +138,56 @@ async def _collect(events) -> list[dict]:
     return [event async for event in events]
 
 
-class _CountsPipelines:
-    """A real redis.asyncio client that counts the pipelines it runs (what is sent is not touched)."""
-
-    def __init__(self, url: str) -> None:
-        import redis.asyncio as redis
-
-        self.client = redis.Redis.from_url(url)
-        self.pipelines = 0
-
-    def pipeline(self, **options):
-        self.pipelines += 1
-        return self.client.pipeline(**options)
-
-    def __getattr__(self, name):
-        return getattr(self.client, name)
-
-
-async def test_streams_on_one_loop_share_pipelines_and_each_keeps_its_order(redis_url):
+async def test_streams_on_one_loop_share_pipelines_and_each_keeps_its_order(redis_url, monkeypatch):
     """Eight streams each appending five events at once: every event is in its stream's buffer, in
-    order, and they went in a handful of pipelines rather than forty (one round trip each)."""
+    order, and they went in a handful of writes rather than forty (one round trip each)."""
+    from redis.asyncio.connection import AbstractConnection
+
+    writes = []
+    send = AbstractConnection.send_packed_command
+
+    async def counted(connection, command, check_health=True):
+        if isinstance(command, bytes) and b"RPUSH" in command:  # not the connection's own handshake
+            writes.append(command)
+        await send(connection, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
     buffer = streaming.RedisReplayBuffer(redis_url, ttl_s=60)
-    counting = _CountsPipelines(redis_url)
-    buffer._clients[asyncio.get_running_loop()] = counting
     streams = [str(uuid.uuid4()) for _ in range(8)]
 
     async def stream(generation_id: str) -> None:
         for seq in range(1, 6):
             await buffer.append(generation_id, {"type": "generation.delta", "text": f"{seq} ", "seq": seq})
 
+    await asyncio.wait_for(asyncio.gather(*(stream(g) for g in streams)), timeout=10)
+    sent = len(writes)
+    for generation_id in streams:
+        assert [e["seq"] for e in await buffer.read(generation_id, 0)] == [1, 2, 3, 4, 5]
+    assert sent <= 10, f"{sent} writes for 40 events of 8 streams"
+
+
+async def test_a_command_that_fails_fails_its_own_caller_and_no_other(redis_url):
+    """A batch's replies are all read, an error's too: the caller whose command Redis refused gets
+    that error, the others their events appended, and the next batch reads its own replies."""
+    import redis.asyncio as redis
+    from redis.exceptions import ResponseError
+
+    client = redis.Redis.from_url(redis_url)
+    buffer = streaming.RedisReplayBuffer(redis_url, ttl_s=60)
+    wrong, right = str(uuid.uuid4()), str(uuid.uuid4())
+    await client.set(f"chatsite:stream:{wrong}", "not a list")
     try:
-        await asyncio.wait_for(asyncio.gather(*(stream(g) for g in streams)), timeout=10)
-        for generation_id in streams:
-            assert [e["seq"] for e in await buffer.read(generation_id, 0)] == [1, 2, 3, 4, 5]
+        results = await asyncio.gather(
+            buffer.append(wrong, {"type": "generation.delta", "seq": 1}),
+            buffer.append(right, {"type": "generation.delta", "seq": 1}),
+            return_exceptions=True,
+        )
+        assert isinstance(results[0], ResponseError) and results[1] is None, results
+        await buffer.append(right, {"type": "generation.delta", "seq": 2})
+        assert [e["seq"] for e in await buffer.read(right, 0)] == [1, 2]
     finally:
-        await counting.client.aclose()
-    assert counting.pipelines <= 10, f"{counting.pipelines} pipelines for 40 events of 8 streams"
+        await client.delete(f"chatsite:stream:{wrong}", f"chatsite:stream:{right}")
+        await client.aclose()
 
 
 async def test_a_buffer_expires_its_ttl_after_its_end_and_is_renewed_seldom_while_it_streams(redis_url):
