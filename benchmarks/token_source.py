@@ -51,7 +51,7 @@ class TokenSource:
                 last = i == count - 1
                 text = f"{'[token source, not a model]' if i == 0 else ''} t{ticks_now()}"
                 choice = SimpleNamespace(text=text, token_ids=[0], finish_reason="length" if last else None)
-                yield SimpleNamespace(outputs=[choice], finished=last)
+                yield SimpleNamespace(outputs=[choice], finished=last, prompt_token_ids=None)
         finally:
             self._live.discard(request_id)
 
