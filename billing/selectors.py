@@ -6,12 +6,12 @@ import csv
 import datetime as dt
 import io
 import uuid
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TypedDict, cast
 
-from django.db.models import BooleanField, Count, ExpressionWrapper, FilteredRelation, Q, QuerySet, Subquery, Sum
+from django.db.models import BooleanField, Count, ExpressionWrapper, F, FilteredRelation, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import TruncDate
 
 from accounts.models import Tier, User
@@ -85,6 +85,16 @@ def usage_tokens_since(*, user: User, since: dt.datetime) -> int:
         .aggregate(prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
     )
     return (totals["prompt"] or 0) + (totals["completion"] or 0)
+
+
+def usage_tokens_since_each(*, user: User, since: Sequence[dt.datetime]) -> list[int]:
+    """`usage_tokens_since` for each of `since` (a day's and a month's quota), in one statement."""
+    if not since:
+        return []
+    tokens = F("prompt_tokens") + F("completion_tokens")
+    sums = {f"since_{i}": Sum(tokens, filter=Q(created_at__gte=start)) for i, start in enumerate(since)}
+    totals = usage_billable(user=user).filter(created_at__gte=min(since)).aggregate(**sums)
+    return [totals[f"since_{i}"] or 0 for i in range(len(since))]
 
 
 @dataclass(frozen=True)

@@ -105,13 +105,13 @@ def test_the_usage_page_shows_costs_in_the_currency_and_what_is_left_of_the_plan
 
 @pytest.mark.topology
 def test_an_answers_done_reads_its_cost_and_its_conversations_total_in_one_statement(alice, django_assert_num_queries):
-    # Every answer's end reads these: the quota's figures (the tier, what is reserved, a sum per
-    # period) and then one statement for the answer's row, its conversation and the total.
+    # Every answer's end reads these: the quota's figures (the tier, what is reserved, one sum for
+    # every period) and one statement for the answer's row, its conversation and the total.
     _on_pro(alice)  # a day's and a month's quota
     first = _answered(alice)
     sent = _answered(alice, conversation_id=first.conversation.id, prompt_tokens=3000, completion_tokens=1000)
     _answered(alice, content="another conversation")
-    with django_assert_num_queries(5):
+    with django_assert_num_queries(4):
         costs = generation_done_costs(user=alice, generation_id=str(sent.generation.id))
     assert costs["cost"] == {"amount": 0.0012, "currency": "USD", "text": "$0.0012"}
     assert costs["conversation_usage"] == {
