@@ -5,6 +5,7 @@ itself here at start-up (its AppConfig.ready); accounts never imports it."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Protocol
 
 from django.core.exceptions import ImproperlyConfigured
@@ -13,8 +14,9 @@ from accounts.models import User
 
 
 class Ledger(Protocol):
-    def tokens_since(self, *, user: User, since: dt.datetime) -> int:
-        """The tokens the user used since `since` that count towards a quota."""
+    def tokens_since_each(self, *, user: User, since: Sequence[dt.datetime]) -> list[int]:
+        """The tokens the user used since each of `since` that count towards a quota, in one read:
+        a send and an answer's end count every quota period of the plan."""
         ...
 
     def moderation_charge(self, *, user_id: int, tier_id: int | None, tokens: int) -> None:

@@ -280,10 +280,10 @@ def quota_status_for_user(*, user: User, now: dt.datetime | None = None) -> Quot
     if not periods:
         return QuotaStatus(levels=())
     reserved = quota_tokens_reserved(user=user)
+    used = ledger().tokens_since_each(user=user, since=[period.since for period in periods])
     return QuotaStatus(
         levels=tuple(
-            QuotaLevel(period, used=ledger().tokens_since(user=user, since=period.since) + reserved, now=now)
-            for period in periods
+            QuotaLevel(period, used=tokens + reserved, now=now) for period, tokens in zip(periods, used, strict=True)
         )
     )
 

@@ -423,8 +423,10 @@ def _quota_left(*, user: User, tier: Tier, needed: int) -> int | None:
     now = timezone.now()
     reserved = quota_tokens_reserved(user=user)
     least = None
-    for period in quota_periods(tier=tier, now=now):
-        left = period.limit - ledger().tokens_since(user=user, since=period.since) - reserved
+    periods = quota_periods(tier=tier, now=now)
+    used = ledger().tokens_since_each(user=user, since=[period.since for period in periods])
+    for period, tokens in zip(periods, used, strict=True):
+        left = period.limit - tokens - reserved
         if left < needed:
             raise ClientError(
                 f"You have used {period.owned} {period.limit:,} tokens on your plan ({tier}). "

@@ -6,12 +6,12 @@ import csv
 import datetime as dt
 import io
 import uuid
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TypedDict, cast
 
-from django.db.models import BooleanField, Count, ExpressionWrapper, FilteredRelation, Q, QuerySet, Subquery, Sum
+from django.db.models import BooleanField, Count, ExpressionWrapper, F, FilteredRelation, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import TruncDate
 
 from accounts.models import Tier, User
@@ -24,8 +24,9 @@ ZERO = Decimal("0")
 MONEY_PLACES = Decimal("0.000001")
 
 
-def _money(value: Decimal | None) -> Decimal:
-    # SQLite sums decimals as floats-with-noise; present money at the ledger's own precision.
+def ledger_money(value: Decimal | float | None) -> Decimal:
+    """An amount read from the ledger (a sum: NULL over no rows) at the ledger's own precision:
+    SQLite sums decimals as floats-with-noise."""
     return Decimal(value or 0).quantize(MONEY_PLACES)
 
 
@@ -86,6 +87,16 @@ def usage_tokens_since(*, user: User, since: dt.datetime) -> int:
     return (totals["prompt"] or 0) + (totals["completion"] or 0)
 
 
+def usage_tokens_since_each(*, user: User, since: Sequence[dt.datetime]) -> list[int]:
+    """`usage_tokens_since` for each of `since` (a day's and a month's quota), in one statement."""
+    if not since:
+        return []
+    tokens = F("prompt_tokens") + F("completion_tokens")
+    sums = {f"since_{i}": Sum(tokens, filter=Q(created_at__gte=start)) for i, start in enumerate(since)}
+    totals = usage_billable(user=user).filter(created_at__gte=min(since)).aggregate(**sums)
+    return [totals[f"since_{i}"] or 0 for i in range(len(since))]
+
+
 @dataclass(frozen=True)
 class UsageSummary:
     start: dt.datetime
@@ -122,7 +133,11 @@ def usage_summary(*, user: User, month: dt.date) -> UsageSummary:
     model_rows = rows.values("deployment__name").annotate(**_TOTALS).order_by("deployment__name")
     per_model = [
         # A row with no model is a moderation request's (the only kind without one).
-        {**row, "deployment__name": row["deployment__name"] or UsageRecord.Kind.MODERATION, "cost": _money(row["cost"])}
+        {
+            **row,
+            "deployment__name": row["deployment__name"] or UsageRecord.Kind.MODERATION,
+            "cost": ledger_money(row["cost"]),
+        }
         for row in cast(Iterable[JsonObject], model_rows)
     ]
     day_rows = rows.annotate(day=TruncDate("created_at", tzinfo=dt.UTC)).values("day").annotate(**_TOTALS)
@@ -133,7 +148,7 @@ def usage_summary(*, user: User, month: dt.date) -> UsageSummary:
         row = by_day.get(day, {})
         tokens = (row.get("prompt_tokens") or 0) + (row.get("completion_tokens") or 0)
         per_day.append(
-            {"day": day, "tokens": tokens, "cost": _money(row.get("cost")), "requests": row.get("requests", 0)}
+            {"day": day, "tokens": tokens, "cost": ledger_money(row.get("cost")), "requests": row.get("requests", 0)}
         )
         day += dt.timedelta(days=1)
     return UsageSummary(
@@ -142,7 +157,7 @@ def usage_summary(*, user: User, month: dt.date) -> UsageSummary:
         prompt_tokens=totals["prompt_tokens"] or 0,
         cached_tokens=totals["cached_tokens"] or 0,
         completion_tokens=totals["completion_tokens"] or 0,
-        cost=_money(totals["cost"]),
+        cost=ledger_money(totals["cost"]),
         requests=totals["requests"],
         per_model=per_model,
         per_day=per_day,
@@ -235,7 +250,7 @@ def usage_for_generations(*, user_id: int, generation_ids: Collection[uuid.UUID 
         .values_list("generation_id", "prompt_tokens", "cached_tokens", "completion_tokens", "cost", "priced")
     )
     return {
-        str(generation_id): GenerationUsage(prompt, cached, completion, _money(cost), bool(priced))
+        str(generation_id): GenerationUsage(prompt, cached, completion, ledger_money(cost), bool(priced))
         for generation_id, prompt, cached, completion, cost, priced in rows
     }
 
@@ -250,7 +265,7 @@ def usage_total_for_generations(*, user_id: int, generation_ids: Collection[uuid
     )
     return UsageTotal(
         tokens=(totals["prompt"] or 0) + (totals["completion"] or 0),
-        cost=_money(totals["cost"]),
+        cost=ledger_money(totals["cost"]),
         priced=bool(totals["priced"]),
     )
 

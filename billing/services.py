@@ -4,6 +4,7 @@ and the work that are not generations (moderation, embeddings, a file's processi
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.utils import timezone
@@ -11,7 +12,7 @@ from django.utils import timezone
 from accounts.models import User
 from accounts.selectors import tier_for_user, tier_for_user_id_or_none
 from billing.models import UsageRecord
-from billing.selectors import tier_prices_for_user_id, usage_tokens_since
+from billing.selectors import tier_prices_for_user_id, usage_tokens_since_each
 from chatsite.queries import insert_unless_conflicting
 from inference.models import Generation, ModelDeployment
 
@@ -155,8 +156,8 @@ class _Ledger:
     """The ledger as accounts reaches it from below (accounts.ledger): the quotas' reading and the
     lighter endpoints' rows."""
 
-    def tokens_since(self, *, user: User, since: dt.datetime) -> int:
-        return usage_tokens_since(user=user, since=since)
+    def tokens_since_each(self, *, user: User, since: Sequence[dt.datetime]) -> list[int]:
+        return usage_tokens_since_each(user=user, since=since)
 
     def moderation_charge(self, *, user_id: int, tier_id: int | None, tokens: int) -> None:
         moderation_record(user_id=user_id, tier_id=tier_id, tokens=tokens)

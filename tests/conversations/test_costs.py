@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from django.urls import reverse
 
 from accounts.models import Tier
@@ -100,3 +101,54 @@ def test_the_usage_page_shows_costs_in_the_currency_and_what_is_left_of_the_plan
     assert 'id="total-cost">0.00 CHF<' in html
     statement = client.get(reverse("billing:usage_statement")).content.decode()
     assert statement.splitlines()[0].endswith("cost (CHF)")
+
+
+@pytest.mark.topology
+def test_an_answers_done_reads_its_cost_and_its_conversations_total_in_one_statement(alice, django_assert_num_queries):
+    # Every answer's end reads these: the quota's figures (the tier, what is reserved, one sum for
+    # every period) and one statement for the answer's row, its conversation and the total.
+    _on_pro(alice)  # a day's and a month's quota
+    first = _answered(alice)
+    sent = _answered(alice, conversation_id=first.conversation.id, prompt_tokens=3000, completion_tokens=1000)
+    _answered(alice, content="another conversation")
+    with django_assert_num_queries(4):
+        costs = generation_done_costs(user=alice, generation_id=str(sent.generation.id))
+    assert costs["cost"] == {"amount": 0.0012, "currency": "USD", "text": "$0.0012"}
+    assert costs["conversation_usage"] == {
+        "conversation": first.conversation.id,
+        "tokens": 7000,
+        "cost": {"amount": 0.0026, "currency": "USD", "text": "$0.0026"},
+        "text": "7,000 tokens · $0.0026",
+    }
+
+
+@pytest.mark.topology
+def test_an_answer_not_yet_on_the_ledger_has_no_cost_and_its_conversation_the_others_total(alice):
+    _on_pro(alice)
+    unanswered = message_send(user=alice, request=SendRequest(content="hi"))
+    costs = generation_done_costs(user=alice, generation_id=str(unanswered.generation.id))
+    assert costs["cost"] is None
+    assert costs["conversation_usage"] == {
+        "conversation": unanswered.conversation.id,
+        "tokens": 0,
+        "cost": None,
+        "text": "0 tokens",
+    }
+    run_to_end(unanswered.generation, prompt_tokens=1000, completion_tokens=2000)
+    pending = message_send(user=alice, request=SendRequest(content="again", conversation_id=unanswered.conversation.id))
+    costs = generation_done_costs(user=alice, generation_id=str(pending.generation.id))
+    assert costs["cost"] is None
+    assert costs["conversation_usage"]["tokens"] == 3000
+    assert costs["conversation_usage"]["text"] == "3,000 tokens · $0.0014"
+
+
+def test_an_answer_on_a_plan_that_prices_nothing_has_a_total_and_no_cost(alice):
+    sent = _answered(alice)  # the free plan
+    costs = generation_done_costs(user=alice, generation_id=str(sent.generation.id))
+    assert costs["cost"] is None
+    assert costs["conversation_usage"] == {
+        "conversation": sent.conversation.id,
+        "tokens": 3000,
+        "cost": None,
+        "text": "3,000 tokens",
+    }

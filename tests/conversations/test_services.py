@@ -597,3 +597,19 @@ def test_an_answer_requests_model_is_checked_where_it_enters(frame, with_model, 
     with pytest.raises(ClientError) as refused:
         AnswerRequest.parse(frame, with_model=with_model)
     assert refused.value.code == code and refused.value.param == "model"
+
+
+@pytest.mark.topology
+def test_a_message_into_a_conversation_takes_a_known_number_of_statements(alice):
+    # Every send pays each of these on the web process before its answer starts: a new one must be
+    # worth its round trip. The plan's tier, the search of the person's files, the send's savepoint,
+    # the conversation (locked, with its queue), whether it is answering, the branch's leaf, the tier
+    # with its model list, the person's settings, the message, the reserved tokens, the quota's
+    # periods (one sum for all), the generation, the answer, the conversation's leaf, the release.
+    Tier.objects.filter(name="free").update(tokens_per_day=1_000_000, tokens_per_month=10_000_000)
+    first = message_send(user=alice, request=SendRequest(content="Hello there"))
+    _finish(first.conversation)
+    request = SendRequest(content="And again", conversation_id=first.conversation.id, client_id=uuid.uuid4())
+    with CaptureQueriesContext(connection) as send:
+        message_send(user=alice, request=request)
+    assert len(send.captured_queries) == 15, "\n".join(q["sql"][:120] for q in send.captured_queries)
