@@ -22,11 +22,16 @@ pytestmark = [
     pytest.mark.skipif(
         settings.DOCUMENTS_PROCESSING != "celery", reason="the Celery documents queue (the production topology)"
     ),
+    # In one pytest-xdist process, so that they share its one worker (`documents_worker`).
+    pytest.mark.xdist_group("documents_worker"),
 ]
 
 
-@pytest.fixture
-def documents_worker():
+@pytest.fixture(scope="module")
+def documents_worker(django_db_setup):
+    """One worker for the module's tests: a start (its imports, its classifiers, then the embedding
+    model its first file loads) costs far more than any of them, and each test leaves it idle, its
+    files ended, before the next flushes the database."""
     worker = CeleryWorker(deployments=[], name="test-documents", queues=["documents"])
     yield worker
     worker.kill()
