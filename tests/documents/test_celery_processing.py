@@ -10,7 +10,8 @@ import time
 import pytest
 from django.conf import settings
 
-from documents.models import Chunk, Document
+from accounts.models import Tier
+from documents.models import Chunk, Document, TierDocumentLimits
 from tests.documents.test_answering import FACT
 from tests.documents.test_apis import a_file, client_for
 from tests.helpers.engines import CeleryWorker
@@ -22,14 +23,28 @@ pytestmark = [
     pytest.mark.skipif(
         settings.DOCUMENTS_PROCESSING != "celery", reason="the Celery documents queue (the production topology)"
     ),
+    # In one pytest-xdist process, so that they share its one worker (`documents_worker`).
+    pytest.mark.xdist_group("documents_worker"),
 ]
 
 
-@pytest.fixture
-def documents_worker():
+@pytest.fixture(scope="module")
+def documents_worker(django_db_setup):
+    """One worker for the module's tests: a start (its imports, its classifiers, then the embedding
+    model its first file loads) costs far more than any of them, and each test leaves it idle, its
+    files ended, before the next flushes the database."""
     worker = CeleryWorker(deployments=[], name="test-documents", queues=["documents"])
     yield worker
     worker.kill()
+
+
+@pytest.fixture(autouse=True)
+def a_minute_is_not_enough_for_a_first_file(db):
+    """The worker's first file, whichever test sends it, loads the embedding model as well: on a
+    busy machine that alone can take the free plan's minute."""
+    TierDocumentLimits.objects.update_or_create(
+        tier=Tier.objects.get(name="free"), defaults={"processing_seconds": 600}
+    )
 
 
 def test_a_file_uploaded_through_the_api_is_processed_by_a_documents_worker(alice, bob, documents_worker):
@@ -57,14 +72,6 @@ def test_a_file_uploaded_through_the_api_is_processed_by_a_documents_worker(alic
 def test_an_image_and_a_scanned_pdf_are_read_by_ocr_on_a_documents_worker(alice, bob, documents_worker):
     from django.core.files.uploadedfile import SimpleUploadedFile
 
-    from accounts.models import Tier
-    from documents.models import TierDocumentLimits
-
-    # The worker's first file loads the embedding model as well: on a busy machine that alone can
-    # take the free plan's minute.
-    TierDocumentLimits.objects.update_or_create(
-        tier=Tier.objects.get(name="free"), defaults={"processing_seconds": 600}
-    )
     client = client_for(alice)
     ids = []
     for name, data in (

@@ -50,23 +50,86 @@ def mcp_server_serving() -> Iterator[str]:
 
 
 @pytest.fixture
-async def chat_server(engine):
+async def chat_server(engine, served_app):
     """uvicorn serving the real ASGI app on the test session's loop (so it shares the engine)."""
-    async with _serving() as url:
-        yield url
+    yield await served_app.url()
+    await served_app.quiet()
 
 
 @pytest.fixture
-async def server_without_engine():
+async def server_without_engine(served_app):
     """uvicorn serving the real ASGI app on the test session's loop with no engine started: for
     requests answered or refused before one is needed (limits, validation), and for generations no
     engine runs (tests end them in the database themselves)."""
-    async with _serving() as url:
-        yield url
+    yield await served_app.url()
+    await served_app.quiet()
+
+
+@pytest.fixture(scope="session")
+async def served_app():
+    """The process's one uvicorn server, started by the first test that asks for it and stopped at
+    the run's end: a start and a stop cost about a third of a second (uvicorn's own pauses), after
+    each of hundreds of tests. Each test leaves it as a stop would (`ServedApp.quiet`)."""
+    served = ServedApp()
+    yield served
+    await served.stop()
+
+
+class ServedApp:
+    """The app served on loopback, and the test's connections ended after each test."""
+
+    def __init__(self) -> None:
+        self.server = None
+        self.task: asyncio.Task | None = None
+        self.port = 0
+
+    async def url(self) -> str:
+        if self.task is None or self.task.done():
+            await self._start()
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _start(self) -> None:
+        import uvicorn
+
+        from chatsite.asgi import application
+
+        self.port = free_port()
+        self.server = uvicorn.Server(
+            # As `make run` serves: forwarded headers are the application's to judge (chatsite/proxies.py).
+            uvicorn.Config(
+                application, host="127.0.0.1", port=self.port, lifespan="off", log_level="warning", proxy_headers=False
+            )
+        )
+        self.task = asyncio.create_task(self.server.serve())
+        while not self.server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
+            if self.task.done():
+                self.task.result()  # raises what stopped it
+            await asyncio.sleep(0.01)
+
+    async def quiet(self) -> None:
+        """What a stop does to a test's connections, without closing the listening socket: each is
+        asked to end (idle ones close, a request in progress closes after its response, a socket gets
+        "service restart"), then every connection and request task is waited for, so that nothing a
+        test began runs on into the next, or into its database's flush."""
+        if self.server is None or self.task is None or self.task.done():
+            return
+        state = self.server.server_state
+        for connection in list(state.connections):
+            connection.shutdown()
+        while state.connections or state.tasks:  # noqa: ASYNC110 - uvicorn offers no event to wait on
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self.server is None or self.task is None:
+            return
+        self.server.should_exit = True
+        await self.task
+        self.server, self.task = None, None
 
 
 @contextlib.asynccontextmanager
 async def _serving():
+    """A server of its own, stopped after: for a test about what a server's start or stop does."""
     import uvicorn
 
     from chatsite.asgi import application
