@@ -79,12 +79,7 @@ def usage_billable(*, user: User) -> QuerySet[UsageRecord]:
 
 
 def usage_tokens_since(*, user: User, since: dt.datetime) -> int:
-    totals = (
-        usage_billable(user=user)
-        .filter(created_at__gte=since)
-        .aggregate(prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
-    )
-    return (totals["prompt"] or 0) + (totals["completion"] or 0)
+    return usage_tokens_since_each(user=user, since=[since])[0]
 
 
 def usage_tokens_since_each(*, user: User, since: Sequence[dt.datetime]) -> list[int]:
@@ -238,7 +233,9 @@ class UsageTotal:
         return {"tokens": self.tokens, "cost": money_json(self.cost) if self.priced else None, "text": self.text}
 
 
-_PRICED = Q(prompt_price_per_1k__gt=0) | Q(completion_price_per_1k__gt=0) | Q(cached_price_per_1k__gt=0)
+# A ledger row is priced when its plan set any of these prices (a free plan's rows cost nothing).
+PRICE_FIELDS = ("prompt_price_per_1k", "completion_price_per_1k", "cached_price_per_1k")
+_PRICED = Q(*[(f"{name}__gt", 0) for name in PRICE_FIELDS], _connector=Q.OR)
 
 
 def usage_for_generations(*, user_id: int, generation_ids: Collection[uuid.UUID | str]) -> dict[str, GenerationUsage]:

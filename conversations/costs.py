@@ -15,6 +15,7 @@ from accounts.selectors import quota_status_for_user
 from billing.models import UsageRecord
 from billing.money import money_json
 from billing.selectors import (
+    PRICE_FIELDS,
     GenerationUsage,
     UsageTotal,
     ledger_money,
@@ -71,9 +72,7 @@ def _done_costs_sql() -> str:
     user's), the generation's own ledger row (its count, cost and whether it was priced), and the sums
     over the ledger rows of every answer of that conversation. Only the user's rows are read."""
     message, conversation, usage = Message._meta.db_table, Conversation._meta.db_table, UsageRecord._meta.db_table
-    priced = " OR ".join(
-        f'u."{name}" > 0' for name in ("prompt_price_per_1k", "completion_price_per_1k", "cached_price_per_1k")
-    )
+    priced = " OR ".join(f'u."{name}" > 0' for name in PRICE_FIELDS)
     return f"""
         WITH conv AS (
             SELECT m."conversation_id" AS id FROM "{message}" m
