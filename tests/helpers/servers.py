@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -89,22 +90,7 @@ class ServedApp:
         return f"http://127.0.0.1:{self.port}"
 
     async def _start(self) -> None:
-        import uvicorn
-
-        from chatsite.asgi import application
-
-        self.port = free_port()
-        self.server = uvicorn.Server(
-            # As `make run` serves: forwarded headers are the application's to judge (chatsite/proxies.py).
-            uvicorn.Config(
-                application, host="127.0.0.1", port=self.port, lifespan="off", log_level="warning", proxy_headers=False
-            )
-        )
-        self.task = asyncio.create_task(self.server.serve())
-        while not self.server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
-            if self.task.done():
-                self.task.result()  # raises what stopped it
-            await asyncio.sleep(0.01)
+        self.server, self.task, self.port = await _server_started()
 
     async def quiet(self) -> None:
         """What a stop does to a test's connections, without closing the listening socket: each is
@@ -130,6 +116,17 @@ class ServedApp:
 @contextlib.asynccontextmanager
 async def _serving():
     """A server of its own, stopped after: for a test about what a server's start or stop does."""
+    server, task, port = await _server_started()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def _server_started() -> tuple[Any, asyncio.Task, int]:
+    """uvicorn serving the real ASGI app on a free loopback port, once it listens: the server, the
+    task that runs it and the port."""
     import uvicorn
 
     from chatsite.asgi import application
@@ -143,9 +140,7 @@ async def _serving():
     )
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
-        await asyncio.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+        if task.done():
+            task.result()  # raises what stopped it
+        await asyncio.sleep(0.01)
+    return server, task, port
