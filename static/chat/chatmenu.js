@@ -101,11 +101,8 @@
       return i > 0 && ids.indexOf(parseInt(links[i - 1].dataset.conversation, 10)) >= 0 &&
         ids.indexOf(parseInt(link.dataset.conversation, 10)) < 0;
     });
-    const target = next ? next.dataset.conversation : null;
-    function refocus() {
-      const now = document.activeElement;
-      if (!wasOnOne || (now && now !== document.body && now.isConnected)) return;
-      const button = target && buttonFor(target);
+    if (wasOnOne) {
+      const button = next && buttonFor(next.dataset.conversation);
       (button || document.getElementById("conversation-search")).focus();
     }
     ids.forEach(function (id) {
@@ -113,9 +110,8 @@
       if (link) link.remove();
     });
     sync();  // their buttons go now, not when the observer runs
-    refocus();
     announce(said);
-    refresh().then(refocus);  // the list drawn anew takes the focused button with it
+    refresh();  // the focus goes on through the list drawn anew (followRedraw)
   }
 
   // --- a menu button beside each chat of the list ----------------------------------------------------
@@ -181,10 +177,36 @@
       if (!ids.has(el.dataset.conversation)) el.remove();
     });
     if (selecting) countShow();
+    followRedraw();
   }
 
-  new MutationObserver(sync).observe(list, {childList: true, subtree: true, characterData: true});
-  sync();
+  // The list is drawn anew by others (sidebar.js, a search, a move into a project), at any moment:
+  // an open menu goes on from the chat's new button, and a focus inside the list goes on with the
+  // same chat's new link or button (or the search box, if the chat has gone), never to the page's start.
+  let focusedInList = null;  // {selector, id} of the last thing focused inside the list
+  document.addEventListener("focusin", function (event) {
+    const el = event.target;
+    const kind = ["a.conversation-link", "button.chat-menu-button", "input.chat-select"]
+      .find(function (selector) { return list.contains(el) && el.matches(selector); });
+    focusedInList = kind ? {element: el, selector: kind, id: el.dataset.conversation} : null;
+  });
+
+  function followRedraw() {
+    if (opener && !opener.isConnected) {
+      const button = buttonFor(opener.dataset.conversation);
+      if (button) {
+        opener = button;
+        button.setAttribute("aria-expanded", "true");
+      } else {
+        close(false);
+      }
+    }
+    const was = focusedInList;
+    const now = document.activeElement;
+    if (!was || was.element.isConnected || (now && now !== document.body)) return;
+    const same = list.querySelector(was.selector + '[data-conversation="' + was.id + '"]');
+    (same || document.getElementById("conversation-search")).focus();
+  }
 
   // --- the menu ------------------------------------------------------------------------------------
 
@@ -195,6 +217,10 @@
   menu.hidden = true;
   document.body.appendChild(menu);
   let opener = null;  // the button whose menu is open
+
+  // The list is watched from here on (the menu and its opener exist now).
+  new MutationObserver(sync).observe(list, {childList: true, subtree: true, characterData: true});
+  sync();
 
   function items() {
     return Array.prototype.slice.call(menu.querySelectorAll("[role=menuitem]"));
@@ -278,7 +304,9 @@
     opener = null;
     menu.hidden = true;
     button.setAttribute("aria-expanded", "false");
-    if (refocus && button.isConnected) button.focus();
+    // The list may have been drawn anew while the menu was open: the chat's button then is a new one.
+    const target = button.isConnected ? button : buttonFor(button.dataset.conversation);
+    if (refocus && target) target.focus();
   }
 
   list.addEventListener("click", function (event) {

@@ -114,12 +114,16 @@
 
   let searchTimer = null;
   let searchSeq = 0;
-  // The list as the server has it now, for the words in the search box (all of it when empty).
+  // The list as the server has it now, for the words in the search box (all of it when empty); the
+  // chat menu and static/chat/projects.js call it after a change they made.
   function refresh() {
     const query = search.value.trim();
     const seq = ++searchSeq;
     return fetch(list.dataset.searchUrl + "?q=" + encodeURIComponent(query), {credentials: "same-origin"})
-      .then(function (response) { return response.json(); })
+      .then(function (response) {
+        if (!response.ok) throw new Error(response.statusText);
+        return response.json();
+      })
       .then(function (body) { if (seq === searchSeq) render(body.groups || [], query); })
       .catch(function () { showError("The search failed. Try again."); });
   }
@@ -129,15 +133,6 @@
     searchTimer = setTimeout(refresh, 200);
   });
 
-  // The list drawn again from the server, as the search box has it (static/chat/projects.js calls
-  // it when a chat moves into or out of a project).
-  function refresh() {
-    const query = search.value.trim();
-    const seq = ++searchSeq;
-    return fetch(list.dataset.searchUrl + "?q=" + encodeURIComponent(query), {credentials: "same-origin"})
-      .then(function (response) { return response.json(); })
-      .then(function (body) { if (seq === searchSeq) render(body.groups || [], query); });
-  }
   window.chatSidebar = {refresh: refresh};
 
   // --- titles -----------------------------------------------------------------------------------

@@ -233,3 +233,40 @@ async def test_the_chat_menu_archive_view_select_mode_and_copying_a_shared_link(
     await expect(page.locator("input.chat-select")).to_have_count(0)
     assert await page.get_attribute("#select-chats", "aria-pressed") == "false"
     assert violations == []  # placed, shown and hidden under the page's Content-Security-Policy
+
+
+async def test_the_list_drawn_anew_keeps_the_focus_and_the_open_menu(page, violations):  # noqa: F811
+    """The list is drawn anew whenever a search, another tab or a project move asks for it, at any
+    moment: the focus and an open menu go on with the chat's new elements, never to the page's start."""
+    await page.set_viewport_size(DESKTOP)
+    await sign_in(page, "uma")
+    trip = await _chat("uma", "Lisbon trip", "Where should we stay?", "Try Alfama.")
+    notes = await _chat("uma", "Notes", "Remember the milk")
+    idea = await _chat("uma", "An idea")
+    await page.goto(f"/c/{trip.id}/")
+    focused = "() => [document.activeElement.className, document.activeElement.dataset.conversation, !!document.activeElement.dataset.old]"
+
+    # A focused menu button: the same chat's new button has the focus after the list is drawn anew.
+    await button_of(page, notes).focus()
+    await button_of(page, notes).evaluate("b => { b.dataset.old = '1'; }")
+    await page.evaluate("() => window.chatMenu.refresh()")
+    assert await page.evaluate(focused) == ["chat-menu-button", str(notes.id), False]
+
+    # A menu open while the list is drawn anew: Esc gives the focus to the chat's new button.
+    await button_of(page, idea).click()
+    await page.wait_for_selector(MENU, state="visible")
+    await page.evaluate("() => window.chatMenu.refresh()")
+    await page.keyboard.press("Escape")
+    assert await page.evaluate(focused) == ["chat-menu-button", str(idea.id), False]
+    assert await button_of(page, idea).get_attribute("aria-expanded") == "false"
+
+    # Archive from a menu open across a redraw: the focus moves on to the next chat's button.
+    await button_of(page, idea).click()
+    await page.wait_for_selector(MENU, state="visible")
+    await page.evaluate("() => window.chatMenu.refresh()")
+    await page.click(f"{MENU} [data-action=archive]")
+    await expect(link_of(page, idea)).to_have_count(0)
+    assert await page.evaluate(focused) == ["chat-menu-button", str(notes.id), False]
+    # ... and stays there through the redraw the archive itself asks for.
+    await page.evaluate("() => window.chatMenu.refresh()")
+    assert await page.evaluate(focused) == ["chat-menu-button", str(notes.id), False]
