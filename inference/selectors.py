@@ -139,6 +139,32 @@ _QUEUE_LENGTH_SQL = 'SELECT COUNT(*) FROM "{g}" WHERE "{g}"."{fk}" = "{d}"."id" 
 )
 
 
+def deployment_candidates(*, model: str | None) -> list[ModelDeployment]:
+    """The enabled deployments that answer to the public `model` (its `public_name`, or its own name
+    where that is empty), every task; with None, every enabled generating one. Heaviest first, each
+    with its queue's length (`queued_now`), in one statement.
+
+    Written as SQL: every request for a model reads this, and the ORM took longer compiling the
+    query (about 2.5 ms of CPU) than PostgreSQL took answering it."""
+    if model is None:
+        return list(
+            ModelDeployment.objects.raw(_CANDIDATES_SQL_ANY, [Generation.Status.QUEUED, ModelDeployment.Task.GENERATE])
+        )
+    return list(ModelDeployment.objects.raw(_CANDIDATES_SQL_NAMED, [Generation.Status.QUEUED, model, model]))
+
+
+def _candidates_sql(where: str) -> str:
+    d = ModelDeployment._meta.db_table
+    return (
+        f'SELECT "{d}".*, ({_QUEUE_LENGTH_SQL}) AS "queued_now" FROM "{d}" WHERE "{d}"."is_enabled" AND ({where}) '
+        f'ORDER BY "{d}"."weight" DESC, "{d}"."name" ASC'
+    )
+
+
+_CANDIDATES_SQL_ANY = _candidates_sql('"task" = %s')
+_CANDIDATES_SQL_NAMED = _candidates_sql('"public_name" = %s OR ("public_name" = \'\' AND "name" = %s)')
+
+
 def deployment_get_cached(*, deployment_id: int) -> ModelDeployment:
     """A deployment by id, read once per process: for a worker, whose engines were built from
     these rows when it started, so an edit reaches them only with a restart anyway."""

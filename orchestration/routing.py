@@ -33,13 +33,12 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q
 
 from accounts.selectors import tier_for_user_or_none
 from chatsite.errors import ClientError
 from inference.execution.dispatch import host_state
 from inference.models import ModelDeployment
-from inference.selectors import Routed, generation_queued_count, queue_length_annotation
+from inference.selectors import Routed, deployment_candidates, generation_queued_count
 
 AUTO = "auto"
 AUTO_LABEL = "Auto (picks a model for each message)"
@@ -102,12 +101,7 @@ def _keeps(sticky: ModelDeployment, *, model: str) -> bool:
 def _candidates(model: str) -> list[ModelDeployment]:
     """The enabled deployments serving `model` (every chat one for `auto`), heaviest first, each with
     its queue's length (`queued_now`), in one statement."""
-    deployments = ModelDeployment.objects.filter(is_enabled=True).annotate(queued_now=queue_length_annotation())
-    if model == AUTO:
-        deployments = deployments.filter(task=ModelDeployment.Task.GENERATE)
-    else:
-        deployments = deployments.filter(Q(public_name=model) | Q(public_name="", name=model))
-    found = list(deployments.order_by("-weight", "name"))
+    found = deployment_candidates(model=None if model == AUTO else model)
     if not found:
         raise ClientError(f"The model '{model}' does not exist.", code="model_not_found", param="model", status=404)
     serving: list[ModelDeployment] = [d for d in found if d.task == ModelDeployment.Task.GENERATE]
