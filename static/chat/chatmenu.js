@@ -190,6 +190,10 @@
       .find(function (selector) { return list.contains(el) && el.matches(selector); });
     focusedInList = kind ? {element: el, selector: kind, id: el.dataset.conversation} : null;
   });
+  // A click elsewhere leaves the list on purpose (the focus may go to the page's body): not followed.
+  document.addEventListener("pointerdown", function (event) {
+    if (!list.contains(event.target)) focusedInList = null;
+  }, true);
 
   function followRedraw() {
     if (opener && !opener.isConnected) {

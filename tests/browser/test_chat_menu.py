@@ -251,6 +251,11 @@ async def test_the_list_drawn_anew_keeps_the_focus_and_the_open_menu(page, viola
     await button_of(page, notes).evaluate("b => { b.dataset.old = '1'; }")
     await page.evaluate("() => window.chatMenu.refresh()")
     assert await page.evaluate(focused) == ["chat-menu-button", str(notes.id), False]
+    # ... but a click elsewhere has left the list: a redraw then takes no focus back to it.
+    await page.click("#chat-title")
+    assert await page.evaluate("() => document.activeElement === document.body")
+    await page.evaluate("() => window.chatMenu.refresh()")
+    assert await page.evaluate("() => document.activeElement === document.body")
 
     # A menu open while the list is drawn anew: Esc gives the focus to the chat's new button.
     await button_of(page, idea).click()
