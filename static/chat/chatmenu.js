@@ -183,7 +183,7 @@
   // The list is drawn anew by others (sidebar.js, a search, a move into a project), at any moment:
   // an open menu goes on from the chat's new button, and a focus inside the list goes on with the
   // same chat's new link or button (or the search box, if the chat has gone), never to the page's start.
-  let focusedInList = null;  // {selector, id} of the last thing focused inside the list
+  let focusedInList = null;  // {element, selector, id}: the last thing focused inside the list
   document.addEventListener("focusin", function (event) {
     const el = event.target;
     const kind = ["a.conversation-link", "button.chat-menu-button", "input.chat-select"]
