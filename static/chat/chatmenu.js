@@ -181,13 +181,13 @@
   }
 
   // The list is drawn anew by others (sidebar.js, a search, a move into a project), at any moment:
-  // an open menu goes on from the chat's new button, and a focus inside the list goes on with the
+  // an open menu goes on from the chat's new button (so closing it gives the focus back there), and a focus inside the list goes on with the
   // same chat's new link or button (or the search box, if the chat has gone), never to the page's start.
   let focusedInList = null;  // {element, selector, id}: the last thing focused inside the list
   document.addEventListener("focusin", function (event) {
     const el = event.target;
-    const kind = ["a.conversation-link", "button.chat-menu-button", "input.chat-select"]
-      .find(function (selector) { return list.contains(el) && el.matches(selector); });
+    const kind = list.contains(el) && ["a.conversation-link", "button.chat-menu-button", "input.chat-select"]
+      .find(function (selector) { return el.matches(selector); });
     focusedInList = kind ? {element: el, selector: kind, id: el.dataset.conversation} : null;
   });
   // A click elsewhere leaves the list on purpose (the focus may go to the page's body): not followed.
@@ -308,9 +308,7 @@
     opener = null;
     menu.hidden = true;
     button.setAttribute("aria-expanded", "false");
-    // The list may have been drawn anew while the menu was open: the chat's button then is a new one.
-    const target = button.isConnected ? button : buttonFor(button.dataset.conversation);
-    if (refocus && target) target.focus();
+    if (refocus && button.isConnected) button.focus();
   }
 
   list.addEventListener("click", function (event) {
