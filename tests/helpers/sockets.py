@@ -37,6 +37,18 @@ async def events_but_broadcasts(communicator, *, timeout: float) -> list[dict[st
     return events
 
 
+async def events_but_engine_status(communicator, *, timeout: float) -> list[dict[str, Any]]:
+    """Every event a socket receives within `timeout` seconds but the engine's state, which every
+    socket may hear at any time: for a socket that must hear nothing of another user's chats."""
+    events = []
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0 and not await communicator.receive_nothing(timeout=left):
+        event = await communicator.receive_json_from(timeout=5)
+        if event["type"] != "engine.status":
+            events.append(event)
+    return events
+
+
 async def drain_until_finished(communicator, *, timeout: float = 60) -> list[dict[str, Any]]:
     """Every event a socket receives until its stream ends (done, error or a refused request)."""
     events = []
