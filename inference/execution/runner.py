@@ -296,22 +296,26 @@ class GenerationRun:
                 images=await db_async(generation_images)(generation_id=generation.id) if generation.image_count else (),
             )
         )
-        async with aclosing(source) as deltas:
-            monitor = None
-            async for delta in deltas:
-                if monitor is None:
-                    monitor = await self._first_text_may_show()
-                # As the engine counts them: a vision model's images expand into tokens of their own.
-                self.progress["prompt_tokens"] = max(self.progress["prompt_tokens"], delta.prompt_tokens)
-                self.progress["completion_tokens"] = delta.completion_tokens
-                self.progress["cached_tokens"] = max(self.progress["cached_tokens"], delta.cached_tokens)
-                await monitor.feed(delta.text, final=delta.finished)
-                await self.publisher.add_text(delta.text, logprobs=delta.logprobs)
-                if delta.finished:
-                    self.progress["finish_reason"] = delta.finish_reason or "stop"
-                    # The last words go out once they have passed their check, not after the
-                    # end is recorded: only `done` waits for the row (Runner._finish).
-                    await self.publisher.flush()
+        try:
+            async with aclosing(source) as deltas:
+                monitor = None
+                async for delta in deltas:
+                    if monitor is None:
+                        monitor = await self._first_text_may_show()
+                    # As the engine counts them: a vision model's images expand into tokens of their own.
+                    self.progress["prompt_tokens"] = max(self.progress["prompt_tokens"], delta.prompt_tokens)
+                    self.progress["completion_tokens"] = delta.completion_tokens
+                    self.progress["cached_tokens"] = max(self.progress["cached_tokens"], delta.cached_tokens)
+                    await monitor.feed(delta.text, final=delta.finished)
+                    await self.publisher.add_text(delta.text, logprobs=delta.logprobs)
+                    if delta.finished:
+                        self.progress["finish_reason"] = delta.finish_reason or "stop"
+                        # The last words go out once they have passed their check, not after the
+                        # end is recorded: only `done` waits for the row (Runner._finish).
+                        await self.publisher.flush()
+        finally:
+            # No timed send of text once the engine's stream has ended: what is left goes with the end.
+            self.publisher.stream_ended()
 
     async def _first_text_may_show(self) -> Any:
         """Wait, at the first delta, for what must come before any text is shown: the claim, a held

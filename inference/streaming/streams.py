@@ -239,9 +239,14 @@ LOST_STREAM_SEQ = 1_000_000_000
 class StreamPublisher:
     """Publishes one generation's events, coalescing text deltas.
 
-    The first text goes out at once (it is the user's time to first token); after that, text is sent
-    when `coalesce_ms` have passed since the last send or `coalesce_chars` have piled up, so a busy
-    engine costs one channel-layer message per ~40 ms per stream rather than one per token.
+    The first text goes out at once (it is the user's time to first token); after that, text goes
+    out `coalesce_ms` after the last send, or at once when `coalesce_chars` have piled up, so a busy
+    engine costs one channel-layer message per ~40 ms per stream rather than one per token. Text
+    waits no longer than that whether or not more comes: a timer sends it when the time is up
+    (an engine step that stalls, a long prefill beside this answer, holds nothing back), and text
+    that arrives when the time is already up goes at once. Once the engine's stream has ended
+    (`stream_ended`) the timer is off: `finish` or `fail` sends what is left, and a run that ends
+    neither way (its row ended elsewhere) sends nothing more.
     """
 
     def __init__(
@@ -259,6 +264,10 @@ class StreamPublisher:
         self._last_sent = 0.0
         self._layer = get_channel_layer()
         self._buffer = replay_buffer()
+        self._timer: asyncio.TimerHandle | None = None  # sends the pending text when its time is up
+        self._timed: asyncio.Task | None = None  # the timer's send, held while it runs
+        self._timed_failure: BaseException | None = None  # why it failed, raised at the next call
+        self._stream_ended = False
 
     @classmethod
     async def continuing(cls, generation_id: Any, *, ahead_if_lost: bool = False) -> StreamPublisher:
@@ -284,11 +293,47 @@ class StreamPublisher:
         self.text += text
         self._pending += text
         self._pending_logprobs += logprobs or []
-        now = time.monotonic()
-        if self.seq == 0 or now - self._last_sent >= self.coalesce_s or len(self._pending) >= self.coalesce_chars:
+        due_in = self._last_sent + self.coalesce_s - time.monotonic()
+        if self._timed_failure is not None or self.seq == 0 or due_in <= 0 or len(self._pending) >= self.coalesce_chars:
             await self.flush()
+        elif self._timer is None and not self._stream_ended:
+            self._timer = asyncio.get_running_loop().call_later(due_in, self._time_up)
+
+    def _time_up(self) -> None:
+        self._timer = None
+        if self._timed is None and not self._stream_ended:
+            self._timed = asyncio.ensure_future(self._timed_send())
+            self._timed.add_done_callback(self._timed_done)
+
+    async def _timed_send(self) -> None:
+        if not self._stream_ended:
+            await self._send_pending()
+
+    def _timed_done(self, task: asyncio.Task) -> None:
+        self._timed = None
+        if not task.cancelled() and task.exception() is not None:
+            self._timed_failure = task.exception()
+
+    def stream_ended(self) -> None:
+        """The engine's stream has ended (or been stopped): no timer sends text from here on. What is
+        pending goes with `finish` or `fail`, as the end's text must come before the end itself."""
+        self._stream_ended = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def flush(self) -> None:
+        """Send the pending text now. Raises what made the timer's last send fail, if it did: the
+        stream's reader hears of it as it would have from a send of its own."""
+        if self._timed_failure is not None:
+            failure, self._timed_failure = self._timed_failure, None
+            raise failure
+        await self._send_pending()
+
+    async def _send_pending(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if not self._pending and not self._pending_logprobs:
             return
         event: dict[str, Any] = {"type": "generation.delta", "text": self._pending}
@@ -300,7 +345,7 @@ class StreamPublisher:
 
     async def finish(self, *, status: str, finish_reason: str, usage: dict[str, Any], text: str | None = None) -> None:
         """End the stream. `text`, when given, replaces what the client has shown (a content-filter cut)."""
-        await self.flush()
+        await self._send_pending()
         event: dict[str, Any] = {
             "type": "generation.done",
             "status": status,
@@ -312,7 +357,7 @@ class StreamPublisher:
         await self._publish(event)
 
     async def fail(self, *, code: str, message: str) -> None:
-        await self.flush()
+        await self._send_pending()
         await self._publish({"type": "generation.error", "code": code, "message": message})
 
     async def _publish(self, event: dict[str, Any]) -> None:

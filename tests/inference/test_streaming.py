@@ -293,3 +293,50 @@ async def test_log_probabilities_are_coalesced_with_their_text_and_kept_in_the_b
     await publisher.flush()
     events = await replay_buffer().read(publisher.generation_id, 0)
     assert [(e["text"], e["logprobs"]) for e in events] == [("Hello", [hello]), (" there", [there, end])]
+
+
+async def test_coalesced_text_goes_out_when_its_time_is_up_without_waiting_for_more():
+    """An engine that pauses mid-answer (a long prefill beside it) holds back no text: what is
+    pending goes out `coalesce_ms` after the last send, whether or not more text comes."""
+    publisher = StreamPublisher(uuid.uuid4(), coalesce_ms=50, coalesce_chars=10_000)
+    await publisher.add_text("Hello")  # the first text goes out at once
+    await publisher.add_text(" there")
+    buffered = await replay_buffer().read(publisher.generation_id, 0)
+    assert [e["text"] for e in buffered] == ["Hello"]
+    await asyncio.sleep(0.3)
+    buffered = await replay_buffer().read(publisher.generation_id, 0)
+    assert [(e["seq"], e["text"]) for e in buffered] == [(1, "Hello"), (2, " there")]
+
+
+async def test_once_the_engines_stream_has_ended_pending_text_goes_only_with_the_end():
+    """After the stream ends (stopped, or its row ended elsewhere) no timer sends text on its own:
+    what is left goes with `finish`, just before the end, or not at all."""
+    publisher = StreamPublisher(uuid.uuid4(), coalesce_ms=50, coalesce_chars=10_000)
+    await publisher.add_text("Hello")
+    await publisher.add_text(" there")
+    publisher.stream_ended()
+    await asyncio.sleep(0.3)
+    assert [e["text"] for e in await replay_buffer().read(publisher.generation_id, 0)] == ["Hello"]
+    await publisher.finish(status="stopped", finish_reason="abort", usage=usage(1, 2))
+    buffered = await replay_buffer().read(publisher.generation_id, 0)
+    assert [(e["seq"], e["type"], e.get("text")) for e in buffered] == [
+        (1, "generation.delta", "Hello"),
+        (2, "generation.delta", " there"),
+        (3, "generation.done", None),
+    ]
+
+
+async def test_a_timed_send_that_failed_fails_the_streams_next_step(monkeypatch):
+    """The timer's send is the stream's own: when it fails, the reader of the engine's stream hears
+    of it at its next step, as it would have from a send of its own."""
+    publisher = StreamPublisher(uuid.uuid4(), coalesce_ms=50, coalesce_chars=10_000)
+    await publisher.add_text("Hello")
+
+    async def unreachable(*args, **kwargs):
+        raise ConnectionError("Redis is away")
+
+    monkeypatch.setattr(publisher, "_publish", unreachable)
+    await publisher.add_text(" there")
+    await asyncio.sleep(0.3)
+    with pytest.raises(ConnectionError):
+        await publisher.add_text(" again")
