@@ -240,13 +240,14 @@ class StreamPublisher:
     """Publishes one generation's events, coalescing text deltas.
 
     The first text goes out at once (it is the user's time to first token); after that, text goes
-    out `coalesce_ms` after the last send, or at once when `coalesce_chars` have piled up, so a busy
-    engine costs one channel-layer message per ~40 ms per stream rather than one per token. Text
-    waits no longer than that whether or not more comes: a timer sends it when the time is up
-    (an engine step that stalls, a long prefill beside this answer, holds nothing back), and text
-    that arrives when the time is already up goes at once. Once the engine's stream has ended
-    (`stream_ended`) the timer is off: `finish` or `fail` sends what is left, and a run that ends
-    neither way (its row ended elsewhere) sends nothing more.
+    out with the first text that comes `coalesce_ms` after the last send, or once `coalesce_chars`
+    have piled up, so a busy engine costs one channel-layer message per ~40 ms per stream rather
+    than one per token. Text left pending waits for the engine's next step, or twice `coalesce_ms`
+    at most: when that step is late (a long prefill beside this answer), a timer sends it. In a
+    steady stream the next text always comes first, so the timer never fires (a timer sending by
+    the window itself cost each process more a token and lagged more: docs/performance-relay.md).
+    Once the engine's stream has ended (`stream_ended`) the timer is off: `finish` or `fail` sends
+    what is left, and a run that ends neither way (its row ended elsewhere) sends nothing more.
     """
 
     def __init__(
@@ -293,11 +294,16 @@ class StreamPublisher:
         self.text += text
         self._pending += text
         self._pending_logprobs += logprobs or []
-        due_in = self._last_sent + self.coalesce_s - time.monotonic()
-        if self._timed_failure is not None or self.seq == 0 or due_in <= 0 or len(self._pending) >= self.coalesce_chars:
+        now = time.monotonic()
+        if (
+            self._timed_failure is not None
+            or self.seq == 0
+            or now - self._last_sent >= self.coalesce_s
+            or len(self._pending) >= self.coalesce_chars
+        ):
             await self.flush()
         elif self._timer is None and not self._stream_ended:
-            self._timer = asyncio.get_running_loop().call_later(due_in, self._time_up)
+            self._timer = asyncio.get_running_loop().call_later(2 * self.coalesce_s, self._time_up)
 
     def _time_up(self) -> None:
         self._timer = None

@@ -296,8 +296,8 @@ async def test_log_probabilities_are_coalesced_with_their_text_and_kept_in_the_b
 
 
 async def test_coalesced_text_goes_out_when_its_time_is_up_without_waiting_for_more():
-    """An engine that pauses mid-answer (a long prefill beside it) holds back no text: what is
-    pending goes out `coalesce_ms` after the last send, whether or not more text comes."""
+    """An engine that pauses mid-answer (a long prefill beside it) holds back no text for long: what
+    is pending goes out twice `coalesce_ms` after it came at most, whether or not more text comes."""
     publisher = StreamPublisher(uuid.uuid4(), coalesce_ms=50, coalesce_chars=10_000)
     await publisher.add_text("Hello")  # the first text goes out at once
     await publisher.add_text(" there")
