@@ -19,7 +19,7 @@ its calls' approvals and Stop come as requests of their own (conversations.tool_
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import Any, cast
 
@@ -50,6 +50,7 @@ from accounts.authentication import ApiKeyAuthentication, HasScope, signed_in
 from accounts.metering import ADMITTED, metered
 from accounts.models import ApiKey
 from accounts.selectors import conversation_settings_limits
+from chatsite.database import database_calls_concurrent, db_async
 from chatsite.errors import INVALID_API_KEY, ClientError, error_body
 from chatsite.parsers import request_body, validated_json_body
 from conversations.citations import citation_json, citations_for_messages, cited_numbers
@@ -751,6 +752,15 @@ def _send_request(request: HttpRequest) -> tuple[Any, Any, dict[str, Any]]:
     return user, api_key, validated_json_body(request_body(request), MessageSendInputSerializer)
 
 
+def _database_call(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """How a streamed send reaches the database. Where calls run side by side (PostgreSQL), on the
+    process's database threads (`db_async`), as the chat socket's and `/v1`'s sends do: in the
+    request's own thread each open stream held a connection of its own for as long as it streamed,
+    and a hundred streams took more connections than PostgreSQL allows. On SQLite, in the request's
+    thread, whose connection Django's request cycle manages."""
+    return db_async(fn) if database_calls_concurrent() else sync_to_async(fn)
+
+
 def sse(event: str, data: dict[str, Any]) -> str:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
@@ -762,8 +772,7 @@ async def message_send_stream(request: HttpRequest, conversation_id: int | None 
     if request.method != "POST":
         return _json_error(ClientError("Use POST.", code="method_not_allowed", status=405))
     try:
-        # Django's request cycle already manages this thread's connection (unlike a consumer's).
-        user, api_key, data = await sync_to_async(_send_request)(request)
+        user, api_key, data = await _database_call(_send_request)(request)
         send = SendRequest.parse(
             {
                 **data,
@@ -777,7 +786,7 @@ async def message_send_stream(request: HttpRequest, conversation_id: int | None 
         )
         # Scored once the send has committed its answer held: the engine starts on it meanwhile.
         # Its tool loop, if the answer may call tools, is driven by this response (conversations.tool_streams).
-        sent = await message_send_checked(sync_to_async, user=user, request=send, api_key=api_key, run_tools=True)
+        sent = await message_send_checked(_database_call, user=user, request=send, api_key=api_key, run_tools=True)
     except ClientError as exc:
         return _json_error(exc)
     response = StreamingHttpResponse(

@@ -376,6 +376,57 @@ async def _send_and_read(server: str, key: str, body: dict) -> list[tuple[str, d
         return sse_events("".join([chunk async for chunk in response.aiter_text()]))
 
 
+def _connections_to_this_database() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.topology
+@pytest.mark.django_db(transaction=True)
+async def test_open_answer_streams_hold_no_database_connection_each(chat_server, alice):
+    """A send runs on the process's database threads, as the chat socket's and `/v1`'s do: an
+    answer that streams holds no connection of its own meanwhile, so a hundred open streams do not
+    take more connections than PostgreSQL allows (they did, each in its request's own thread)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("counts PostgreSQL's connections")
+    await Tier.objects.aupdate(requests_per_minute=None, tokens_per_minute=None, tokens_per_day=None)
+    key = await database_sync_to_async(lambda: api_key_create(user=alice, name="t", scopes=["chat"]).key)()
+    # The database threads, opened at once: as many as the streams below could use.
+    await asyncio.gather(*(_send_and_read(chat_server, key, {"content": "Hello"}) for _ in range(8)))
+    before = await database_sync_to_async(_connections_to_this_database)()
+    done = asyncio.Event()
+
+    async def streaming(client: httpx.AsyncClient, opened: asyncio.Event) -> None:
+        async with client.stream("POST", send_url(), json={"content": "Go on. [write on]"}) as response:
+            assert response.status_code == 200, await response.aread()
+            text = ""
+            async for chunk in response.aiter_text():
+                text += chunk
+                if "event: delta" in text:
+                    opened.set()
+                    await done.wait()
+                    return
+
+    async with httpx.AsyncClient(
+        base_url=chat_server, headers={"Authorization": f"Bearer {key}"}, timeout=120
+    ) as client:
+        opened = [asyncio.Event() for _ in range(12)]
+        streams = [asyncio.ensure_future(streaming(client, event)) for event in opened]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(event.wait() for event in opened)), timeout=60)
+            during = await database_sync_to_async(_connections_to_this_database)()
+        finally:
+            done.set()
+            for failed in [r for r in await asyncio.gather(*streams, return_exceptions=True) if r is not None]:
+                raise failed
+    assert during - before <= 3  # twelve answers streaming: not a connection each
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_a_send_repeated_with_its_client_id_is_saved_and_answered_once(chat_server, alice):
     key = await database_sync_to_async(lambda: api_key_create(user=alice, name="t", scopes=["chat"]).key)()
