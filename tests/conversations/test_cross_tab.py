@@ -8,7 +8,7 @@ from channels.db import database_sync_to_async
 
 from conversations.models import Conversation, Message
 from conversations.services import conversation_archive, conversation_create, conversation_rename
-from tests.helpers.sockets import drain_until_finished, events_but_engine_status, next_event, open_socket
+from tests.helpers.sockets import ENGINE_STATUS, drain_until_finished, events_but_broadcasts, next_event, open_socket
 
 pytestmark = [pytest.mark.topology, pytest.mark.django_db(transaction=True)]
 
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.topology, pytest.mark.django_db(transaction=True)]
 async def _quiet(socket, *, for_s: float = 0.5) -> bool:
     """Whether the socket hears nothing for a while but the engine's state (a worker starting elsewhere
     in the run says it to every socket), without ending it, as a receive that times out would."""
-    return await events_but_engine_status(socket, timeout=for_s) == []
+    return await events_but_broadcasts(socket, timeout=for_s, skipping=ENGINE_STATUS) == []
 
 
 async def test_a_message_sent_in_one_tab_appears_in_the_other_which_follows_its_answer(engine, alice, bob):

@@ -15,6 +15,7 @@ from channels.db import database_sync_to_async
 # Broadcasts a socket may hear at any time: the engine's state, a conversation's title (it comes as
 # a first answer ends), a message another socket of the same user sent.
 BROADCASTS = ("engine.status", "conversation.title", "conversation.message")
+ENGINE_STATUS = ("engine.status",)
 
 
 async def next_event(communicator, *, timeout: float = 60, skipping: tuple[str, ...] = BROADCASTS) -> dict[str, Any]:
@@ -25,26 +26,17 @@ async def next_event(communicator, *, timeout: float = 60, skipping: tuple[str, 
             return event
 
 
-async def events_but_broadcasts(communicator, *, timeout: float) -> list[dict[str, Any]]:
+async def events_but_broadcasts(
+    communicator, *, timeout: float, skipping: tuple[str, ...] = BROADCASTS
+) -> list[dict[str, Any]]:
     """Every event a socket receives within `timeout` seconds but the broadcasts, which may come at
-    any time (a worker starting elsewhere in the run says its engine's state to every socket)."""
+    any time (a worker starting elsewhere in the run says its engine's state to every socket). A
+    socket that must hear nothing of another user's chats skips only ENGINE_STATUS."""
     events = []
     deadline = time.monotonic() + timeout
     while (left := deadline - time.monotonic()) > 0 and not await communicator.receive_nothing(timeout=left):
         event = await communicator.receive_json_from(timeout=5)
-        if event["type"] not in BROADCASTS:
-            events.append(event)
-    return events
-
-
-async def events_but_engine_status(communicator, *, timeout: float) -> list[dict[str, Any]]:
-    """Every event a socket receives within `timeout` seconds but the engine's state, which every
-    socket may hear at any time: for a socket that must hear nothing of another user's chats."""
-    events = []
-    deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0 and not await communicator.receive_nothing(timeout=left):
-        event = await communicator.receive_json_from(timeout=5)
-        if event["type"] != "engine.status":
+        if event["type"] not in skipping:
             events.append(event)
     return events
 
