@@ -48,6 +48,7 @@ client shows in the answer it continues) does the same for `message.continuing`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -56,7 +57,9 @@ from dataclasses import replace
 from typing import Any, ClassVar, ParamSpec, TypeVar
 
 from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth import HASH_SESSION_KEY
 from django.db import DatabaseError
@@ -161,11 +164,48 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         and its resync would go on looking for its streams every few seconds for the life of the
         process."""
         try:
-            await super().__call__(scope, receive, send)
+            await self._consume(scope, receive, send)
         finally:
             if self._resync is not None:
                 self._resync.cancel()
             await self._place_give_back()
+
+    async def _consume(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """channels' `AsyncConsumer.__call__`, with one standing reader for each source.
+
+        channels waits on the client and the channel layer with a new task for each message and an
+        `asyncio.wait` over both: a task and its bookkeeping for every delta a socket forwards. Here
+        each source has one reader for the socket's life, which hands what it reads to this loop;
+        the handlers still take their messages one at a time, in the order they came. About half
+        the CPU a message (docs/performance-relay.md). A reader only ever waits on its source, so
+        cancelling it at the end unsubscribes the socket's channel, as channels' own does."""
+        self.scope = scope
+        self.channel_layer = get_channel_layer(self.channel_layer_alias)
+        self.channel_name = await self.channel_layer.new_channel()
+        self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
+        self.base_send = send
+        handed: asyncio.Queue[dict[str, Any] | Exception] = asyncio.Queue()
+
+        async def read(source: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+            try:
+                while True:
+                    handed.put_nowait(await source())
+            except Exception as exc:  # a source that fails ends the consumer, as in channels
+                handed.put_nowait(exc)
+
+        readers = [asyncio.ensure_future(read(receive)), asyncio.ensure_future(read(self.channel_receive))]
+        try:
+            while True:
+                message = await handed.get()
+                if isinstance(message, Exception):
+                    raise message
+                await self.dispatch(message)
+        except StopConsumer:
+            pass
+        finally:
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """channels' dispatch, without its database check before every event.

@@ -52,6 +52,40 @@ async def test_a_socket_without_an_origin_is_refused(alice):
     assert not connected
 
 
+def _layer_channels() -> set[str]:
+    """The channels the process's channel layer holds for a reader: queued in memory, or subscribed to
+    on Redis (channels_redis's pub/sub layer)."""
+    layer = get_channel_layer()
+    held = layer._get_layer().channels if hasattr(layer, "_get_layer") else layer.channels
+    return set(held)
+
+
+async def _a_socket_reads_its_channel_until_it_closes(user) -> None:
+    before = _layer_channels()
+    socket, _ = await open_socket(user)
+    opened = _layer_channels() - before
+    assert len(opened) == 1, opened
+    channel = opened.pop()
+    await get_channel_layer().send(channel, {"type": "engine.status", "deployment": "elsewhere", "state": "ready"})
+    assert await socket.receive_json_from(timeout=10) == {
+        "type": "engine.status",
+        "deployment": "elsewhere",
+        "state": "ready",
+    }
+    await socket.disconnect()
+    # Its reader is gone with it: nothing more is queued for, or subscribed to, on its channel.
+    assert channel not in _layer_channels()
+
+
+async def test_a_socket_reads_its_channel_until_it_closes(alice):
+    await _a_socket_reads_its_channel_until_it_closes(alice)
+
+
+@pytest.mark.topology
+async def test_a_socket_reads_its_channel_on_redis_until_it_closes(alice):
+    await _a_socket_reads_its_channel_until_it_closes(alice)
+
+
 @pytest.mark.topology
 async def test_it_refuses_to_send_into_another_users_conversation(alice, mallory):
     sent = await database_sync_to_async(message_send)(
