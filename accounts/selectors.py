@@ -77,7 +77,24 @@ def tier_for_user_or_none(*, user: User) -> Tier | None:
 
 
 def tier_for_user_id_or_none(*, user_id: int) -> Tier | None:
-    return Tier.objects.filter(users__id=user_id).first() or Tier.objects.filter(is_default=True).first()
+    """The user's tier, else the default one, read fresh; None when neither is found.
+
+    One statement, written as SQL: every send, every answer's `done` and every finished generation
+    read it, and the ORM took longer to compile the user's tier and the default (two reads when the
+    user has none) than PostgreSQL took to answer them (docs/performance-relay.md)."""
+    return next(iter(Tier.objects.raw(_tier_of_user_sql(), (user_id,))), None)
+
+
+@cache  # read once the models are all loaded
+def _tier_of_user_sql() -> str:
+    tier, user = Tier._meta.db_table, User._meta.db_table
+    own = User._meta.get_field("tier").column
+    return (
+        f'SELECT "{tier}".* FROM "{tier}" '
+        f'WHERE "{tier}"."id" = (SELECT "{user}"."{own}" FROM "{user}" WHERE "{user}"."id" = %s) '
+        f'OR "{tier}"."is_default" '
+        f'ORDER BY "{tier}"."is_default", "{tier}"."id" LIMIT 1'  # the user's own tier before the default one
+    )
 
 
 def tier_for_user_on_deployment(*, user: User, deployment: Deployment) -> Tier:

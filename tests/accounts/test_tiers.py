@@ -6,7 +6,7 @@ from django.db import IntegrityError
 from django.urls import reverse
 
 from accounts.models import Tier, User
-from accounts.selectors import tier_for_user
+from accounts.selectors import tier_for_user, tier_for_user_id_or_none
 from tests.helpers.factories import PASSWORD
 
 
@@ -34,6 +34,21 @@ def test_an_admin_changing_a_users_tier_applies_to_their_next_request(alice):
     stale = User.objects.get(id=alice.id)  # e.g. the user an open socket holds
     User.objects.filter(id=alice.id).update(tier=Tier.objects.get(name="pro"))
     assert tier_for_user(user=stale).name == "pro"
+
+
+def test_a_users_tier_is_one_read_whether_their_own_or_the_default(alice, django_assert_num_queries):
+    User.objects.filter(id=alice.id).update(tier=Tier.objects.get(name="pro"))
+    with django_assert_num_queries(1):
+        assert tier_for_user_id_or_none(user_id=alice.id).name == "pro"
+    User.objects.filter(id=alice.id).update(tier=None)
+    with django_assert_num_queries(1):
+        assert tier_for_user_id_or_none(user_id=alice.id).name == "free"
+
+
+def test_with_no_tier_of_their_own_and_no_default_a_user_has_none(alice):
+    User.objects.filter(id=alice.id).update(tier=None)
+    Tier.objects.filter(is_default=True).update(is_default=False)
+    assert tier_for_user_id_or_none(user_id=alice.id) is None
 
 
 def test_only_one_tier_can_be_the_default(db):
