@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import logging
+from functools import cache
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 
 from accounts.services import (
     user_sockets_tell,
@@ -42,20 +43,13 @@ def conversation_title_on_finish(*, generation: Generation) -> None:
         return
     if generation.status == Generation.Status.FAILED or not generation.text.strip():
         return
-    found = (
-        Message.objects.filter(
-            generation_id=generation.id,
-            role=Message.Role.ASSISTANT,
-            parent__isnull=False,
-            conversation__title="",
-            conversation__title_generation__isnull=True,
-        )
-        .order_by()  # one message a generation: no ordering to compile or sort by
-        .values_list("id", "conversation_id", "conversation__user_id")[:1]
-    )
-    if not found:
+    key = Message._meta.get_field("generation").get_db_prep_value(generation.id, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(_untitled_answer_sql(), (key,))
+        found = cursor.fetchone()
+    if found is None:
         return
-    answer_id, conversation_id, user_id = found[0]
+    answer_id, conversation_id, user_id = found
     if settings.CHAT_TITLES_FROM_MODEL:
         transaction.on_commit(
             lambda: conversation_title_request(conversation_id=conversation_id, answer_id=answer_id), robust=True
@@ -64,6 +58,21 @@ def conversation_title_on_finish(*, generation: Generation) -> None:
         # The first words, with nothing else to read: what conversation_title_request would do, without
         # reading the answer, its question, the conversation, its model and its owner first.
         transaction.on_commit(lambda: _title_fallback(conversation_id=conversation_id, user_id=user_id), robust=True)
+
+
+@cache  # read once the models are all loaded
+def _untitled_answer_sql() -> str:
+    """The answer written by the generation %s, its conversation and that conversation's owner, when
+    the answer follows a message and its conversation has no title and none asked for. Written as
+    SQL: it runs inside every answer's end, and the ORM spent more CPU compiling it than PostgreSQL
+    spent answering (docs/performance-relay.md)."""
+    message, conversation = Message._meta.db_table, Conversation._meta.db_table
+    return (
+        f'SELECT m."id", m."conversation_id", c."user_id" FROM "{message}" m '
+        f'INNER JOIN "{conversation}" c ON c."id" = m."conversation_id" '
+        f'WHERE m."generation_id" = %s AND m."role" = \'{Message.Role.ASSISTANT.value}\' '
+        f'AND m."parent_id" IS NOT NULL AND c."title" = \'\' AND c."title_generation_id" IS NULL LIMIT 1'
+    )
 
 
 def conversation_title_request(*, conversation_id: int, answer_id: int) -> None:
