@@ -12,7 +12,8 @@ from typing import TypeVar
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from django.contrib.sessions.models import Session
-from django.db.models import Exists, OuterRef, QuerySet, Value
+from django.db import connection
+from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.fields.reverse_related import ManyToManyRel
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
@@ -329,18 +330,17 @@ class SessionAccess(enum.Enum):
 def session_access(*, user_id: int, session_key: str, session_auth_hash: str) -> SessionAccess:
     """Whether a session that signed this user in may still be used, read fresh in one statement:
     the account is active, the session is still stored and unexpired, and it carries the hash of
-    the account's current password (what `django.contrib.auth.get_user` checks on every request)."""
-    stored: Exists | Value
-    if settings.SESSION_ENGINE in DATABASE_SESSION_ENGINES:
-        stored = Exists(Session.objects.filter(session_key=session_key, expire_date__gt=timezone.now()))
-    else:
-        stored = Value(True)
-    row = (
-        User.objects.filter(id=user_id)
-        .annotate(session_stored=stored)
-        .values_list("is_active", "password", "session_stored")
-        .first()
-    )
+    the account's current password (what `django.contrib.auth.get_user` checks on every request).
+
+    Written as SQL: a socket's frames read it (at most every few tenths of a second), and the ORM
+    spent more CPU compiling it than PostgreSQL spent answering (docs/performance-relay.md)."""
+    with connection.cursor() as cursor:
+        if settings.SESSION_ENGINE in DATABASE_SESSION_ENGINES:
+            now = connection.ops.adapt_datetimefield_value(timezone.now())
+            cursor.execute(_session_access_sql(), (session_key, now, user_id))
+        else:  # a sign-out reaches open sockets by its event alone
+            cursor.execute(_account_access_sql(), (user_id,))
+        row = cursor.fetchone()
     if row is None or not row[0]:
         return SessionAccess.SUSPENDED
     is_active, password, session_stored = row
@@ -348,6 +348,23 @@ def session_access(*, user_id: int, session_key: str, session_auth_hash: str) ->
     if not session_stored or not session_auth_hash or not constant_time_compare(session_auth_hash, current_hash):
         return SessionAccess.ENDED
     return SessionAccess.ALLOWED
+
+
+@cache  # read once the models are all loaded
+def _session_access_sql() -> str:
+    """The account's `is_active` and password hash, and whether the session %s is stored and
+    unexpired at %s, for the user %s; no row when the account is gone."""
+    user, session = User._meta.db_table, Session._meta.db_table
+    return (
+        f'SELECT u."is_active", u."password", EXISTS (SELECT 1 FROM "{session}" s '
+        f'WHERE s."session_key" = %s AND s."expire_date" > %s) FROM "{user}" u WHERE u."id" = %s'
+    )
+
+
+@cache
+def _account_access_sql() -> str:
+    """As `_session_access_sql`, for a session store the database does not hold: stored, always."""
+    return f'SELECT u."is_active", u."password", 1 FROM "{User._meta.db_table}" u WHERE u."id" = %s'
 
 
 def user_sessions_list(*, user: User) -> QuerySet[SignedInSession]:

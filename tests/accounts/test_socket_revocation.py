@@ -238,3 +238,14 @@ def test_the_access_check_reads_the_account_and_the_session_in_one_statement(ali
     assert session_access(user_id=alice.id, session_key=key, session_auth_hash="") is SessionAccess.ENDED
     Session.objects.update(expire_date=timezone.now())
     assert session_access(user_id=alice.id, session_key=key, session_auth_hash=auth_hash) is SessionAccess.ENDED
+
+
+def test_with_sessions_held_elsewhere_the_access_check_reads_the_account_alone(alice, settings):
+    settings.SESSION_ENGINE = "django.contrib.sessions.backends.signed_cookies"
+    auth_hash = alice.get_session_auth_hash()
+    assert session_access(user_id=alice.id, session_key="", session_auth_hash=auth_hash) is SessionAccess.ALLOWED
+    assert session_access(user_id=alice.id, session_key="", session_auth_hash="stale") is SessionAccess.ENDED
+    User.objects.filter(id=alice.id).update(is_active=False)
+    assert session_access(user_id=alice.id, session_key="", session_auth_hash=auth_hash) is SessionAccess.SUSPENDED
+    User.objects.filter(id=alice.id).delete()
+    assert session_access(user_id=alice.id, session_key="", session_auth_hash=auth_hash) is SessionAccess.SUSPENDED
