@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from functools import cache
+from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F, TextField, Value
-from django.db.models.functions import Concat
+from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.models import ApiKey, User
@@ -289,9 +289,12 @@ _STATUS_FROM_GENERATION = {
 
 
 def message_mark_streaming(*, generation: Generation) -> None:
-    Message.objects.filter(generation=generation, status=Message.Status.PENDING).update(
-        status=Message.Status.STREAMING, updated_at=timezone.now()
-    )
+    """Show a generation's pending answer as streaming (inference's `generation_started`)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _mark_streaming_sql(),
+            (_now_for_database(), _generation_key(generation), Message.Status.PENDING.value),
+        )
 
 
 def message_finish_from_generation(*, generation: Generation) -> None:
@@ -299,16 +302,49 @@ def message_finish_from_generation(*, generation: Generation) -> None:
 
     An answer cut by output moderation ends `stopped` with finish_reason `content_filter`; its
     message is marked flagged and keeps only the text that passed moderation.
+
+    This and `message_mark_streaming` are written as SQL: every answer runs both on the worker, and
+    the ORM spent more CPU compiling them than PostgreSQL spent answering (docs/performance-relay.md).
     """
     status = _STATUS_FROM_GENERATION[Generation.Status(generation.status)]
     if generation.finish_reason == CONTENT_FILTER:
         status = Message.Status.FLAGGED
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _finish_sql(),
+            (
+                generation.text,
+                status.value,
+                generation.completion_tokens,
+                generation.finish_reason,
+                generation.error_code,
+                _now_for_database(),
+                _generation_key(generation),
+            ),
+        )
+
+
+def _generation_key(generation: Generation) -> Any:
+    return Message._meta.get_field("generation").get_db_prep_value(generation.id, connection)
+
+
+def _now_for_database() -> Any:
+    return connection.ops.adapt_datetimefield_value(timezone.now())
+
+
+@cache  # read once the models are all loaded
+def _mark_streaming_sql() -> str:
+    return (
+        f'UPDATE "{Message._meta.db_table}" SET "status" = \'{Message.Status.STREAMING.value}\', "updated_at" = %s '
+        'WHERE "generation_id" = %s AND "status" = %s'
+    )
+
+
+@cache
+def _finish_sql() -> str:
     # A continued answer's text goes after what it had (`text_before`, empty for any other answer).
-    Message.objects.filter(generation=generation).update(
-        content=Concat(F("text_before"), Value(generation.text), output_field=TextField()),
-        status=status,
-        token_count=F("token_count") + generation.completion_tokens,
-        finish_reason=generation.finish_reason,
-        error_code=generation.error_code,
-        updated_at=timezone.now(),
+    return (
+        f'UPDATE "{Message._meta.db_table}" SET "content" = "text_before" || %s, "status" = %s, '
+        '"token_count" = "token_count" + %s, "finish_reason" = %s, "error_code" = %s, "updated_at" = %s '
+        'WHERE "generation_id" = %s'
     )
