@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, TypeVar
 
 from django.db import connections, router
@@ -12,19 +13,25 @@ from django.db.models.sql import InsertQuery, UpdateQuery
 M = TypeVar("M", bound=Model)
 
 
-def update_returning(queryset: QuerySet[M], **values: Any) -> list[M]:
+def update_returning(queryset: QuerySet[M], *, leaving_out: Collection[str] = (), **values: Any) -> list[M]:
     """`queryset.update(**values)` that also returns the rows it changed, in one statement.
 
     PostgreSQL and SQLite (3.35 and later) both take `UPDATE … RETURNING`. The UPDATE is the one
     Django compiles for `update()`, so values and lookups are converted as they would be there; only
-    `RETURNING *` is added, and the rows come back as model instances.
+    `RETURNING` is added, and the rows come back as model instances. `leaving_out`: fields not read
+    back (a large one no caller needs); they are deferred on the instances, read if used.
     """
     query = queryset.query.chain(UpdateQuery)
     query.add_update_values(values)  # type: ignore[attr-defined]  # UpdateQuery's, after chain()
     query.clear_select_clause()
     statement, params = query.get_compiler(queryset.db).as_sql()
-    manager = queryset.model._default_manager.db_manager(queryset.db)
-    return list(manager.raw(f"{statement} RETURNING *", params))
+    model = queryset.model
+    returning = "*"
+    if leaving_out:
+        columns = [field.column for field in model._meta.concrete_fields if field.name not in leaving_out]
+        returning = ", ".join(f'"{column}"' for column in columns)
+    manager = model._default_manager.db_manager(queryset.db)
+    return list(manager.raw(f"{statement} RETURNING {returning}", params))
 
 
 def insert_unless_conflicting(obj: M) -> bool:

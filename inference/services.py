@@ -269,6 +269,9 @@ def generation_finish(
     # (ids included), with no second read on the way from an answer's last token to its `done`.
     finished = update_returning(
         Generation.objects.filter(id=generation_id, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING]),
+        # The prompt's token ids (thousands of them in a long conversation) are not read back: what
+        # follows the end has no use for them.
+        leaving_out=("prompt_token_ids",),
         **fields,
     )
     if not finished:

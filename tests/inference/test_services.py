@@ -56,6 +56,16 @@ def test_a_finishs_retry_returns_the_end_it_committed_and_charges_once(queued):
     assert generation_finish(generation_id=queued.id, **end) is None
 
 
+def test_a_finish_reads_back_its_row_but_not_the_prompts_token_ids(queued, django_assert_num_queries):
+    generation_claim(generation_id=queued.id, worker="w1")
+    finished = generation_finish(generation_id=queued.id, status="complete", text="Hi.", completion_tokens=2)
+
+    assert (finished.status, finished.text, finished.user_id) == ("complete", "Hi.", queued.user_id)
+    assert finished.get_deferred_fields() == {"prompt_token_ids"}
+    with django_assert_num_queries(1):  # still there for a caller that asks
+        assert finished.prompt_token_ids == [1, 2]
+
+
 # --- on PostgreSQL: a connection the server dropped ------------------------------------------------
 
 
