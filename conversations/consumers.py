@@ -189,7 +189,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         async def read(source: Callable[[], Awaitable[dict[str, Any]]]) -> None:
             try:
                 while True:
-                    handed.put_nowait(await source())
+                    message = await source()
+                    handed.put_nowait(message)
+                    if message.get("type") == "websocket.disconnect":
+                        # The client is gone, and nothing more comes from it: uvicorn answers every
+                        # receive after a close with another disconnect, at once, so a reader that
+                        # went on would never let the loop run again.
+                        return
             except Exception as exc:  # a source that fails ends the consumer, as in channels
                 handed.put_nowait(exc)
 

@@ -77,6 +77,43 @@ async def _a_socket_reads_its_channel_until_it_closes(user) -> None:
     assert channel not in _layer_channels()
 
 
+async def test_a_socket_closed_by_its_client_reads_no_more_from_it(alice):
+    """uvicorn answers every receive after a close with another disconnect, at once, without
+    waiting: the consumer takes the first, stops reading its client, and ends."""
+    from django.test import Client
+
+    from chatsite.asgi import application
+
+    client = Client()
+    await database_sync_to_async(client.force_login)(alice)
+    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
+    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost"), (b"cookie", cookie)]
+    scope = {"type": "websocket", "path": "/ws/chat/", "query_string": b"", "headers": headers, "subprotocols": []}
+    closed, greeted = asyncio.Event(), asyncio.Event()
+    connected, reads_after_close = False, 0
+
+    async def receive() -> dict:
+        nonlocal connected, reads_after_close
+        if not connected:
+            connected = True
+            return {"type": "websocket.connect"}
+        await closed.wait()  # once set, this returns without giving the loop a turn, as uvicorn's does
+        reads_after_close += 1
+        if reads_after_close > 100:  # a consumer reading on would spin here for ever
+            raise AssertionError("the consumer read on after its client closed")
+        return {"type": "websocket.disconnect", "code": 1005}
+
+    async def send(message: dict) -> None:
+        if message["type"] == "websocket.send":  # its greeting, once accepted
+            greeted.set()
+
+    consumer = asyncio.ensure_future(application(scope, receive, send))
+    await asyncio.wait_for(greeted.wait(), timeout=30)
+    closed.set()
+    await asyncio.wait_for(consumer, timeout=10)
+    assert reads_after_close == 1
+
+
 async def test_a_socket_reads_its_channel_until_it_closes(alice):
     await _a_socket_reads_its_channel_until_it_closes(alice)
 
