@@ -170,7 +170,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 self._resync.cancel()
             await self._place_give_back()
 
-    async def _consume(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def _consume(self, scope: Any, receive: Any, send: Any) -> None:
         """channels' `AsyncConsumer.__call__`, with one standing reader for each source.
 
         channels waits on the client and the channel layer with a new task for each message and an

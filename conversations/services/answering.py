@@ -3,7 +3,6 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from functools import cache
-from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -290,11 +289,10 @@ _STATUS_FROM_GENERATION = {
 
 def message_mark_streaming(*, generation: Generation) -> None:
     """Show a generation's pending answer as streaming (inference's `generation_started`)."""
+    key = Message._meta.get_field("generation").get_db_prep_value(generation.id, connection)
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
     with connection.cursor() as cursor:
-        cursor.execute(
-            _mark_streaming_sql(),
-            (_now_for_database(), _generation_key(generation), Message.Status.PENDING.value),
-        )
+        cursor.execute(_mark_streaming_sql(), (now, key, Message.Status.PENDING.value))
 
 
 def message_finish_from_generation(*, generation: Generation) -> None:
@@ -309,27 +307,11 @@ def message_finish_from_generation(*, generation: Generation) -> None:
     status = _STATUS_FROM_GENERATION[Generation.Status(generation.status)]
     if generation.finish_reason == CONTENT_FILTER:
         status = Message.Status.FLAGGED
+    key = Message._meta.get_field("generation").get_db_prep_value(generation.id, connection)
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    values = (generation.text, status.value, generation.completion_tokens, generation.finish_reason)
     with connection.cursor() as cursor:
-        cursor.execute(
-            _finish_sql(),
-            (
-                generation.text,
-                status.value,
-                generation.completion_tokens,
-                generation.finish_reason,
-                generation.error_code,
-                _now_for_database(),
-                _generation_key(generation),
-            ),
-        )
-
-
-def _generation_key(generation: Generation) -> Any:
-    return Message._meta.get_field("generation").get_db_prep_value(generation.id, connection)
-
-
-def _now_for_database() -> Any:
-    return connection.ops.adapt_datetimefield_value(timezone.now())
+        cursor.execute(_finish_sql(), (*values, generation.error_code, now, key))
 
 
 @cache  # read once the models are all loaded

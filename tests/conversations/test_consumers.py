@@ -114,6 +114,30 @@ async def test_a_socket_closed_by_its_client_reads_no_more_from_it(alice):
     assert reads_after_close == 1
 
 
+# A consumer that read on after the close would spin, holding the loop (and this test) until the
+# timeout's signal broke into it: the test then fails on the time its socket took to end.
+@pytest.mark.timeout(120)
+async def test_a_socket_its_client_closes_ends_on_uvicorn(alice, served_app, server_without_engine):
+    import websockets
+    from django.test import Client
+
+    client = Client()
+    await database_sync_to_async(client.force_login)(alice)
+    async with websockets.connect(
+        server_without_engine.replace("http://", "ws://") + "/ws/chat/",
+        origin=server_without_engine,
+        additional_headers={"Cookie": f"sessionid={client.cookies['sessionid'].value}"},
+        open_timeout=30,
+    ) as socket:
+        assert json.loads(await socket.recv())["type"] == "engine.status"
+        closed_at = time.monotonic()
+    # The consumer ends with its socket: uvicorn's task for the connection is gone soon after.
+    state = served_app.server.server_state
+    while state.tasks and time.monotonic() - closed_at < 10:  # noqa: ASYNC110 - uvicorn offers no event to wait on
+        await asyncio.sleep(0.05)
+    assert not state.tasks and time.monotonic() - closed_at < 10
+
+
 async def test_a_socket_reads_its_channel_until_it_closes(alice):
     await _a_socket_reads_its_channel_until_it_closes(alice)
 

@@ -133,9 +133,17 @@ async def _server_started() -> tuple[Any, asyncio.Task, int]:
 
     port = free_port()
     server = uvicorn.Server(
-        # As `make run` serves: forwarded headers are the application's to judge (chatsite/proxies.py).
+        # As `make run` serves (its WebSocket implementation among it): forwarded headers are the
+        # application's to judge (chatsite/proxies.py).
         uvicorn.Config(
-            application, host="127.0.0.1", port=port, lifespan="off", log_level="warning", proxy_headers=False
+            application,
+            host="127.0.0.1",
+            port=port,
+            lifespan="off",
+            log_level="warning",
+            proxy_headers=False,
+            ws="websockets",
+            ws_per_message_deflate=False,
         )
     )
     task = asyncio.create_task(server.serve())
