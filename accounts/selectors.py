@@ -88,13 +88,20 @@ def tier_for_user_id_or_none(*, user_id: int) -> Tier | None:
 
 @cache  # read once the models are all loaded
 def _tier_of_user_sql() -> str:
-    tier, user = Tier._meta.db_table, User._meta.db_table
+    tier = Tier._meta.db_table
+    chosen = own_tier_else_default_sql(f'"{tier}"')
+    return f'SELECT "{tier}".* FROM "{tier}" {chosen}'
+
+
+def own_tier_else_default_sql(tier: str) -> str:
+    """The end of a statement that reads tiers as `tier` (the quoted table, or its alias): the user
+    %s's own tier, else the default one, as its one row. Every read of "the user's tier" in SQL ends
+    with it, so the rule is written once."""
+    user = User._meta.db_table
     own = User._meta.get_field("tier").column
     return (
-        f'SELECT "{tier}".* FROM "{tier}" '
-        f'WHERE "{tier}"."id" = (SELECT "{user}"."{own}" FROM "{user}" WHERE "{user}"."id" = %s) '
-        f'OR "{tier}"."is_default" '
-        f'ORDER BY "{tier}"."is_default", "{tier}"."id" LIMIT 1'  # the user's own tier before the default one
+        f'WHERE {tier}."id" = (SELECT u."{own}" FROM "{user}" u WHERE u."id" = %s) OR {tier}."is_default" '
+        f'ORDER BY {tier}."is_default" LIMIT 1'  # the user's own tier before the default one
     )
 
 
@@ -114,22 +121,19 @@ def tier_for_user_on_deployment(*, user: User, deployment: Deployment) -> Tier:
 
 @cache  # read once the models are all loaded: the list is a relation from the layer above
 def _tier_on_deployment_sql() -> str:
-    tier, user = Tier._meta.db_table, User._meta.db_table
+    tier = Tier._meta.db_table
     # The list is inference's field (ModelDeployment.tiers), read here from the tier's side: its
     # table and columns, not its model.
     relation = Tier._meta.get_field("deployments")
     assert isinstance(relation, ManyToManyRel)  # ModelDeployment.tiers, seen from the tier's side
     models = relation.field
     listed = models.m2m_db_table()
-    own = User._meta.get_field("tier").column
+    chosen = own_tier_else_default_sql(f'"{tier}"')
     return (
         f'SELECT "{tier}".*, ("{tier}"."all_deployments" OR EXISTS ('
         f'SELECT 1 FROM "{listed}" WHERE "{listed}"."{models.m2m_reverse_name()}" = "{tier}"."id" '
         f'AND "{listed}"."{models.m2m_column_name()}" = %s)) AS "includes_deployment" '
-        f'FROM "{tier}" '
-        f'WHERE "{tier}"."id" = (SELECT "{user}"."{own}" FROM "{user}" WHERE "{user}"."id" = %s) '
-        f'OR "{tier}"."is_default" '
-        f'ORDER BY "{tier}"."is_default" LIMIT 1'  # the user's own tier before the default one
+        f'FROM "{tier}" {chosen}'
     )
 
 

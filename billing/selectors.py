@@ -16,7 +16,7 @@ from django.db.models import BooleanField, Count, ExpressionWrapper, F, Q, Query
 from django.db.models.functions import TruncDate
 
 from accounts.models import Tier, User
-from accounts.selectors import month_bounds
+from accounts.selectors import month_bounds, own_tier_else_default_sql
 from billing.models import TierModelPrice, UsageRecord
 from billing.money import money_format, money_json
 from chatsite.parsers import JsonObject
@@ -69,14 +69,12 @@ def tier_prices_for_user_id(*, user_id: int, deployment_id: int) -> TierPrices:
 def _tier_prices_sql() -> str:
     """The tier's id and its price row on %s (NULLs: none), for the user %s's tier or the default one.
     Read as price rows, so that each price comes back a Decimal on every database."""
-    tier, user, price = Tier._meta.db_table, User._meta.db_table, TierModelPrice._meta.db_table
-    own = User._meta.get_field("tier").column
+    tier, price = Tier._meta.db_table, TierModelPrice._meta.db_table
     return (
         f'SELECT p."id", t."id" AS "tier_id", p."prompt_price_per_1k", p."completion_price_per_1k", '
         f'p."cached_prompt_price_per_1k" FROM "{tier}" t '
         f'LEFT JOIN "{price}" p ON p."tier_id" = t."id" AND p."deployment_id" = %s '
-        f'WHERE t."id" = (SELECT u."{own}" FROM "{user}" u WHERE u."id" = %s) OR t."is_default" '
-        f'ORDER BY t."is_default", t."id" LIMIT 1'  # the user's own tier before the default one
+        f"{own_tier_else_default_sql('t')}"
     )
 
 
