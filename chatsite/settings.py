@@ -331,7 +331,7 @@ INFERENCE_CPU_WORKER_SPIN_MS = env_int("INFERENCE_CPU_WORKER_SPIN_MS", 100, mini
 # A stream's text goes out at once at first, then with the first text this long after its last send
 # (pending text waits twice this at most, when the engine pauses), or once _CHARS have piled up
 # (inference.streaming.streams.StreamPublisher).
-INFERENCE_STREAM_COALESCE_MS = env_int("INFERENCE_STREAM_COALESCE_MS", 40, minimum=0, maximum=1000)
+INFERENCE_STREAM_COALESCE_MS = env_int("INFERENCE_STREAM_COALESCE_MS", 50, minimum=0, maximum=1000)
 INFERENCE_STREAM_COALESCE_CHARS = env_int("INFERENCE_STREAM_COALESCE_CHARS", 96, minimum=1)
 # How long a followed stream may stay quiet before its follower looks in the replay buffer for events
 # live delivery may have dropped (an ending, say, or all that was sent while a connection was down).

@@ -241,7 +241,7 @@ class StreamPublisher:
 
     The first text goes out at once (it is the user's time to first token); after that, text goes
     out with the first text that comes `coalesce_ms` after the last send, or once `coalesce_chars`
-    have piled up, so a busy engine costs one channel-layer message per ~40 ms per stream rather
+    have piled up, so a busy engine costs one channel-layer message per ~50 ms per stream rather
     than one per token. Text left pending waits for the engine's next step, or twice `coalesce_ms`
     at most: when that step is late (a long prefill beside this answer), a timer sends it. In a
     steady stream the next text always comes first, so the timer never fires (a timer sending by
