@@ -173,6 +173,8 @@ class StreamFollower:
 FOLLOW_GRACE_S = 60.0
 # What a response that gave up on a silent stream tells its client.
 FOLLOW_TIMEOUT_MESSAGE = "The answer took too long."
+# What `follow_streams`' wait is handed when the process is asked to stop.
+_RESTART = object()
 
 
 async def follow_streams(
@@ -203,38 +205,54 @@ async def follow_streams(
 
     follower = StreamFollower(layer=layer, channel=channel, deliver=collect)
     resync_s = settings.INFERENCE_STREAM_RESYNC_S
-    # One receive for the channel at a time, kept across quiet spells: a cancelled receive may lose
-    # the message it was taking.
-    receiving: asyncio.Future | None = None
+    # One standing reader takes the channel's messages for as long as the response follows it, and
+    # hands them over: a cancelled receive gives the channel up, so a receive is never cut short by
+    # a quiet spell, and no event costs a task and an `asyncio.wait` of its own. Waiting on what it
+    # hands over can be cut short safely. A restart is handed over the same way.
+    inbox: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def read() -> None:
+        try:
+            while True:
+                inbox.put_nowait(await layer.receive(channel))
+        except Exception as exc:  # a channel layer that fails ends the response, as before
+            inbox.put_nowait(exc)
+
+    reader: asyncio.Future | None = None
     restarting = restarting_event()
     restart = asyncio.ensure_future(restarting.wait())
+    restart.add_done_callback(lambda waited: None if waited.cancelled() else inbox.put_nowait(_RESTART))
     try:
         for generation_id in generation_ids:
             await follower.join(generation_id)
         for generation_id in generation_ids:
             await follower.replay(generation_id, or_nothing=True)
         quiet_since = time.monotonic()
+        reader = asyncio.ensure_future(read())
         while ready or follower.last:
             if restarting.is_set():
                 raise ServerRestarting(dict(passed))
             if ready:
                 yield ready.pop(0)
                 continue
-            receiving = receiving or asyncio.ensure_future(layer.receive(channel))
-            done, _ = await asyncio.wait({receiving, restart}, timeout=resync_s, return_when=asyncio.FIRST_COMPLETED)
-            if receiving not in done and restart in done:
-                raise ServerRestarting(dict(passed))
-            if not done:
+            try:
+                async with asyncio.timeout(resync_s):
+                    message = await inbox.get()
+            except TimeoutError:
                 if time.monotonic() - quiet_since >= idle_timeout:
-                    raise TimeoutError(f"no event for {idle_timeout:.0f} s")
+                    raise TimeoutError(f"no event for {idle_timeout:.0f} s") from None
                 await follower.resync_quiet()
                 continue
-            event, receiving = receiving.result(), None
-            await follower.forward(event)
+            if message is _RESTART:
+                raise ServerRestarting(dict(passed))
+            if isinstance(message, Exception):
+                raise message
+            await follower.forward(message)
     finally:
         restart.cancel()
-        if receiving is not None:
-            receiving.cancel()
+        if reader is not None:  # its cancelled receive gives the channel back to the layer
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
         await follower.close()
 
 

@@ -29,6 +29,7 @@ from tests.helpers.sockets import (
     DropsLiveSends,
     drain_until_finished,
     events_but_broadcasts,
+    layer_channels,
     next_event,
     open_socket,
     stopped_while_streaming,
@@ -52,18 +53,10 @@ async def test_a_socket_without_an_origin_is_refused(alice):
     assert not connected
 
 
-def _layer_channels() -> set[str]:
-    """The channels the process's channel layer holds for a reader: queued in memory, or subscribed to
-    on Redis (channels_redis's pub/sub layer)."""
-    layer = get_channel_layer()
-    held = layer._get_layer().channels if hasattr(layer, "_get_layer") else layer.channels
-    return set(held)
-
-
 async def _a_socket_reads_its_channel_until_it_closes(user) -> None:
-    before = _layer_channels()
+    before = layer_channels()
     socket, _ = await open_socket(user)
-    opened = _layer_channels() - before
+    opened = layer_channels() - before
     assert len(opened) == 1, opened
     channel = opened.pop()
     await get_channel_layer().send(channel, {"type": "engine.status", "deployment": "elsewhere", "state": "ready"})
@@ -74,7 +67,7 @@ async def _a_socket_reads_its_channel_until_it_closes(user) -> None:
     }
     await socket.disconnect()
     # Its reader is gone with it: nothing more is queued for, or subscribed to, on its channel.
-    assert channel not in _layer_channels()
+    assert channel not in layer_channels()
 
 
 async def test_a_socket_closed_by_its_client_reads_no_more_from_it(alice):

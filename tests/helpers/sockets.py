@@ -141,6 +141,16 @@ async def ended_in_the_database_once_queued(user, **row) -> Any:
     raise AssertionError("no generation was queued within 10 s")
 
 
+def layer_channels() -> set[str]:
+    """The channels the process's channel layer holds for a reader: queued in memory, or subscribed to
+    on Redis (channels_redis's pub/sub layer)."""
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    held = layer._get_layer().channels if hasattr(layer, "_get_layer") else layer.channels
+    return set(held)
+
+
 class DropsLiveSends:
     """A channel layer that loses every group_send, as live delivery may: the publisher has written
     the event to the replay buffer first, but it never arrives live."""

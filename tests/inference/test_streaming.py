@@ -14,7 +14,7 @@ from inference.openai.wire import usage
 from inference.streaming import streams as streaming
 from inference.streaming.following import follow_streams
 from inference.streaming.streams import StreamPublisher, generation_group, replay_buffer
-from tests.helpers.sockets import DropsLiveSends
+from tests.helpers.sockets import DropsLiveSends, layer_channels
 
 pytestmark = pytest.mark.topology
 
@@ -111,6 +111,18 @@ async def test_on_redis_an_event_is_buffered_and_published_in_one_round_trip():
     assert published
     assert received == event
     assert buffered == [event]
+
+
+async def test_a_follow_that_ends_gives_its_channel_back():
+    """Its reader's channel is unsubscribed (on Redis) or gone (in memory) once the streams end: a
+    process serving answer after answer holds no channel for each one it has served."""
+    before = layer_channels()
+    publisher, events, _ = await _followed_from_its_first_text(coalesce_ms=0)
+    await publisher.add_text(" there")
+    await publisher.finish(status="complete", finish_reason="stop", usage=usage(1, 2))
+    rest = await asyncio.wait_for(_collect(events), timeout=5)
+    assert [e["seq"] for e in rest] == [2, 3]
+    assert layer_channels() == before
 
 
 async def test_a_follower_gives_up_after_its_idle_timeout(settings):
