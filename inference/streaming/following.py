@@ -173,8 +173,10 @@ class StreamFollower:
 FOLLOW_GRACE_S = 60.0
 # What a response that gave up on a silent stream tells its client.
 FOLLOW_TIMEOUT_MESSAGE = "The answer took too long."
-# What `follow_streams`' wait is handed when the process is asked to stop.
+# What `follow_streams`' wait is handed when the process is asked to stop, and when it is time to look
+# at the quiet streams.
 _RESTART = object()
+_LOOK = object()
 
 
 async def follow_streams(
@@ -183,8 +185,8 @@ async def follow_streams(
     """Every event of these generations, each exactly once and in order, until all have ended.
 
     `StreamFollower` on a fresh channel, for callers without a consumer of their own (the APIs'
-    server-sent events): join each group, replay the buffers, then read live events, and look at
-    the quiet streams whenever the channel has been quiet for INFERENCE_STREAM_RESYNC_S. Raises
+    server-sent events): join each group, replay the buffers, then read live events, and every
+    INFERENCE_STREAM_RESYNC_S look at the streams that have been quiet that long. Raises
     TimeoutError after `idle_timeout` seconds without an event (by default,
     INFERENCE_GENERATION_TIMEOUT_S + FOLLOW_GRACE_S), and ServerRestarting as soon as the process is
     asked to stop (`streams_end_for_restart`).
@@ -205,20 +207,26 @@ async def follow_streams(
 
     follower = StreamFollower(layer=layer, channel=channel, deliver=collect)
     resync_s = settings.INFERENCE_STREAM_RESYNC_S
-    # One standing reader takes the channel's messages for as long as the response follows it, and
-    # hands them over: a cancelled receive gives the channel up, so a receive is never cut short by
-    # a quiet spell, and no event costs a task and an `asyncio.wait` of its own. Waiting on what it
-    # hands over can be cut short safely. A restart is handed over the same way.
+    # One standing reader takes the channel's messages for as long as the response follows it and
+    # hands them over (a cancelled receive gives the channel up, so none is cut short), and a timer
+    # hands over a look at the quiet streams every INFERENCE_STREAM_RESYNC_S, as the chat socket's
+    # does: an event costs no task, `asyncio.wait` or timer of its own. A restart is handed over the
+    # same way.
     inbox: asyncio.Queue[Any] = asyncio.Queue()
 
     async def read() -> None:
         try:
             while True:
                 inbox.put_nowait(await layer.receive(channel))
-        except Exception as exc:  # a channel layer that fails ends the response, as before
+        except Exception as exc:  # a channel layer that fails ends the response
             inbox.put_nowait(exc)
 
-    reader: asyncio.Future | None = None
+    async def look_regularly() -> None:
+        while True:
+            await asyncio.sleep(resync_s)
+            inbox.put_nowait(_LOOK)
+
+    helpers: list[asyncio.Future] = []
     restarting = restarting_event()
     restart = asyncio.ensure_future(restarting.wait())
     restart.add_done_callback(lambda waited: None if waited.cancelled() else inbox.put_nowait(_RESTART))
@@ -228,31 +236,29 @@ async def follow_streams(
         for generation_id in generation_ids:
             await follower.replay(generation_id, or_nothing=True)
         quiet_since = time.monotonic()
-        reader = asyncio.ensure_future(read())
+        helpers = [asyncio.ensure_future(read()), asyncio.ensure_future(look_regularly())]
         while ready or follower.last:
             if restarting.is_set():
                 raise ServerRestarting(dict(passed))
             if ready:
                 yield ready.pop(0)
                 continue
-            try:
-                async with asyncio.timeout(resync_s):
-                    message = await inbox.get()
-            except TimeoutError:
-                if time.monotonic() - quiet_since >= idle_timeout:
-                    raise TimeoutError(f"no event for {idle_timeout:.0f} s") from None
-                await follower.resync_quiet()
-                continue
+            message = await inbox.get()
             if message is _RESTART:
                 raise ServerRestarting(dict(passed))
             if isinstance(message, Exception):
                 raise message
+            if message is _LOOK:
+                if time.monotonic() - quiet_since >= idle_timeout:
+                    raise TimeoutError(f"no event for {idle_timeout:.0f} s")
+                await follower.resync_quiet(quiet_s=resync_s)
+                continue
             await follower.forward(message)
     finally:
         restart.cancel()
-        if reader is not None:  # its cancelled receive gives the channel back to the layer
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+        for helper in helpers:  # the reader's cancelled receive gives the channel back to the layer
+            helper.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
         await follower.close()
 
 
