@@ -32,6 +32,7 @@ from accounts.models import (
 )
 from accounts.protocols import Deployment, ListedDeployment
 from chatsite.errors import ClientError
+from chatsite.queries import sql_now
 
 D = TypeVar("D", bound=Deployment)
 
@@ -340,8 +341,7 @@ def session_access(*, user_id: int, session_key: str, session_auth_hash: str) ->
     spent more CPU compiling it than PostgreSQL spent answering (docs/performance-relay.md)."""
     with connection.cursor() as cursor:
         if settings.SESSION_ENGINE in DATABASE_SESSION_ENGINES:
-            now = connection.ops.adapt_datetimefield_value(timezone.now())
-            cursor.execute(_session_access_sql(), (session_key, now, user_id))
+            cursor.execute(_session_access_sql(), (session_key, sql_now(), user_id))
         else:  # a sign-out reaches open sockets by its event alone
             cursor.execute(_account_access_sql(), (user_id,))
         row = cursor.fetchone()

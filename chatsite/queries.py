@@ -5,12 +5,26 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any, TypeVar
 
-from django.db import connections, router
-from django.db.models import Model, QuerySet
+from django.db import connection, connections, router
+from django.db.models import Field, Model, QuerySet
 from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery, UpdateQuery
+from django.utils import timezone
 
 M = TypeVar("M", bound=Model)
+
+
+def sql_value(model: type[Model], field: str, value: Any) -> Any:
+    """`value` as hand-written SQL on the default database passes it for `model`'s `field`: a
+    generation's UUID, say, is 32 hex characters on SQLite and a uuid on PostgreSQL."""
+    column = model._meta.get_field(field)
+    assert isinstance(column, Field)  # a column of the model's own, not a relation seen from its other side
+    return column.get_db_prep_value(value, connection)
+
+
+def sql_now() -> Any:
+    """The time now, as hand-written SQL on the default database passes a datetime."""
+    return connection.ops.adapt_datetimefield_value(timezone.now())
 
 
 def update_returning(queryset: QuerySet[M], *, leaving_out: Collection[str] = (), **values: Any) -> list[M]:

@@ -23,6 +23,7 @@ from billing.selectors import (
     usage_total_for_generations,
 )
 from chatsite.parsers import JsonObject
+from chatsite.queries import sql_value
 from conversations.models import Conversation, Message
 
 
@@ -51,7 +52,7 @@ def generation_done_costs(*, user: User, generation_id: str) -> JsonObject:
     total are one statement (`_done_costs_sql`), where they were four: the same figures as
     `usage_for_generations` and `conversation_usage_total` read, and only the owner's."""
     costs: JsonObject = {"cost": None, "quota": quota_status_for_user(user=user).as_json()}
-    generation = UsageRecord._meta.get_field("generation").get_db_prep_value(uuid.UUID(generation_id), connection)
+    generation = sql_value(UsageRecord, "generation", uuid.UUID(generation_id))
     with connection.cursor() as cursor:
         cursor.execute(_done_costs_sql(), {"generation": generation, "user": user.id})
         row = cursor.fetchone()

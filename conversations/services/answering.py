@@ -17,6 +17,7 @@ from accounts.services import (
     request_limits,
 )
 from chatsite.parsers import JsonObject
+from chatsite.queries import sql_now, sql_value
 from conversations.citations import citations_record
 from conversations.images import content_with_image_text, image_blocks_of
 from conversations.models import Conversation, Message
@@ -289,10 +290,9 @@ _STATUS_FROM_GENERATION = {
 
 def message_mark_streaming(*, generation: Generation) -> None:
     """Show a generation's pending answer as streaming (inference's `generation_started`)."""
-    key = Message._meta.get_field("generation").get_db_prep_value(generation.id, connection)
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    key = sql_value(Message, "generation", generation.id)
     with connection.cursor() as cursor:
-        cursor.execute(_mark_streaming_sql(), (now, key, Message.Status.PENDING.value))
+        cursor.execute(_mark_streaming_sql(), (sql_now(), key, Message.Status.PENDING.value))
 
 
 def message_finish_from_generation(*, generation: Generation) -> None:
@@ -307,11 +307,17 @@ def message_finish_from_generation(*, generation: Generation) -> None:
     status = _STATUS_FROM_GENERATION[Generation.Status(generation.status)]
     if generation.finish_reason == CONTENT_FILTER:
         status = Message.Status.FLAGGED
-    key = Message._meta.get_field("generation").get_db_prep_value(generation.id, connection)
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
-    values = (generation.text, status.value, generation.completion_tokens, generation.finish_reason)
+    params = (
+        generation.text,
+        status.value,
+        generation.completion_tokens,
+        generation.finish_reason,
+        generation.error_code,
+        sql_now(),
+        sql_value(Message, "generation", generation.id),
+    )
     with connection.cursor() as cursor:
-        cursor.execute(_finish_sql(), (*values, generation.error_code, now, key))
+        cursor.execute(_finish_sql(), params)
 
 
 @cache  # read once the models are all loaded

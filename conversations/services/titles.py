@@ -9,6 +9,7 @@ from django.db import connection, transaction
 from accounts.services import (
     user_sockets_tell,
 )
+from chatsite.queries import sql_value
 from conversations.models import Conversation, Message
 from conversations.titles import (
     TITLE_MAX_TOKENS,
@@ -43,9 +44,8 @@ def conversation_title_on_finish(*, generation: Generation) -> None:
         return
     if generation.status == Generation.Status.FAILED or not generation.text.strip():
         return
-    key = Message._meta.get_field("generation").get_db_prep_value(generation.id, connection)
     with connection.cursor() as cursor:
-        cursor.execute(_untitled_answer_sql(), (key,))
+        cursor.execute(_untitled_answer_sql(), (sql_value(Message, "generation", generation.id),))
         found = cursor.fetchone()
     if found is None:
         return
