@@ -12,6 +12,12 @@ A retried command whose reply was lost may have run twice. What the project send
 twice: heartbeats (SET, ZADD, EXPIRE), replay-buffer events and their PUBLISH (a follower drops a
 `seq` it has seen), cache writes, pub/sub notices; a rate-limit step may charge its bucket twice.
 
+A redis.asyncio client's pool opens at most REDIS_ASYNC_POOL_SIZE connections, and a command that
+finds them all busy waits up to REDIS_ASYNC_POOL_WAIT_S for one (`BlockingConnectionPool`).
+redis.asyncio's own pool fails such a command at once with "Too many connections": a web process
+holding 500 chat sockets, which take and give back their places and read their replay buffers in
+bursts, lost commands so (docs/performance-relay.md).
+
 The Celery broker (kombu) makes its own clients: CELERY_BROKER_TRANSPORT_OPTIONS gives them the
 health check and the connect timeout, not the retries (chatsite/settings.py says why).
 """
@@ -28,6 +34,10 @@ REDIS_HEALTH_CHECK_S = 15
 # Without one, connecting to a host that does not answer (one restarting behind a proxy) waits for
 # the operating system's TCP timeout, minutes, with the caller stuck on it.
 REDIS_CONNECT_TIMEOUT_S = 5.0
+# redis.asyncio's own cap a pool (one pool a client, one client a loop per use); a command waits
+# this long for a free connection before it fails.
+REDIS_ASYNC_POOL_SIZE = 100
+REDIS_ASYNC_POOL_WAIT_S = 10.0
 
 
 def redis_connection_options(*, asynchronous: bool = False) -> dict[str, Any]:
@@ -53,9 +63,22 @@ def redis_client(url: str, **options: Any) -> Any:
     return redis.Redis.from_url(url, **{**redis_connection_options(), **options})
 
 
-def redis_async_client(url: str, **options: Any) -> Any:
-    """A redis.asyncio client for `url`. Its connections belong to the event loop that opens them:
+def redis_async_client(
+    url: str,
+    *,
+    max_connections: int = REDIS_ASYNC_POOL_SIZE,
+    pool_wait_s: float = REDIS_ASYNC_POOL_WAIT_S,
+    **options: Any,
+) -> Any:
+    """A redis.asyncio client for `url`, whose commands wait for a free connection when its pool's
+    `max_connections` are all in use. Its connections belong to the event loop that opens them:
     keep one client per loop."""
     import redis.asyncio as aredis
 
-    return aredis.Redis.from_url(url, **{**redis_connection_options(asynchronous=True), **options})
+    pool = aredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=pool_wait_s,
+        **{**redis_connection_options(asynchronous=True), **options},
+    )
+    return aredis.Redis.from_pool(pool)

@@ -122,3 +122,14 @@ async def test_places_are_counted_across_web_processes(alice, monkeypatch):
     assert (await refused_with(alice))["code"] == TOO_MANY
     await places_lapse(alice.id, monkeypatch)
     assert (await open_socket(alice))[1]
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="the places are in Redis in the production topology")
+async def test_hundreds_of_sockets_taking_their_places_at_once_all_get_one():
+    # A web process holds hundreds of sockets, which open (and close) in bursts: more commands at
+    # once than a Redis client's pool has connections. They wait for one; none fails.
+    sockets = 300
+    taken = await asyncio.gather(
+        *[socket_place_take(user_id=900_000 + i, socket_id=f"burst-{i}") for i in range(sockets)]
+    )
+    assert taken == [True] * sockets
