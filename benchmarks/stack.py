@@ -14,8 +14,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +67,44 @@ def setup_django():
     fields = {**DEFAULT_DEPLOYMENT_FIELDS, "temperature": 0.0, "default_max_tokens": MAX_TOKENS}
     ModelDeployment.objects.update_or_create(name=DEPLOYMENT, defaults=fields)
     return ModelDeployment.objects.get(name=DEPLOYMENT)
+
+
+# The policy `tier_moderation` puts on the benchmarks' tier while they run.
+BENCHMARK_POLICY = "benchmark-moderation-switch"
+
+
+@contextmanager
+def tier_moderation(*, on: bool, tier_name: str = "enterprise") -> Iterator[None]:
+    """While the block runs, the benchmark users' tier is moderated or not. Off: a policy of the
+    benchmark's own that checks neither input nor output is the tier's only active one, and the
+    tier's own active policies are put back afterwards. On is as configured, and changes nothing."""
+    from accounts.models import Tier
+    from moderation.models import ModerationPolicy
+    from moderation.selectors import policy_cache_invalidate
+
+    if on:
+        yield
+        return
+    tier = Tier.objects.get(name=tier_name)
+    own = ModerationPolicy.objects.filter(tier=tier, is_active=True).exclude(name=BENCHMARK_POLICY)
+    paused = list(own.values_list("id", flat=True))
+    ModerationPolicy.objects.filter(id__in=paused).update(is_active=False)
+    ModerationPolicy.objects.update_or_create(
+        name=BENCHMARK_POLICY,
+        defaults={
+            "tier": tier,
+            "is_active": True,
+            "moderate_input": False,
+            "moderate_output": False,
+        },
+    )
+    policy_cache_invalidate()
+    try:
+        yield
+    finally:
+        ModerationPolicy.objects.filter(name=BENCHMARK_POLICY).update(is_active=False)
+        ModerationPolicy.objects.filter(id__in=paused).update(is_active=True)
+        policy_cache_invalidate()
 
 
 def prompt_ids(deployment, prompt: str) -> list[int]:

@@ -57,6 +57,7 @@ from benchmarks.stack import (
     Stopped,
     engine_direct,
     setup_django,
+    tier_moderation,
     whole_stack,
 )
 
@@ -69,6 +70,12 @@ BURSTS_PER_ROUND = 3
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", "3")), help="rounds of both sides (3)"
+    )
+    parser.add_argument(
+        "--moderation",
+        choices=["on", "off"],
+        default="on",
+        help="the benchmark tier's moderation: on (the input and the output check, as shipped) or off",
     )
 
 
@@ -284,7 +291,9 @@ def run(args: argparse.Namespace) -> None:
     if niceness := os.nice(0):
         # Everything this run starts inherits it, PostgreSQL and Redis do not: not the usual arrangement.
         print(f"warning: running at nice {niceness}, and so will both engines, the web process and the worker")
-    results, cpu, stops = asyncio.run(measure(deployment, args.rounds))
+    print(f"moderation of the benchmark's tier: {args.moderation}", flush=True)
+    with tier_moderation(on=args.moderation == "on"):
+        results, cpu, stops = asyncio.run(measure(deployment, args.rounds))
     direct, stack = summarize(results["engine"]), summarize(results["stack"])
     print(f"\n{'':18}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL':>9}{'tokens':>8}{'tok/s':>8}")
     for shape in ("c=1", "c=8", "burst"):
