@@ -48,6 +48,7 @@ client shows in the answer it continues) does the same for `message.continuing`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -109,6 +110,11 @@ CLOSE_CODES = {SessionAccess.ENDED: CLOSE_SESSION_ENDED, SessionAccess.SUSPENDED
 CLOSE_TOO_MANY_SOCKETS = 4429
 
 
+class _ClientGone(Exception):
+    """The client closed the socket: nothing more can be sent on it. ASGI servers raise a subclass of
+    OSError on a send to a closed connection (uvicorn's `ClientDisconnected`)."""
+
+
 # Per frame type: a message's sending, regenerating and continuing are charged by request_admit (the
 # plan's requests and tokens a minute); stopping and resuming a stream count as plain requests.
 @metered("request", **{"message.send": ADMITTED, "message.regenerate": ADMITTED, "message.continue": ADMITTED})
@@ -123,6 +129,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self._started: set[str] = set()  # generations this socket asked for, stopped if it is closed for access
         self._place: str | None = None  # this socket's id among its user's open sockets, while it holds a place
         self._place_kept: asyncio.Future | None = None
+        self._client_left = False  # its disconnect read, or a send failed for it: nothing more is sent
 
     async def connect(self) -> None:
         self.user = self.scope.get("user")
@@ -183,15 +190,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.channel_layer = get_channel_layer(self.channel_layer_alias)
         self.channel_name = await self.channel_layer.new_channel()
         self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
-        self.base_send = send
+        self.base_send = self._send_while_open(send)
         handed: asyncio.Queue[dict[str, Any] | Exception] = asyncio.Queue()
 
         async def read(source: Callable[[], Awaitable[dict[str, Any]]]) -> None:
             try:
                 while True:
                     message = await source()
+                    left = message.get("type") == "websocket.disconnect"
+                    self._client_left = self._client_left or left
                     handed.put_nowait(message)
-                    if message.get("type") == "websocket.disconnect":
+                    if left:
                         # The client is gone, and nothing more comes from it: uvicorn answers every
                         # receive after a close with another disconnect, at once, so a reader that
                         # went on would never let the loop run again.
@@ -205,13 +214,43 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 message = await handed.get()
                 if isinstance(message, Exception):
                     raise message
-                await self.dispatch(message)
+                try:
+                    await self.dispatch(message)
+                except _ClientGone:
+                    # What a handler did stays done (a send saved, an answer running); its client
+                    # has left, and the disconnect still to come cleans up after the socket.
+                    continue
         except StopConsumer:
             pass
         finally:
             for reader in readers:
                 reader.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
+
+    def _send_while_open(
+        self, send: Callable[[dict[str, Any]], Awaitable[None]]
+    ) -> Callable[[dict[str, Any]], Awaitable[None]]:
+        """The server's `send`, raising `_ClientGone` once the client has left: its disconnect read
+        (the server refuses sends after it), or a send the server failed for it. A client that leaves
+        while its request is carried out (at hundreds of sockets, every minute) ends the request
+        quietly, not with a traceback and an error frame no one reads."""
+
+        async def send_while_open(message: dict[str, Any]) -> None:
+            if self._client_left:
+                raise _ClientGone
+            try:
+                await send(message)
+            except OSError as exc:
+                self._client_left = True
+                raise _ClientGone from exc
+
+        return send_while_open
+
+    async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
+        """Close the socket; nothing to do once its client has left (what follows a close, such as
+        stopping a suspended user's answers, still runs)."""
+        with contextlib.suppress(_ClientGone):
+            await super().close(code=code, reason=reason)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """channels' dispatch, without its database check before every event.
@@ -281,6 +320,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 # bucket is charged): a Stop must land even then.
                 await _reconnecting(request_meter)(user=self.user, address="", actions=actions)
             await handler(content)
+        except _ClientGone:
+            raise
         except ClientError as exc:
             request_refused.send(type(self), status=exc.status, code=exc.code)
             await self._error(exc.code, exc.message, retry_after=exc.retry_after, client_id=client_id)

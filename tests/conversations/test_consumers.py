@@ -131,6 +131,35 @@ async def test_a_socket_its_client_closes_ends_on_uvicorn(alice, served_app, ser
     assert not state.tasks and time.monotonic() - closed_at < 10
 
 
+async def test_a_client_that_leaves_while_its_message_is_saved_ends_it_quietly(
+    alice, served_app, server_without_engine, engine_not_started, caplog
+):
+    # The client sends and is gone at once: the send is saved, and the socket's end logs no failure
+    # (uvicorn refuses the send's reply; the consumer ends as for any other disconnect).
+    import websockets
+    from django.test import Client
+
+    client = Client()
+    await database_sync_to_async(client.force_login)(alice)
+    socket = await websockets.connect(
+        server_without_engine.replace("http://", "ws://") + "/ws/chat/",
+        origin=server_without_engine,
+        additional_headers={"Cookie": f"sessionid={client.cookies['sessionid'].value}"},
+        open_timeout=30,
+    )
+    assert json.loads(await socket.recv())["type"] == "engine.status"
+    client_id = str(uuid.uuid4())
+    await socket.send(json.dumps({"type": "message.send", "content": "Hello, and goodbye", "client_id": client_id}))
+    socket.transport.abort()
+    left_at = time.monotonic()
+    state = served_app.server.server_state
+    while state.tasks and time.monotonic() - left_at < 10:  # noqa: ASYNC110 - uvicorn offers no event to wait on
+        await asyncio.sleep(0.05)
+    assert not state.tasks
+    assert await Message.objects.filter(client_id=client_id, conversation__user=alice).aexists()
+    assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
+
+
 async def test_a_socket_reads_its_channel_until_it_closes(alice):
     await _a_socket_reads_its_channel_until_it_closes(alice)
 
