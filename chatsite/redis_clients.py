@@ -63,22 +63,16 @@ def redis_client(url: str, **options: Any) -> Any:
     return redis.Redis.from_url(url, **{**redis_connection_options(), **options})
 
 
-def redis_async_client(
-    url: str,
-    *,
-    max_connections: int = REDIS_ASYNC_POOL_SIZE,
-    pool_wait_s: float = REDIS_ASYNC_POOL_WAIT_S,
-    **options: Any,
-) -> Any:
+def redis_async_client(url: str, **options: Any) -> Any:
     """A redis.asyncio client for `url`, whose commands wait for a free connection when its pool's
-    `max_connections` are all in use. Its connections belong to the event loop that opens them:
+    REDIS_ASYNC_POOL_SIZE are all in use. Its connections belong to the event loop that opens them:
     keep one client per loop."""
     import redis.asyncio as aredis
 
     pool = aredis.BlockingConnectionPool.from_url(
         url,
-        max_connections=max_connections,
-        timeout=pool_wait_s,
+        max_connections=REDIS_ASYNC_POOL_SIZE,
+        timeout=REDIS_ASYNC_POOL_WAIT_S,
         **{**redis_connection_options(asynchronous=True), **options},
     )
     return aredis.Redis.from_pool(pool)
