@@ -37,9 +37,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from benchmarks.harness import ROOT, pct, result
+from benchmarks.stack import tier_moderation
 
 DEPLOYMENT = "capacity-token-source"
 
@@ -115,17 +117,16 @@ def _layer_environment(layer: str) -> dict[str, str]:
     return env
 
 
-def _prepare(args: argparse.Namespace) -> dict[str, list[int]]:
+def _prepare(args: argparse.Namespace) -> tuple[list[int], ExitStack]:
     """The benchmark's deployment, the only one enabled (readiness asks an engine of every enabled
-    one), its tier without limits or moderation, migrated first. Returns what it turned off."""
+    one), its tier without limits or moderation, migrated first. Returns the deployments it turned
+    off, and the moderation it set, to be put back (`_restore`)."""
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
     from accounts.models import Tier
     from inference.defaults import DEFAULT_DEPLOYMENT_FIELDS
     from inference.models import ModelDeployment
-    from moderation.models import ModerationPolicy
-    from moderation.selectors import policy_cache_invalidate
 
     ModelDeployment.objects.update_or_create(
         name=DEPLOYMENT,
@@ -140,34 +141,18 @@ def _prepare(args: argparse.Namespace) -> dict[str, list[int]]:
         if field.name.endswith(("_per_minute", "_per_hour", "_per_day", "_per_month")) and getattr(field, "null", False)
     }
     Tier.objects.filter(id=enterprise.id).update(**unlimited)
-    policies = list(
-        ModerationPolicy.objects.filter(tier=enterprise, is_active=True)
-        .exclude(name="capacity-benchmark")
-        .values_list("id", flat=True)
+    moderation = ExitStack()
+    moderation.enter_context(
+        tier_moderation(moderate_input=False, moderate_output=args.moderate_output, tier_name=enterprise.name)
     )
-    ModerationPolicy.objects.filter(id__in=policies).update(is_active=False)
-    ModerationPolicy.objects.update_or_create(
-        name="capacity-benchmark",
-        defaults={
-            "tier": enterprise,
-            "is_active": True,
-            "moderate_input": False,
-            "moderate_output": args.moderate_output,
-        },
-    )
-    policy_cache_invalidate()
-    return {"deployments": others, "policies": policies}
+    return others, moderation
 
 
-def _restore(disabled: dict[str, list[int]]) -> None:
+def _restore(others: list[int], moderation: ExitStack) -> None:
     from inference.models import ModelDeployment
-    from moderation.models import ModerationPolicy
-    from moderation.selectors import policy_cache_invalidate
 
-    ModerationPolicy.objects.filter(name="capacity-benchmark").update(is_active=False)
-    ModerationPolicy.objects.filter(id__in=disabled["policies"]).update(is_active=True)
-    ModelDeployment.objects.filter(id__in=disabled["deployments"]).update(is_enabled=True)
-    policy_cache_invalidate()
+    moderation.close()
+    ModelDeployment.objects.filter(id__in=others).update(is_enabled=True)
 
 
 def _sessions(count: int) -> list[str]:
@@ -258,7 +243,7 @@ async def _measure(args: argparse.Namespace) -> None:
     layer = "redis" if settings.REDIS_URL else "memory"
     webs = args.web_processes if layer == "redis" else 1
     stages = _stages(args)
-    disabled = await asyncio.to_thread(_prepare, args)
+    others, moderation = await asyncio.to_thread(_prepare, args)
     credentials = await asyncio.to_thread(_credentials, args.protocol, max(stages))
     ports = [free_port() for _ in range(webs)]
     logs = Path(settings.DATA_DIR)
@@ -351,7 +336,7 @@ async def _measure(args: argparse.Namespace) -> None:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
-        await asyncio.to_thread(_restore, disabled)
+        await asyncio.to_thread(_restore, others, moderation)
     within = [s for s in results if s["n"] <= max(reached, results[0]["n"] if results else 0)]
     result(
         **{

@@ -74,15 +74,17 @@ BENCHMARK_POLICY = "benchmark-moderation-switch"
 
 
 @contextmanager
-def tier_moderation(*, on: bool, tier_name: str = "enterprise") -> Iterator[None]:
-    """While the block runs, the benchmark users' tier is moderated or not. Off: a policy of the
-    benchmark's own that checks neither input nor output is the tier's only active one, and the
-    tier's own active policies are put back afterwards. On is as configured, and changes nothing."""
+def tier_moderation(
+    *, moderate_input: bool = True, moderate_output: bool = True, tier_name: str = "enterprise"
+) -> Iterator[None]:
+    """While the block runs, the benchmark users' tier is moderated as asked. Both checks on is as
+    configured, and changes nothing; otherwise a policy of the benchmark's own with the checks asked
+    for is the tier's only active one, and the tier's own active policies are put back afterwards."""
     from accounts.models import Tier
     from moderation.models import ModerationPolicy
     from moderation.selectors import policy_cache_invalidate
 
-    if on:
+    if moderate_input and moderate_output:
         yield
         return
     tier = Tier.objects.get(name=tier_name)
@@ -94,8 +96,8 @@ def tier_moderation(*, on: bool, tier_name: str = "enterprise") -> Iterator[None
         defaults={
             "tier": tier,
             "is_active": True,
-            "moderate_input": False,
-            "moderate_output": False,
+            "moderate_input": moderate_input,
+            "moderate_output": moderate_output,
         },
     )
     policy_cache_invalidate()

@@ -292,7 +292,8 @@ def run(args: argparse.Namespace) -> None:
         # Everything this run starts inherits it, PostgreSQL and Redis do not: not the usual arrangement.
         print(f"warning: running at nice {niceness}, and so will both engines, the web process and the worker")
     print(f"moderation of the benchmark's tier: {args.moderation}", flush=True)
-    with tier_moderation(on=args.moderation == "on"):
+    on = args.moderation == "on"
+    with tier_moderation(moderate_input=on, moderate_output=on):
         results, cpu, stops = asyncio.run(measure(deployment, args.rounds))
     direct, stack = summarize(results["engine"]), summarize(results["stack"])
     print(f"\n{'':18}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL':>9}{'tokens':>8}{'tok/s':>8}")
